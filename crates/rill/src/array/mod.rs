@@ -1,0 +1,256 @@
+//! `Array`: a cheap handle to a node of the lazy graph.
+//!
+//! A node holds its shape, dtype, primitive, target stream and inputs. Ops only build
+//! nodes; `eval` computes them. Once computed, a node holds its [`Storage`] and drops its
+//! inputs, so memory of intermediate results is released as soon as nobody needs it.
+//!
+//! Node state (`NodeState`, behind `Node::state`):
+//!
+//! | status | set by | meaning |
+//! |---|---|---|
+//! | `Pending` | construction | not submitted |
+//! | `Scheduled` | the submitting `eval`, under its stream's queue lock | in a stream's queue |
+//! | `Ready` | the executor | computed; inputs dropped |
+//! | `Failed` | the executor, cancellation at shutdown | error shared by dependants |
+//!
+//! The claim `Pending → Scheduled` happens under the stream's queue lock together with the
+//! push of the batch, so every node is computed exactly once however many threads
+//! evaluate overlapping graphs, and a queued batch never waits for a node queued after it.
+
+mod create;
+mod readback;
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::Waker;
+
+use crate::backend::Storage;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::primitives::Primitive;
+use crate::runtime::device::Device;
+use crate::runtime::stream::Stream;
+use crate::sync::{Arc, Condvar, Mutex};
+
+static NEXT_NODE_ID: AtomicU64 = AtomicU64::new(1);
+
+pub(crate) enum Status {
+    Pending,
+    Scheduled,
+    Ready(Storage),
+    Failed(Error),
+}
+
+pub(crate) type Callback = Box<dyn FnOnce() + Send>;
+
+pub(crate) struct NodeState {
+    pub status: Status,
+    pub inputs: Vec<Array>,
+    pub wakers: Vec<Waker>,
+    pub callbacks: Vec<Callback>,
+}
+
+pub(crate) struct Node {
+    pub id: u64,
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+    pub prim: Primitive,
+    pub stream: Stream,
+    pub state: Mutex<NodeState>,
+    pub cv: Condvar,
+    /// Mirrors `status` being `Ready` or `Failed`, for lock-free checks.
+    pub done: AtomicBool,
+}
+
+/// A lazily evaluated n-dimensional array.
+///
+/// Cloning is cheap (one reference count). `Array` is `Send + Sync`: build it on one
+/// thread, evaluate it on another, await it in any task.
+#[derive(Clone)]
+pub struct Array {
+    pub(crate) node: Arc<Node>,
+}
+
+impl Node {
+    /// True once the node is computed or failed.
+    pub fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+    /// Blocks until the node is computed; returns its error if it failed.
+    pub fn wait(&self) -> Result<()> {
+        if !self.is_done() {
+            let mut g = self.state.lock();
+            while !matches!(g.status, Status::Ready(_) | Status::Failed(_)) {
+                g = self.cv.wait(g);
+            }
+        }
+        self.result()
+    }
+    /// The outcome of a done node.
+    pub fn result(&self) -> Result<()> {
+        match &self.state.lock().status {
+            Status::Failed(e) => Err(e.clone()),
+            _ => Ok(()),
+        }
+    }
+    /// Registers `cb` to run once the node is done (at once when it already is).
+    pub fn on_done(&self, cb: Callback) {
+        {
+            let mut g = self.state.lock();
+            if !matches!(g.status, Status::Ready(_) | Status::Failed(_)) {
+                g.callbacks.push(cb);
+                return;
+            }
+        }
+        cb();
+    }
+    /// Registers a waker; returns false when the node is already done.
+    pub fn register_waker(&self, w: &Waker) -> bool {
+        let mut g = self.state.lock();
+        if matches!(g.status, Status::Ready(_) | Status::Failed(_)) {
+            return false;
+        }
+        if !g.wakers.iter().any(|x| x.will_wake(w)) {
+            g.wakers.push(w.clone());
+        }
+        true
+    }
+    /// Records the outcome, drops the inputs, and wakes everything waiting.
+    pub fn complete(&self, result: Result<Storage>) {
+        let (inputs, wakers, callbacks) = {
+            let mut g = self.state.lock();
+            if matches!(g.status, Status::Ready(_) | Status::Failed(_)) {
+                return;
+            }
+            g.status = match result {
+                Ok(s) => Status::Ready(s),
+                Err(e) => Status::Failed(e),
+            };
+            self.done.store(true, Ordering::Release);
+            (std::mem::take(&mut g.inputs), std::mem::take(&mut g.wakers), std::mem::take(&mut g.callbacks))
+        };
+        self.cv.notify_all();
+        drop(inputs);
+        for w in wakers {
+            w.wake();
+        }
+        for cb in callbacks {
+            cb();
+        }
+    }
+    /// The storage of a computed node.
+    pub fn storage(&self) -> Result<Storage> {
+        match &self.state.lock().status {
+            Status::Ready(s) => Ok(s.clone()),
+            Status::Failed(e) => Err(e.clone()),
+            _ => Err(Error::invalid("storage", "array is not evaluated")),
+        }
+    }
+}
+
+impl Drop for Node {
+    /// Drops long chains of unevaluated inputs iteratively, never recursively, so a graph
+    /// of any depth can be dropped on any thread without overflowing its stack.
+    fn drop(&mut self) {
+        let mut stack: Vec<Array> = std::mem::take(&mut self.state.get_mut().inputs);
+        while let Some(a) = stack.pop() {
+            if let Some(mut node) = Arc::into_inner(a.node) {
+                stack.append(&mut node.state.get_mut().inputs);
+            }
+        }
+    }
+}
+
+impl Array {
+    /// Records a node (used by ops after validation).
+    pub(crate) fn from_op(
+        prim: Primitive,
+        inputs: Vec<Array>,
+        shape: Vec<usize>,
+        dtype: DType,
+        stream: Stream,
+    ) -> Array {
+        Array {
+            node: Arc::new(Node {
+                id: NEXT_NODE_ID.fetch_add(1, Ordering::Relaxed),
+                shape,
+                dtype,
+                prim,
+                stream,
+                state: Mutex::new(NodeState {
+                    status: Status::Pending,
+                    inputs,
+                    wakers: Vec::new(),
+                    callbacks: Vec::new(),
+                }),
+                cv: Condvar::new(),
+                done: AtomicBool::new(false),
+            }),
+        }
+    }
+    /// Creates an evaluated node around a storage.
+    pub(crate) fn from_storage(storage: Storage, stream: Stream) -> Array {
+        let a = Array::from_op(Primitive::Constant, Vec::new(), storage.layout.shape.clone(), storage.dtype, stream);
+        a.node.complete(Ok(storage));
+        a
+    }
+    /// A process-unique id of this node (never reused).
+    pub fn id(&self) -> u64 {
+        self.node.id
+    }
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.node.shape
+    }
+    /// The number of axes.
+    pub fn ndim(&self) -> usize {
+        self.node.shape.len()
+    }
+    /// The number of elements.
+    pub fn size(&self) -> usize {
+        self.node.shape.iter().product()
+    }
+    /// The dtype.
+    pub fn dtype(&self) -> DType {
+        self.node.dtype
+    }
+    /// The stream this array is (or will be) computed on.
+    pub fn stream(&self) -> Stream {
+        self.node.stream.clone()
+    }
+    /// The device this array lives on.
+    pub fn device(&self) -> Device {
+        self.node.stream.device()
+    }
+    /// The primitive that produces this array.
+    pub fn primitive(&self) -> &Primitive {
+        &self.node.prim
+    }
+    /// True once computed (or failed).
+    pub fn is_evaluated(&self) -> bool {
+        self.node.is_done()
+    }
+    /// Computes this array (and what it needs) and blocks until done.
+    pub fn eval(&self) -> Result<()> {
+        crate::runtime::scheduler::eval(std::slice::from_ref(self))
+    }
+    /// The inputs of a node not yet evaluated (empty once evaluated).
+    pub fn inputs(&self) -> Vec<Array> {
+        self.node.state.lock().inputs.clone()
+    }
+}
+
+impl fmt::Debug for Array {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Array(id={}, shape={:?}, dtype={}, op={}, stream={:?}, evaluated={})",
+            self.node.id,
+            self.node.shape,
+            self.node.dtype,
+            self.node.prim.name(),
+            self.node.stream,
+            self.is_evaluated()
+        )
+    }
+}

@@ -1,0 +1,1 @@
+//! The CUDA backend (built with the `cuda` feature).

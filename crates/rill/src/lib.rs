@@ -1,0 +1,40 @@
+//! # rill
+//!
+//! Lazy arrays on explicit streams, on the CPU and on NVIDIA GPUs, with a runtime that is
+//! correct across threads, async tasks and process exit.
+//!
+//! ```
+//! use rill::{Array, DType};
+//! let a = Array::from_slice(&[1.0f32, 2.0, 3.0], &[3])?;
+//! let b = a.mul(2.0)?.add(&a)?; // recorded, not computed
+//! assert_eq!(b.to_vec::<f32>()?, vec![3.0, 6.0, 9.0]); // evaluated here
+//! # Ok::<(), rill::Error>(())
+//! ```
+//!
+//! See `docs/ARCHITECTURE.md` for the layers and `docs/RUNTIME.md` for the contract.
+
+#![deny(unsafe_op_in_unsafe_fn, unused_must_use)]
+#![warn(missing_docs)]
+#![allow(clippy::needless_range_loop)]
+
+mod array;
+mod backend;
+pub mod dtype;
+mod error;
+pub mod ops;
+pub mod primitives;
+pub mod runtime;
+pub mod shape;
+mod sync;
+
+pub use array::Array;
+pub use dtype::{DType, Element, Scalar};
+pub use error::{Error, Result};
+pub use ops::elementwise::where_;
+pub use ops::{IntoOperand, Operand};
+pub use runtime::clear_cache;
+pub use runtime::device::{Device, DeviceKind, default_device, set_default_device};
+pub use runtime::lifecycle::shutdown;
+pub use runtime::scheduler::{EvalFuture, async_eval, eval};
+pub use runtime::scope::{StreamGuard, WithStream, current_stream_override, with_stream};
+pub use runtime::stream::{Stream, synchronize, synchronize_all};

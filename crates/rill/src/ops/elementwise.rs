@@ -1,0 +1,198 @@
+//! Elementwise ops: casts, unary functions, binary functions with broadcasting, `where`.
+//!
+//! Dtype rules (see `docs/DTYPES.md`): binary ops promote their operands with
+//! [`promote`]/[`promote_scalar`]; transcendental unary ops and `div` compute in a float
+//! dtype (integers become f32); comparisons and logical ops return bool; on bool
+//! operands `add`/`maximum` are logical or and `mul`/`minimum` logical and.
+
+use crate::array::Array;
+use crate::dtype::{DType, promote, promote_scalar};
+use crate::error::{Error, Result};
+use crate::ops::{IntoOperand, Operand, prepare, scalar_on, target_stream};
+use crate::primitives::{BinaryOp, Primitive, UnaryOp};
+use crate::shape::broadcast_shapes;
+
+fn unary(x: &Array, op: UnaryOp) -> Result<Array> {
+    let stream = target_stream(&[x])?;
+    let dtype = if op == UnaryOp::LogicalNot {
+        DType::Bool
+    } else if op.needs_float() {
+        x.dtype().to_float()
+    } else if x.dtype() == DType::Bool && op != UnaryOp::Abs && op != UnaryOp::Relu && op != UnaryOp::Square {
+        // neg/sign/floor/ceil/round of bool: computed as i32, as NumPy does for neg.
+        DType::I32
+    } else {
+        x.dtype()
+    };
+    let input = if op == UnaryOp::LogicalNot { prepare(x, x.dtype(), &stream) } else { prepare(x, dtype, &stream) };
+    Ok(Array::from_op(Primitive::Unary(op), vec![input], x.shape().to_vec(), dtype, stream))
+}
+
+fn binary(a: &Array, b: Operand, op: BinaryOp) -> Result<Array> {
+    let name = op.name();
+    let (b_arr, dtype) = match &b {
+        Operand::Array(b) => (Some(b), promote(a.dtype(), b.dtype())),
+        Operand::Scalar(s) => (None, promote_scalar(a.dtype(), *s)),
+    };
+    let shape = match b_arr {
+        Some(b) => broadcast_shapes(name, a.shape(), b.shape())?,
+        None => a.shape().to_vec(),
+    };
+    let stream = match b_arr {
+        Some(b) => target_stream(&[a, b])?,
+        None => target_stream(&[a])?,
+    };
+    // Compute dtype of the kernel and the op actually recorded.
+    let (op, compute) = match op {
+        BinaryOp::LogicalAnd | BinaryOp::LogicalOr => (op, DType::Bool),
+        BinaryOp::Add | BinaryOp::Maximum if dtype == DType::Bool => (BinaryOp::LogicalOr, DType::Bool),
+        BinaryOp::Mul | BinaryOp::Minimum if dtype == DType::Bool => (BinaryOp::LogicalAnd, DType::Bool),
+        BinaryOp::Sub | BinaryOp::Div | BinaryOp::Pow if dtype == DType::Bool => {
+            return Err(Error::dtype(name, dtype, "arithmetic on two bool operands; cast one to a number first"));
+        }
+        BinaryOp::Div if !dtype.is_float() => (op, DType::F32),
+        _ => (op, dtype),
+    };
+    let out_dtype = if op.is_predicate() { DType::Bool } else { compute };
+    let lhs = prepare(a, compute, &stream);
+    let rhs = match b {
+        Operand::Array(b) => prepare(&b, compute, &stream),
+        Operand::Scalar(s) => scalar_on(s, compute, &stream),
+    };
+    Ok(Array::from_op(Primitive::Binary(op), vec![lhs, rhs], shape, out_dtype, stream))
+}
+
+macro_rules! unary_methods {
+    ($($(#[$doc:meta])* $name:ident => $op:ident;)*) => {
+        impl Array {$(
+            $(#[$doc])*
+            pub fn $name(&self) -> Result<Array> { unary(self, UnaryOp::$op) }
+        )*}
+    };
+}
+unary_methods! {
+    /// `-x`.
+    neg => Neg;
+    /// `|x|`.
+    abs => Abs;
+    /// -1, 0 or 1 (NaN stays NaN).
+    sign => Sign;
+    /// `e^x`.
+    exp => Exp;
+    /// Natural logarithm.
+    log => Log;
+    /// `ln(1 + x)`, accurate near 0.
+    log1p => Log1p;
+    /// Square root.
+    sqrt => Sqrt;
+    /// `1 / sqrt(x)`.
+    rsqrt => Rsqrt;
+    /// `x * x`.
+    square => Square;
+    /// `1 / x`.
+    reciprocal => Reciprocal;
+    /// Sine.
+    sin => Sin;
+    /// Cosine.
+    cos => Cos;
+    /// Hyperbolic tangent.
+    tanh => Tanh;
+    /// `1 / (1 + e^-x)`.
+    sigmoid => Sigmoid;
+    /// `max(x, 0)`.
+    relu => Relu;
+    /// Exact GELU, `x * Φ(x)`.
+    gelu => Gelu;
+    /// GELU with the tanh approximation.
+    gelu_tanh => GeluTanh;
+    /// `x * sigmoid(x)`.
+    silu => Silu;
+    /// The error function.
+    erf => Erf;
+    /// Largest integer not above x.
+    floor => Floor;
+    /// Smallest integer not below x.
+    ceil => Ceil;
+    /// Round half to even.
+    round => Round;
+    /// Logical not (true where x is zero); bool output.
+    logical_not => LogicalNot;
+}
+
+macro_rules! binary_methods {
+    ($($(#[$doc:meta])* $name:ident => $op:ident;)*) => {
+        impl Array {$(
+            $(#[$doc])*
+            pub fn $name(&self, rhs: impl IntoOperand) -> Result<Array> { binary(self, rhs.into_operand(), BinaryOp::$op) }
+        )*}
+    };
+}
+binary_methods! {
+    /// `self + rhs` with broadcasting.
+    add => Add;
+    /// `self - rhs` with broadcasting.
+    sub => Sub;
+    /// `self * rhs` with broadcasting.
+    mul => Mul;
+    /// `self / rhs` (true division: integers give f32).
+    div => Div;
+    /// `self ^ rhs`.
+    pow => Pow;
+    /// Elementwise maximum (NaN propagates).
+    maximum => Maximum;
+    /// Elementwise minimum (NaN propagates).
+    minimum => Minimum;
+    /// `self == rhs`; bool output.
+    eq => Equal;
+    /// `self != rhs`; bool output.
+    ne => NotEqual;
+    /// `self < rhs`; bool output.
+    lt => Less;
+    /// `self <= rhs`; bool output.
+    le => LessEqual;
+    /// `self > rhs`; bool output.
+    gt => Greater;
+    /// `self >= rhs`; bool output.
+    ge => GreaterEqual;
+    /// Logical and of the truth values; bool output.
+    logical_and => LogicalAnd;
+    /// Logical or of the truth values; bool output.
+    logical_or => LogicalOr;
+}
+
+impl Array {
+    /// Converts to `dtype` (floats to integers truncate toward zero and saturate; any
+    /// nonzero value becomes `true`).
+    pub fn astype(&self, dtype: DType) -> Result<Array> {
+        let stream = target_stream(&[self])?;
+        let x = crate::ops::on_device(self, &stream);
+        Ok(Array::from_op(Primitive::Cast, vec![x], self.shape().to_vec(), dtype, stream))
+    }
+}
+
+/// `where(cond, x, y)`: elements of `x` where `cond` is true, else of `y`, with
+/// broadcasting of all three. `x` and `y` promote like a binary op.
+pub fn where_(cond: &Array, x: impl IntoOperand, y: impl IntoOperand) -> Result<Array> {
+    let (x, y) = (x.into_operand(), y.into_operand());
+    let dtype = match (&x, &y) {
+        (Operand::Array(a), Operand::Array(b)) => promote(a.dtype(), b.dtype()),
+        (Operand::Array(a), Operand::Scalar(s)) | (Operand::Scalar(s), Operand::Array(a)) => {
+            promote_scalar(a.dtype(), *s)
+        }
+        (Operand::Scalar(a), Operand::Scalar(b)) => promote(a.default_dtype(), b.default_dtype()),
+    };
+    let mut shape = cond.shape().to_vec();
+    for o in [&x, &y] {
+        if let Operand::Array(a) = o {
+            shape = broadcast_shapes("where", &shape, a.shape())?;
+        }
+    }
+    let stream = target_stream(&[cond])?;
+    let c = prepare(cond, DType::Bool, &stream);
+    let conv = |o: Operand| match o {
+        Operand::Array(a) => prepare(&a, dtype, &stream),
+        Operand::Scalar(s) => scalar_on(s, dtype, &stream),
+    };
+    let (xa, ya) = (conv(x), conv(y));
+    Ok(Array::from_op(Primitive::Where, vec![c, xa, ya], shape, dtype, stream))
+}

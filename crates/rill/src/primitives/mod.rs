@@ -1,0 +1,387 @@
+//! The closed set of primitives every array node is built from.
+//!
+//! Ops (`crate::ops`) validate their inputs, infer the output shape and dtype, and record
+//! one of these. Backends dispatch on this enum with an exhaustive `match`, so a new
+//! primitive does not compile until every backend handles it (or returns
+//! `Error::Unsupported` on purpose). Family predicates (`is_elementwise`, `is_view`)
+//! let passes such as fusion treat whole families at once.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::error::Result;
+
+/// Elementwise functions of one array.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum UnaryOp {
+    Neg,
+    Abs,
+    Sign,
+    Exp,
+    Log,
+    Log1p,
+    Sqrt,
+    Rsqrt,
+    Square,
+    Reciprocal,
+    Sin,
+    Cos,
+    Tanh,
+    Sigmoid,
+    Relu,
+    /// Exact GELU, `x * Φ(x)`.
+    Gelu,
+    /// GELU with the tanh approximation.
+    GeluTanh,
+    Silu,
+    Erf,
+    Floor,
+    Ceil,
+    /// Round half to even, as NumPy.
+    Round,
+    LogicalNot,
+}
+
+impl UnaryOp {
+    /// Name used in messages and generated kernels.
+    pub fn name(self) -> &'static str {
+        use UnaryOp::*;
+        match self {
+            Neg => "neg",
+            Abs => "abs",
+            Sign => "sign",
+            Exp => "exp",
+            Log => "log",
+            Log1p => "log1p",
+            Sqrt => "sqrt",
+            Rsqrt => "rsqrt",
+            Square => "square",
+            Reciprocal => "reciprocal",
+            Sin => "sin",
+            Cos => "cos",
+            Tanh => "tanh",
+            Sigmoid => "sigmoid",
+            Relu => "relu",
+            Gelu => "gelu",
+            GeluTanh => "gelu_tanh",
+            Silu => "silu",
+            Erf => "erf",
+            Floor => "floor",
+            Ceil => "ceil",
+            Round => "round",
+            LogicalNot => "logical_not",
+        }
+    }
+    /// True when integer inputs are first converted to a float dtype.
+    pub fn needs_float(self) -> bool {
+        use UnaryOp::*;
+        !matches!(self, Neg | Abs | Sign | Square | Relu | Floor | Ceil | Round | LogicalNot)
+    }
+}
+
+/// Elementwise functions of two broadcast arrays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    Maximum,
+    Minimum,
+    Equal,
+    NotEqual,
+    Less,
+    LessEqual,
+    Greater,
+    GreaterEqual,
+    LogicalAnd,
+    LogicalOr,
+}
+
+impl BinaryOp {
+    /// Name used in messages and generated kernels.
+    pub fn name(self) -> &'static str {
+        use BinaryOp::*;
+        match self {
+            Add => "add",
+            Sub => "sub",
+            Mul => "mul",
+            Div => "div",
+            Pow => "pow",
+            Maximum => "maximum",
+            Minimum => "minimum",
+            Equal => "equal",
+            NotEqual => "not_equal",
+            Less => "less",
+            LessEqual => "less_equal",
+            Greater => "greater",
+            GreaterEqual => "greater_equal",
+            LogicalAnd => "logical_and",
+            LogicalOr => "logical_or",
+        }
+    }
+    /// True for the comparisons and logical ops, whose output is bool.
+    pub fn is_predicate(self) -> bool {
+        use BinaryOp::*;
+        matches!(self, Equal | NotEqual | Less | LessEqual | Greater | GreaterEqual | LogicalAnd | LogicalOr)
+    }
+}
+
+/// Reductions over a set of axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum ReduceOp {
+    Sum,
+    Prod,
+    Max,
+    Min,
+}
+
+/// Index-returning reductions over one axis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum ArgReduceOp {
+    ArgMax,
+    ArgMin,
+}
+
+/// Distributions for counter-based random numbers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Distribution {
+    /// Uniform on `[low, high)`.
+    Uniform {
+        /// Lower bound.
+        low: f64,
+        /// Upper bound (exclusive).
+        high: f64,
+    },
+    /// Normal with the given mean and standard deviation.
+    Normal {
+        /// Mean.
+        mean: f64,
+        /// Standard deviation.
+        std: f64,
+    },
+    /// True with probability `p`.
+    Bernoulli {
+        /// Probability of `true`.
+        p: f64,
+    },
+}
+
+/// A user callback run as a node (used for host-side custom work and for testing failure
+/// isolation). It receives its inputs as f64 values in row-major order and returns the
+/// output values.
+pub type HostFn = Arc<dyn Fn(&[Vec<f64>]) -> Result<Vec<f64>> + Send + Sync>;
+
+/// One node's operation. The output shape and dtype live on the node.
+#[derive(Clone)]
+pub enum Primitive {
+    // ---- sources ----
+    /// Data given by the user; the node is created evaluated.
+    Constant,
+    /// Every element equals `value` (converted to the node dtype).
+    Full {
+        /// The fill value.
+        value: f64,
+    },
+    /// `start + i * step` along the only axis.
+    Arange {
+        /// First value.
+        start: f64,
+        /// Increment.
+        step: f64,
+    },
+    /// Ones on the `k`-th diagonal of a 2-D array.
+    Eye {
+        /// Diagonal offset.
+        k: isize,
+    },
+    /// Counter-based random numbers (threefry-2x32) from an explicit key.
+    Random {
+        /// The key.
+        key: [u32; 2],
+        /// What to draw.
+        dist: Distribution,
+    },
+
+    // ---- elementwise ----
+    /// Conversion to the node dtype.
+    Cast,
+    /// A unary elementwise function.
+    Unary(UnaryOp),
+    /// A binary elementwise function with broadcasting.
+    Binary(BinaryOp),
+    /// `where(cond, x, y)` with broadcasting.
+    Where,
+
+    // ---- reductions (output keeps reduced axes with size 1) ----
+    /// Reduction over `axes` (sorted, unique).
+    Reduce {
+        /// Which reduction.
+        op: ReduceOp,
+        /// Reduced axes of the input.
+        axes: Vec<usize>,
+    },
+    /// Argmax/argmin over one axis; i64 output with that axis of size 1.
+    ArgReduce {
+        /// Which reduction.
+        op: ArgReduceOp,
+        /// The axis.
+        axis: usize,
+    },
+    /// Softmax (or log-softmax) over one axis, fused.
+    Softmax {
+        /// The axis.
+        axis: usize,
+        /// Log-softmax when true.
+        log: bool,
+    },
+    /// Layer normalisation over the last axis; inputs `x[, weight][, bias]`.
+    LayerNorm {
+        /// Added to the variance.
+        eps: f64,
+        /// A weight input follows `x`.
+        has_weight: bool,
+        /// A bias input follows.
+        has_bias: bool,
+    },
+    /// RMS normalisation over the last axis; inputs `x[, weight]`.
+    RmsNorm {
+        /// Added to the mean square.
+        eps: f64,
+        /// A weight input follows `x`.
+        has_weight: bool,
+    },
+    /// Cumulative sum along an axis.
+    Cumsum {
+        /// The axis.
+        axis: usize,
+        /// Accumulate from the end.
+        reverse: bool,
+        /// Exclude the current element.
+        exclusive: bool,
+    },
+
+    // ---- linear algebra ----
+    /// `[.., M, K] @ [.., K, N]` with equal (already broadcast) batch shapes.
+    Matmul,
+
+    // ---- views: zero-copy on every backend ----
+    /// Same elements, new shape.
+    Reshape,
+    /// Axes permuted.
+    Permute(Vec<usize>),
+    /// Broadcast to the node shape.
+    BroadcastTo,
+    /// Strided slice: for each axis the first index and the step.
+    Slice {
+        /// First index taken on each axis.
+        start: Vec<usize>,
+        /// Step on each axis (never zero; negative walks backwards).
+        step: Vec<isize>,
+    },
+
+    // ---- copies ----
+    /// A row-major copy.
+    Contiguous,
+    /// Gathers along `axis` with an integer index array (inputs `x, indices`).
+    Take {
+        /// The axis.
+        axis: usize,
+    },
+    /// Joins the inputs along `axis`.
+    Concatenate {
+        /// The axis.
+        axis: usize,
+    },
+    /// Constant padding.
+    Pad {
+        /// `(before, after)` for each axis.
+        widths: Vec<(usize, usize)>,
+        /// The fill value.
+        value: f64,
+    },
+    /// Copies the input to the node's device.
+    ToDevice,
+    /// A host callback (see [`HostFn`]); its output dtype is the node dtype.
+    Host {
+        /// Name used in messages.
+        name: &'static str,
+        /// The callback.
+        f: HostFn,
+    },
+}
+
+impl Primitive {
+    /// Short name used in messages, traces and generated kernels.
+    pub fn name(&self) -> &'static str {
+        use Primitive::*;
+        match self {
+            Constant => "constant",
+            Full { .. } => "full",
+            Arange { .. } => "arange",
+            Eye { .. } => "eye",
+            Random { .. } => "random",
+            Cast => "astype",
+            Unary(u) => u.name(),
+            Binary(b) => b.name(),
+            Where => "where",
+            Reduce { op, .. } => match op {
+                ReduceOp::Sum => "sum",
+                ReduceOp::Prod => "prod",
+                ReduceOp::Max => "max",
+                ReduceOp::Min => "min",
+            },
+            ArgReduce { op, .. } => match op {
+                ArgReduceOp::ArgMax => "argmax",
+                ArgReduceOp::ArgMin => "argmin",
+            },
+            Softmax { log: false, .. } => "softmax",
+            Softmax { log: true, .. } => "log_softmax",
+            LayerNorm { .. } => "layer_norm",
+            RmsNorm { .. } => "rms_norm",
+            Cumsum { .. } => "cumsum",
+            Matmul => "matmul",
+            Reshape => "reshape",
+            Permute(_) => "permute",
+            BroadcastTo => "broadcast_to",
+            Slice { .. } => "slice",
+            Contiguous => "contiguous",
+            Take { .. } => "take",
+            Concatenate { .. } => "concatenate",
+            Pad { .. } => "pad",
+            ToDevice => "to_device",
+            Host { name, .. } => name,
+        }
+    }
+    /// Elementwise family: output element `i` depends only on input elements `i`
+    /// (after broadcasting). These are what `compile` fuses.
+    pub fn is_elementwise(&self) -> bool {
+        matches!(self, Primitive::Cast | Primitive::Unary(_) | Primitive::Binary(_) | Primitive::Where)
+    }
+    /// View family: the output shares the input's buffer.
+    pub fn is_view(&self) -> bool {
+        matches!(self, Primitive::Reshape | Primitive::Permute(_) | Primitive::BroadcastTo | Primitive::Slice { .. })
+    }
+    /// Source family: no inputs.
+    pub fn is_source(&self) -> bool {
+        matches!(
+            self,
+            Primitive::Constant
+                | Primitive::Full { .. }
+                | Primitive::Arange { .. }
+                | Primitive::Eye { .. }
+                | Primitive::Random { .. }
+        )
+    }
+}
+
+impl fmt::Debug for Primitive {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}

@@ -1,0 +1,115 @@
+//! Process lifecycle: the one shutdown path, explicit or at exit.
+//!
+//! Any thread may call [`shutdown`]; there is no main thread. The same path runs from
+//! the exit hook that the runtime registers with `atexit` right after a backend (the CPU
+//! pool, a CUDA device) first initialises, so it runs before that backend's own teardown.
+//!
+//! Steps (idempotent; a second call returns at once):
+//! 1. *Stop intake*: the state becomes `ShuttingDown`; every new op, eval or stream
+//!    returns `Error::ShutDown`, and no Drop calls a backend any more (they leak instead).
+//! 2. *Drain with a bound*: wait until nothing is in flight, at most `drain`.
+//! 3. *Cancel*: queued batches that did not start fail with `Error::ShutDown`, which wakes
+//!    every blocked `eval` and every pending `async_eval` future.
+//! 4. *Stop workers*: the device completion workers and the CPU pool are stopped and
+//!    joined, each with a bound; a worker stuck past it is left behind, never waited on
+//!    forever.
+//! 5. The state becomes `Down`.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering::SeqCst};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::runtime::{pool, scheduler, stats, stream};
+
+const RUNNING: u8 = 0;
+/// Intake stopped; in-flight work is draining.
+const DRAINING: u8 = 1;
+/// Drain over: queued work is cancelled and no backend call may happen any more.
+const CANCELLED: u8 = 2;
+const DOWN: u8 = 3;
+
+static STATE: AtomicU8 = AtomicU8::new(RUNNING);
+static HOOK: AtomicBool = AtomicBool::new(false);
+
+/// True once the runtime is fully shut down (workers stopped).
+pub fn is_down() -> bool {
+    STATE.load(SeqCst) == DOWN
+}
+
+/// True once shutdown has begun (explicitly or at exit).
+pub fn is_shutting_down() -> bool {
+    STATE.load(SeqCst) != RUNNING
+}
+
+/// `Err(Error::ShutDown)` once shutdown has begun.
+pub(crate) fn check_running() -> Result<()> {
+    if is_shutting_down() { Err(Error::ShutDown) } else { Ok(()) }
+}
+
+/// Counts a backend call attempted after shutdown (a bug if it ever happens) and returns
+/// true in that case, so the caller can skip the call.
+pub(crate) fn backend_call_forbidden() -> bool {
+    if STATE.load(SeqCst) >= CANCELLED {
+        stats::BACKEND_CALLS_AFTER_SHUTDOWN.fetch_add(1, SeqCst);
+        true
+    } else {
+        false
+    }
+}
+
+/// What a shutdown did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// False when this call found shutdown already begun (and did nothing).
+    pub performed: bool,
+    /// Nodes still in flight when the drain bound expired (0 when everything finished).
+    pub abandoned: usize,
+    /// True when every runtime thread exited within its bound.
+    pub threads_joined: bool,
+}
+
+/// Shuts the runtime down from any thread, draining in-flight work for at most 10 s.
+/// See the module docs for the steps. Afterwards every op returns `Error::ShutDown`.
+pub fn shutdown() -> ShutdownReport {
+    shutdown_timeout(Duration::from_secs(10))
+}
+
+/// [`shutdown`] with an explicit bound for draining in-flight work.
+pub fn shutdown_timeout(drain: Duration) -> ShutdownReport {
+    if STATE.compare_exchange(RUNNING, DRAINING, SeqCst, SeqCst).is_err() {
+        return ShutdownReport { performed: false, abandoned: 0, threads_joined: true };
+    }
+    let deadline = Instant::now() + drain;
+    let abandoned = scheduler::drain_until(deadline);
+    STATE.store(CANCELLED, SeqCst);
+    scheduler::cancel_queued(&stream::live_streams());
+    drop(stream::forget_defaults());
+    let mut joined = true;
+    #[cfg(feature = "cuda")]
+    {
+        joined &= crate::backend::cuda::shutdown(Duration::from_secs(2));
+    }
+    joined &= pool::stop(Duration::from_secs(2));
+    crate::backend::cpu::clear_cache();
+    STATE.store(DOWN, SeqCst);
+    ShutdownReport { performed: true, abandoned, threads_joined: joined }
+}
+
+extern "C" fn at_exit() {
+    let ms = std::env::var("RILL_EXIT_DRAIN_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000u64);
+    // Never unwind across the C boundary.
+    let _ = std::panic::catch_unwind(|| shutdown_timeout(Duration::from_millis(ms)));
+}
+
+/// Registers the exit hook once per process. Called by each backend right after it
+/// initialises, so the hook runs before anything that backend registered itself.
+pub(crate) fn register_exit_hook() {
+    // A backend initialised later registers again so that our hook runs before its own
+    // teardown (atexit runs in reverse order); the hook is idempotent.
+    HOOK.store(true, SeqCst);
+    // SAFETY: `at_exit` is a plain `extern "C" fn()` that catches every panic.
+    let rc = unsafe { libc::atexit(at_exit) };
+    if rc != 0 {
+        tracing::warn!("rill: could not register the exit hook (atexit returned {rc})");
+    }
+}

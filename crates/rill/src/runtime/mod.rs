@@ -1,0 +1,33 @@
+//! The stream runtime: devices, streams, scheduling, memory, lifecycle and counters.
+//!
+//! | piece | file | owns |
+//! |---|---|---|
+//! | devices, default device | `device.rs` | nothing (plain values) |
+//! | streams, default streams, registry | `stream.rs` | per-stream FIFO queues |
+//! | eval / async_eval, execution | `scheduler.rs` | nothing (borrows the pool) |
+//! | CPU worker pool | `pool.rs` | the runtime's CPU threads |
+//! | scoped stream override | `scope.rs` | a `Weak` per thread, set by guards |
+//! | memory counters and limit | `memory.rs` | counters |
+//! | shutdown and exit hook | `lifecycle.rs` | the process state |
+//! | counters | `stats.rs` | counters |
+
+pub(crate) mod device;
+pub(crate) mod lifecycle;
+pub(crate) mod memory;
+pub(crate) mod pool;
+pub(crate) mod scheduler;
+pub(crate) mod scope;
+pub(crate) mod stats;
+pub(crate) mod stream;
+
+pub use lifecycle::{ShutdownReport, is_down, is_shutting_down, shutdown, shutdown_timeout};
+pub use memory::{active_memory, cached_memory, memory_limit, peak_memory, reset_peak_memory, set_memory_limit};
+pub use pool::num_threads as cpu_threads;
+pub use stats::{Stats, stats};
+
+/// Frees every cached allocation on every device. Callable from any thread.
+pub fn clear_cache() {
+    crate::backend::cpu::clear_cache();
+    #[cfg(feature = "cuda")]
+    crate::backend::cuda::clear_cache();
+}

@@ -1,0 +1,120 @@
+//! The CPU worker pool: a fixed number of OS threads shared by every stream.
+//!
+//! Owner: the runtime (this module's `POOL`). Threads: `RILL_CPU_THREADS` or the number of
+//! cores, started once on first CPU use, never more. Stream batches are jobs on this pool,
+//! and large kernels split their work across the same threads (rayon), so the thread count
+//! never grows with the number of streams, user threads or tasks.
+//!
+//! Shutdown (`stop`): 1. take the pool out of `POOL` so no new job is spawned; 2. drop it,
+//! which tells idle workers to exit; 3. wait, with a bound, until the live count is zero.
+//! A worker stuck in a long kernel past the bound is left to finish on its own.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use crate::runtime::stats;
+use crate::sync::{Condvar, Mutex};
+
+static POOL: Mutex<Option<std::sync::Arc<rayon::ThreadPool>>> = Mutex::new(None);
+static STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static EXITED: Mutex<usize> = Mutex::new(0);
+static EXITED_CV: Condvar = Condvar::new();
+static SIZE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Number of worker threads the pool has (or will have).
+pub fn num_threads() -> usize {
+    let n = SIZE.load(Relaxed);
+    if n > 0 {
+        return n;
+    }
+    std::env::var("RILL_CPU_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+        .min(256)
+}
+
+/// Starts the pool if it is not running (once per process; never after shutdown).
+pub(crate) fn ensure_started() {
+    if STARTED.load(Relaxed) {
+        return;
+    }
+    let mut g = POOL.lock();
+    if STARTED.load(Relaxed) || crate::runtime::lifecycle::is_shutting_down() {
+        return;
+    }
+    let n = num_threads();
+    let built = rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .thread_name(|i| format!("rill-cpu-{i}"))
+        .start_handler(|_| {
+            stats::THREADS_LIVE.fetch_add(1, Relaxed);
+            stats::THREADS_STARTED.fetch_add(1, Relaxed);
+        })
+        .exit_handler(|_| {
+            stats::THREADS_LIVE.fetch_sub(1, Relaxed);
+            *EXITED.lock() += 1;
+            EXITED_CV.notify_all();
+        })
+        .build();
+    match built {
+        Ok(p) => {
+            SIZE.store(n, Relaxed);
+            *g = Some(std::sync::Arc::new(p));
+            STARTED.store(true, Relaxed);
+            drop(g);
+            crate::runtime::lifecycle::register_exit_hook();
+        }
+        Err(e) => tracing::error!("rill: could not start the CPU worker pool: {e}"),
+    }
+}
+
+/// Runs `job` on the pool. Returns false (and drops the job) when the pool is stopped.
+pub(crate) fn spawn(job: impl FnOnce() + Send + 'static) -> bool {
+    let g = POOL.lock();
+    match g.as_ref() {
+        Some(p) => {
+            p.spawn(job);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Runs `f` inside the pool so that rayon's parallel iterators and gemm use its threads
+/// (and no others). Runs `f` on the calling thread when the pool is stopped.
+#[allow(dead_code)]
+pub(crate) fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    if rayon::current_thread_index().is_some() {
+        return f();
+    }
+    // Never hold the lock while running `f`: jobs that `f` starts need it to spawn.
+    let pool = POOL.lock().clone();
+    match pool {
+        Some(p) => p.install(f),
+        None => f(),
+    }
+}
+
+/// Stops the pool and waits up to `bound` for its threads to exit. Returns true when
+/// every thread exited in time.
+pub(crate) fn stop(bound: Duration) -> bool {
+    let pool = POOL.lock().take();
+    let Some(pool) = pool else { return true };
+    let n = SIZE.load(Relaxed);
+    drop(pool);
+    // Called from a pool thread (a user callback calling shutdown): that thread cannot
+    // exit before we return.
+    let own = usize::from(rayon::current_thread_index().is_some());
+    let deadline = Instant::now() + bound;
+    let mut g = EXITED.lock();
+    while *g + own < n {
+        let now = Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        g = EXITED_CV.wait_timeout(g, deadline - now).0;
+    }
+    true
+}

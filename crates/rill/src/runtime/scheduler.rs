@@ -1,0 +1,430 @@
+//! `eval` and `async_eval`: turning a graph into batches on streams, and running them.
+//!
+//! Submission (any user thread or task):
+//! 1. `Plan::build` walks the graph iteratively from the outputs and lists, in
+//!    topological order, the nodes still `Pending`.
+//! 2. `Plan::advance` cuts that list into batches (consecutive nodes on one stream). For
+//!    each batch it waits for room in the stream's queue (backpressure) and, when memory
+//!    is over the limit, for in-flight work to finish; then, under the stream's queue
+//!    lock, it claims each node (`Pending → Scheduled`; nodes claimed by another thread
+//!    are skipped and become dependencies) and pushes the batch. Blocking callers wait on
+//!    condition variables; `async_eval` futures register wakers instead and never block.
+//!
+//! Execution (the CPU worker pool, `pool.rs`): a stream with queued batches has one job on
+//! the pool. The job looks at the head batch: if a dependency on another stream is not
+//! done, the stream parks and the dependency's completion reschedules it; otherwise the
+//! batch runs node by node, each result (or error, or caught panic) is stored in its node,
+//! and the node's waiters (threads and wakers) are woken.
+//!
+//! Deadlock freedom: a batch's dependencies were all pushed before it (topological order
+//! plus claiming at push time), so the earliest unfinished batch is always runnable.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::task::{Context, Poll, Waker};
+use std::time::Instant;
+
+use crate::array::{Array, Node, Status};
+use crate::backend;
+use crate::error::{Error, Result};
+use crate::runtime::stream::{Batch, MAX_BATCH_NODES, MAX_QUEUED_NODES, Run, Stream};
+use crate::runtime::{lifecycle, memory, pool, stats};
+use crate::sync::{Arc, Condvar, Mutex};
+
+// ---- completion notifications (memory-limit waits and the shutdown drain) ----
+
+static COMPLETION_WAITERS: AtomicUsize = AtomicUsize::new(0);
+static COMPLETION: Mutex<(u64, Vec<Waker>)> = Mutex::new((0, Vec::new()));
+static COMPLETION_CV: Condvar = Condvar::new();
+
+fn notify_completion() {
+    if COMPLETION_WAITERS.load(SeqCst) == 0 {
+        return;
+    }
+    let wakers = {
+        let mut g = COMPLETION.lock();
+        g.0 += 1;
+        std::mem::take(&mut g.1)
+    };
+    COMPLETION_CV.notify_all();
+    for w in wakers {
+        w.wake();
+    }
+}
+
+enum Mode<'a> {
+    Block,
+    Poll(&'a Waker),
+}
+
+/// Waits (or registers a waker) until `cond` is false or something completes.
+/// Returns `Poll::Pending` only in poll mode.
+fn wait_completion(mode: &Mode<'_>, cond: impl Fn() -> bool) -> Poll<()> {
+    COMPLETION_WAITERS.fetch_add(1, SeqCst);
+    let r = {
+        let mut g = COMPLETION.lock();
+        let epoch = g.0;
+        if !cond() {
+            Poll::Ready(())
+        } else {
+            match mode {
+                Mode::Block => {
+                    while g.0 == epoch && cond() {
+                        g = COMPLETION_CV.wait(g);
+                    }
+                    Poll::Ready(())
+                }
+                Mode::Poll(w) => {
+                    g.1.push((*w).clone());
+                    Poll::Pending
+                }
+            }
+        }
+    };
+    COMPLETION_WAITERS.fetch_sub(1, SeqCst);
+    r
+}
+
+// ---- submission ----
+
+/// The nodes one `eval` must submit, in topological order.
+pub(crate) struct Plan {
+    order: Vec<Array>,
+    pos: usize,
+}
+
+impl Plan {
+    pub(crate) fn build(outputs: &[Array]) -> Plan {
+        let mut order = Vec::new();
+        let mut seen: HashSet<u64> = HashSet::new();
+        let mut stack: Vec<(Array, Vec<Array>, usize)> = Vec::new();
+        let pending_inputs = |a: &Array| -> Option<Vec<Array>> {
+            let g = a.node.state.lock();
+            matches!(g.status, Status::Pending).then(|| g.inputs.clone())
+        };
+        for out in outputs {
+            if !seen.insert(out.node.id) {
+                continue;
+            }
+            if let Some(ins) = pending_inputs(out) {
+                stack.push((out.clone(), ins, 0));
+            }
+            while let Some(top) = stack.last_mut() {
+                if top.2 < top.1.len() {
+                    let child = top.1[top.2].clone();
+                    top.2 += 1;
+                    if seen.insert(child.node.id) {
+                        if let Some(ins) = pending_inputs(&child) {
+                            stack.push((child, ins, 0));
+                        }
+                    }
+                } else if let Some((a, _, _)) = stack.pop() {
+                    order.push(a);
+                }
+            }
+        }
+        Plan { order, pos: 0 }
+    }
+
+    fn is_done(&self) -> bool {
+        self.pos >= self.order.len()
+    }
+
+    fn advance(&mut self, mode: Mode<'_>) -> Poll<Result<()>> {
+        while self.pos < self.order.len() {
+            lifecycle::check_running()?;
+            let stream = self.order[self.pos].node.stream.clone();
+            let mut end = self.pos + 1;
+            while end < self.order.len() && end - self.pos < MAX_BATCH_NODES && self.order[end].node.stream == stream {
+                end += 1;
+            }
+            // Memory limit: let completions free memory before adding more work.
+            if memory::over_limit()
+                && wait_completion(&mode, || memory::over_limit() && stats::IN_FLIGHT.load(SeqCst) > 0).is_pending()
+            {
+                return Poll::Pending;
+            }
+            let inner = &stream.inner;
+            let mut q = inner.queue.lock();
+            // Backpressure: bounded queued work per stream.
+            while q.queued_nodes >= MAX_QUEUED_NODES {
+                lifecycle::check_running()?;
+                match &mode {
+                    Mode::Block => q = inner.space.wait(q),
+                    Mode::Poll(w) => {
+                        q.space_wakers.push((*w).clone());
+                        return Poll::Pending;
+                    }
+                }
+            }
+            lifecycle::check_running()?;
+            let mut nodes = Vec::with_capacity(end - self.pos);
+            let mut deps: Vec<Array> = Vec::new();
+            let first_id = self.order[self.pos].node.id;
+            let _ = first_id;
+            for a in &self.order[self.pos..end] {
+                let mut g = a.node.state.lock();
+                if !matches!(g.status, Status::Pending) {
+                    continue;
+                }
+                g.status = Status::Scheduled;
+                for input in &g.inputs {
+                    if !input.node.is_done()
+                        && !nodes.iter().any(|n: &Array| n.node.id == input.node.id)
+                        && !deps.iter().any(|d| d.node.id == input.node.id)
+                    {
+                        deps.push(input.clone());
+                    }
+                }
+                drop(g);
+                nodes.push(a.clone());
+            }
+            self.pos = end;
+            if nodes.is_empty() {
+                continue;
+            }
+            stats::IN_FLIGHT.fetch_add(nodes.len(), SeqCst);
+            q.queued_nodes += nodes.len();
+            q.last = nodes.last().map(|a| Arc::downgrade(&a.node));
+            q.batches.push_back(Batch { nodes, deps });
+            let spawn = q.run == Run::Idle;
+            if spawn {
+                q.run = Run::Scheduled;
+            }
+            drop(q);
+            if spawn {
+                spawn_stream(stream);
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// Evaluates `arrays` (and everything they need) and blocks until they are computed.
+/// Returns the first error among them. Creates no stream and no thread.
+pub fn eval(arrays: &[Array]) -> Result<()> {
+    let mut plan = Plan::build(arrays);
+    if !plan.is_done() {
+        match plan.advance(Mode::Block) {
+            Poll::Ready(r) => r?,
+            Poll::Pending => unreachable!("blocking submission never returns Pending"),
+        }
+    }
+    let mut first = Ok(());
+    for a in arrays {
+        if let Err(e) = a.node.wait() {
+            if first.is_ok() {
+                first = Err(e);
+            }
+        }
+    }
+    first
+}
+
+/// Starts evaluating `arrays` and returns a future that completes when they are
+/// computed. The future is woken by the runtime (never polled in a loop) and never blocks
+/// the executor thread: submission that would wait for queue room or memory continues in
+/// later polls. Dropping the future does not cancel the work already submitted.
+pub fn async_eval(arrays: &[Array]) -> EvalFuture {
+    let mut plan = Plan::build(arrays);
+    let mut error = None;
+    if !plan.is_done() {
+        let noop = Waker::noop();
+        if let Poll::Ready(Err(e)) = plan.advance(Mode::Poll(noop)) {
+            error = Some(e);
+        }
+    }
+    EvalFuture { plan, outputs: arrays.to_vec(), error }
+}
+
+/// The future returned by [`async_eval`].
+#[must_use = "the arrays are computed either way, but only awaiting reports their errors"]
+pub struct EvalFuture {
+    plan: Plan,
+    outputs: Vec<Array>,
+    error: Option<Error>,
+}
+
+impl Future for EvalFuture {
+    type Output = Result<()>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let this = &mut *self;
+        if let Some(e) = this.error.take() {
+            return Poll::Ready(Err(e));
+        }
+        if !this.plan.is_done() {
+            match this.plan.advance(Mode::Poll(cx.waker())) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Ready(Ok(())) => {}
+            }
+        }
+        for a in &this.outputs {
+            if !a.node.is_done() && a.node.register_waker(cx.waker()) {
+                return Poll::Pending;
+            }
+        }
+        for a in &this.outputs {
+            a.node.result()?;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+// ---- execution ----
+
+fn spawn_stream(stream: Stream) {
+    let s2 = stream.clone();
+    if !pool::spawn(move || run_stream(s2)) {
+        // The pool is stopped (shutdown): fail what is queued instead of running it.
+        cancel_queued(std::slice::from_ref(&stream));
+    }
+}
+
+fn reschedule(stream: Stream) {
+    let mut q = stream.inner.queue.lock();
+    if q.run == Run::Parked {
+        q.run = Run::Scheduled;
+        drop(q);
+        spawn_stream(stream);
+    }
+}
+
+fn run_stream(stream: Stream) {
+    let batch = {
+        let mut q = stream.inner.queue.lock();
+        let Some(head) = q.batches.front() else {
+            q.run = Run::Idle;
+            return;
+        };
+        if let Some(dep) = head.deps.iter().find(|d| !d.node.is_done()).cloned() {
+            q.run = Run::Parked;
+            drop(q);
+            let s = stream.clone();
+            dep.node.on_done(Box::new(move || reschedule(s)));
+            return;
+        }
+        let Some(b) = q.batches.pop_front() else { return };
+        q.queued_nodes -= b.nodes.len();
+        q.run = Run::Running;
+        if !q.space_wakers.is_empty() {
+            for w in q.space_wakers.drain(..) {
+                w.wake();
+            }
+        }
+        drop(q);
+        stream.inner.space.notify_all();
+        b
+    };
+    backend::execute_batch(&stream, &batch.nodes);
+    drop(batch);
+    notify_completion();
+    let mut q = stream.inner.queue.lock();
+    if q.batches.is_empty() {
+        q.run = Run::Idle;
+    } else {
+        q.run = Run::Scheduled;
+        drop(q);
+        spawn_stream(stream);
+    }
+}
+
+/// Runs one node's kernel and records the outcome. Used by the backends' batch runners.
+pub(crate) fn execute_node(
+    node: &Node,
+    run: impl FnOnce(&Node, &[crate::backend::Storage]) -> Result<crate::backend::Storage>,
+) {
+    let inputs: Vec<Array> = node.state.lock().inputs.clone();
+    let mut storages = Vec::with_capacity(inputs.len());
+    let mut result = None;
+    for i in &inputs {
+        match i.node.storage() {
+            Ok(s) => storages.push(s),
+            Err(e) => {
+                result = Some(Err(e));
+                break;
+            }
+        }
+    }
+    drop(inputs);
+    let result = match result {
+        Some(r) => r,
+        None if lifecycle::backend_call_forbidden() => Err(Error::ShutDown),
+        None => match catch_unwind(AssertUnwindSafe(|| run(node, &storages))) {
+            Ok(r) => r,
+            Err(p) => {
+                let msg = p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                Err(Error::Panic { op: node.prim.name(), msg: msg.into() })
+            }
+        },
+    };
+    drop(storages);
+    stats::NODES_COMPUTED.fetch_add(1, SeqCst);
+    node.complete(result);
+    stats::IN_FLIGHT.fetch_sub(1, SeqCst);
+}
+
+// ---- shutdown support ----
+
+/// Waits until nothing is in flight or `deadline` passes; returns what is left.
+pub(crate) fn drain_until(deadline: Instant) -> usize {
+    loop {
+        let left = stats::IN_FLIGHT.load(SeqCst);
+        if left == 0 {
+            return 0;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return left;
+        }
+        COMPLETION_WAITERS.fetch_add(1, SeqCst);
+        {
+            let g = COMPLETION.lock();
+            if stats::IN_FLIGHT.load(SeqCst) > 0 {
+                let _ = COMPLETION_CV.wait_timeout(g, (deadline - now).min(std::time::Duration::from_millis(50)));
+            }
+        }
+        COMPLETION_WAITERS.fetch_sub(1, SeqCst);
+    }
+}
+
+/// Fails every queued (not started) batch of `streams` with `Error::ShutDown` and wakes
+/// every submitter waiting for queue room.
+pub(crate) fn cancel_queued(streams: &[Stream]) {
+    for s in streams {
+        let batches = {
+            let mut q = s.inner.queue.lock();
+            q.queued_nodes = 0;
+            if q.run != Run::Running {
+                q.run = Run::Idle;
+            }
+            for w in q.space_wakers.drain(..) {
+                w.wake();
+            }
+            std::mem::take(&mut q.batches)
+        };
+        s.inner.space.notify_all();
+        for b in batches {
+            for n in &b.nodes {
+                n.node.complete(Err(Error::ShutDown));
+                stats::IN_FLIGHT.fetch_sub(1, SeqCst);
+            }
+        }
+    }
+    let wakers = {
+        let mut g = COMPLETION.lock();
+        g.0 += 1;
+        std::mem::take(&mut g.1)
+    };
+    COMPLETION_CV.notify_all();
+    for w in wakers {
+        w.wake();
+    }
+}

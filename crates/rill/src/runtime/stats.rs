@@ -1,0 +1,62 @@
+//! Process-wide counters, so that tests and users can prove what the runtime did.
+//!
+//! | counter | written by | meaning |
+//! |---|---|---|
+//! | `streams_created` | `Stream::new`, default streams | streams ever made |
+//! | `streams_live` | stream creation and its last handle's drop | streams alive now |
+//! | `threads_live` | the worker pool's start/exit hooks, device workers | runtime threads alive now |
+//! | `threads_started` | same | runtime threads ever started |
+//! | `in_flight` | the scheduler (claim +1, completion -1) | nodes submitted and not finished |
+//! | `nodes_computed` | the executor | nodes whose kernel ran |
+//! | `backend_calls_after_shutdown` | every backend entry point | must stay 0 |
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+
+pub(crate) static STREAMS_CREATED: AtomicU64 = AtomicU64::new(0);
+pub(crate) static STREAMS_LIVE: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static THREADS_LIVE: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static THREADS_STARTED: AtomicU64 = AtomicU64::new(0);
+pub(crate) static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static NODES_COMPUTED: AtomicU64 = AtomicU64::new(0);
+pub(crate) static BACKEND_CALLS_AFTER_SHUTDOWN: AtomicU64 = AtomicU64::new(0);
+
+/// A snapshot of the runtime's counters (see the module docs for each one).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stats {
+    /// Streams ever created (user streams and default streams).
+    pub streams_created: u64,
+    /// Streams alive now.
+    pub streams_live: usize,
+    /// Runtime-owned OS threads alive now (CPU worker pool and device workers).
+    pub threads_live: usize,
+    /// Runtime-owned OS threads ever started.
+    pub threads_started: u64,
+    /// Nodes submitted for evaluation that have not finished.
+    pub in_flight: usize,
+    /// Nodes whose kernel has run.
+    pub nodes_computed: u64,
+    /// Bytes allocated for arrays now.
+    pub bytes_active: usize,
+    /// High-water mark of `bytes_active`.
+    pub bytes_peak: usize,
+    /// Bytes held in allocator caches.
+    pub bytes_cached: usize,
+    /// Backend calls attempted after shutdown began (always 0 unless rill has a bug).
+    pub backend_calls_after_shutdown: u64,
+}
+
+/// Reads every counter.
+pub fn stats() -> Stats {
+    Stats {
+        streams_created: STREAMS_CREATED.load(Relaxed),
+        streams_live: STREAMS_LIVE.load(Relaxed),
+        threads_live: THREADS_LIVE.load(Relaxed),
+        threads_started: THREADS_STARTED.load(Relaxed),
+        in_flight: IN_FLIGHT.load(Relaxed),
+        nodes_computed: NODES_COMPUTED.load(Relaxed),
+        bytes_active: super::memory::active_memory(),
+        bytes_peak: super::memory::peak_memory(),
+        bytes_cached: super::memory::cached_memory(),
+        backend_calls_after_shutdown: BACKEND_CALLS_AFTER_SHUTDOWN.load(Relaxed),
+    }
+}

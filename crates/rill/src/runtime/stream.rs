@@ -1,0 +1,209 @@
+//! Streams: ordered queues of work on one device, owned by the process.
+//!
+//! A [`Stream`] is a cheap handle (`Arc`) that any thread or task may use; it never owns a
+//! thread. Work arrives as *batches* (consecutive nodes of one evaluation on this stream)
+//! and runs in FIFO order: at most one batch of a stream runs at a time, on the runtime's
+//! bounded worker pool (`pool.rs`). A batch whose dependencies on other streams are not
+//! complete *parks* the stream (no thread blocks); the completing dependency reschedules it.
+//!
+//! Queue state (`Queue`, behind `StreamInner::queue`):
+//!
+//! | field | written by | under |
+//! |---|---|---|
+//! | `batches`, `queued_nodes` | submitters (push), the worker running the stream (pop) | queue lock |
+//! | `run` | submitters (Idle→Scheduled), worker (→Running/Parked/Idle), completion callbacks (Parked→Scheduled) | queue lock |
+//! | `last` | submitters | queue lock |
+//!
+//! Lock order: a node's state lock may be taken while holding a queue lock, never the
+//! reverse.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::task::Waker;
+
+use crate::array::{Array, Node};
+use crate::error::{Error, Result};
+use crate::runtime::device::Device;
+use crate::runtime::{lifecycle, pool, stats};
+use crate::sync::{Arc, Condvar, Mutex, Weak};
+
+/// Most nodes a stream may hold queued before submitters wait (backpressure).
+pub(crate) const MAX_QUEUED_NODES: usize = 4096;
+/// Most nodes in one batch.
+pub(crate) const MAX_BATCH_NODES: usize = 512;
+
+static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Run {
+    /// No batch queued or running.
+    Idle,
+    /// A pool job will run the head batch.
+    Scheduled,
+    /// A batch is running.
+    Running,
+    /// The head batch waits for a dependency; its completion reschedules the stream.
+    Parked,
+}
+
+pub(crate) struct Batch {
+    pub nodes: Vec<Array>,
+    pub deps: Vec<Array>,
+}
+
+pub(crate) struct Queue {
+    pub batches: VecDeque<Batch>,
+    pub queued_nodes: usize,
+    pub run: Run,
+    /// The last node pushed, to let `synchronize` wait for everything before it.
+    pub last: Option<std::sync::Weak<Node>>,
+    pub space_wakers: Vec<Waker>,
+}
+
+pub(crate) struct StreamInner {
+    pub id: u64,
+    pub device: Device,
+    pub queue: Mutex<Queue>,
+    /// Notified when queued work shrinks (backpressure waits) or the stream idles.
+    pub space: Condvar,
+    #[cfg(feature = "cuda")]
+    pub cuda: Option<crate::backend::cuda::CudaStreamHandle>,
+}
+
+impl Drop for StreamInner {
+    fn drop(&mut self) {
+        stats::STREAMS_LIVE.fetch_sub(1, Relaxed);
+    }
+}
+
+/// An ordered queue of work on one device. Cheap to clone; `Send + Sync`; usable from any
+/// thread or task. Work on one stream runs in submission order; work on different streams
+/// may overlap, with cross-stream dependencies ordered by events.
+#[derive(Clone)]
+pub struct Stream {
+    pub(crate) inner: Arc<StreamInner>,
+}
+
+static REGISTRY: Mutex<Vec<Weak<StreamInner>>> = Mutex::new(Vec::new());
+static DEFAULTS: Mutex<Vec<Stream>> = Mutex::new(Vec::new());
+
+impl Stream {
+    /// Creates a new stream on `device`. This is the only way (besides the one default
+    /// stream per device) that a stream comes to exist.
+    pub fn new(device: &Device) -> Result<Stream> {
+        lifecycle::check_running()?;
+        if device.is_gpu() {
+            // Validates the ordinal and initialises the backend once.
+            Device::gpu(device.ordinal())?;
+        } else {
+            pool::ensure_started();
+        }
+        #[cfg(feature = "cuda")]
+        let cuda = if device.is_gpu() { Some(crate::backend::cuda::new_stream(device.ordinal())?) } else { None };
+        let inner = Arc::new(StreamInner {
+            id: NEXT_STREAM_ID.fetch_add(1, Relaxed),
+            device: *device,
+            queue: Mutex::new(Queue {
+                batches: VecDeque::new(),
+                queued_nodes: 0,
+                run: Run::Idle,
+                last: None,
+                space_wakers: Vec::new(),
+            }),
+            space: Condvar::new(),
+            #[cfg(feature = "cuda")]
+            cuda,
+        });
+        stats::STREAMS_CREATED.fetch_add(1, Relaxed);
+        stats::STREAMS_LIVE.fetch_add(1, Relaxed);
+        let mut reg = REGISTRY.lock();
+        reg.retain(|w| w.strong_count() > 0);
+        reg.push(Arc::downgrade(&inner));
+        Ok(Stream { inner })
+    }
+    /// A process-unique id (never reused).
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+    /// The device this stream runs on.
+    pub fn device(&self) -> Device {
+        self.inner.device
+    }
+    /// Blocks until all work submitted to this stream so far has completed.
+    pub fn synchronize(&self) -> Result<()> {
+        synchronize(self)
+    }
+    pub(crate) fn downgrade(&self) -> Weak<StreamInner> {
+        Arc::downgrade(&self.inner)
+    }
+    pub(crate) fn from_inner(inner: Arc<StreamInner>) -> Stream {
+        Stream { inner }
+    }
+}
+
+impl PartialEq for Stream {
+    fn eq(&self, other: &Self) -> bool {
+        self.inner.id == other.inner.id
+    }
+}
+impl Eq for Stream {}
+
+impl fmt::Debug for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Stream({}, {})", self.inner.device, self.inner.id)
+    }
+}
+
+/// The one process-wide default stream of `device`, created on first use.
+pub(crate) fn default_stream(device: Device) -> Result<Stream> {
+    {
+        let d = DEFAULTS.lock();
+        if let Some(s) = d.iter().find(|s| s.device() == device) {
+            return Ok(s.clone());
+        }
+    }
+    let s = Stream::new(&device)?;
+    let mut d = DEFAULTS.lock();
+    // Another thread may have won the race; keep exactly one per device.
+    if let Some(existing) = d.iter().find(|s| s.device() == device) {
+        return Ok(existing.clone());
+    }
+    d.push(s.clone());
+    Ok(s)
+}
+
+/// Every stream alive now.
+pub(crate) fn live_streams() -> Vec<Stream> {
+    REGISTRY.lock().iter().filter_map(|w| w.upgrade()).map(Stream::from_inner).collect()
+}
+
+/// Drops the default streams (at shutdown).
+pub(crate) fn forget_defaults() -> Vec<Stream> {
+    std::mem::take(&mut *DEFAULTS.lock())
+}
+
+/// Blocks until all work submitted to `stream` so far has completed. Callable from any
+/// thread; returns `Error::ShutDown` if the runtime stopped before that work ran.
+pub fn synchronize(stream: &Stream) -> Result<()> {
+    let last = stream.inner.queue.lock().last.clone();
+    if let Some(node) = last.and_then(|w| w.upgrade()) {
+        let r = node.wait();
+        if matches!(r, Err(Error::ShutDown)) {
+            return r;
+        }
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(cs) = &stream.inner.cuda {
+        cs.synchronize()?;
+    }
+    Ok(())
+}
+
+/// Blocks until all work submitted to every stream so far has completed.
+pub fn synchronize_all() -> Result<()> {
+    for s in live_streams() {
+        synchronize(&s)?;
+    }
+    Ok(())
+}
