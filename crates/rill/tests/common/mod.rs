@@ -1,0 +1,86 @@
+//! Shared helpers for the integration tests: devices to run on, a seeded generator,
+//! float64 comparisons.
+#![allow(dead_code)]
+
+use rill::{Array, DType, Device};
+
+/// Devices every op test runs on: the CPU, and GPU 0 when one is usable. With
+/// `RILL_REQUIRE_GPU=1` a missing GPU is a failure, not a skip.
+pub fn devices() -> Vec<Device> {
+    let mut v = vec![Device::cpu()];
+    match Device::gpu(0) {
+        Ok(g) => v.push(g),
+        Err(e) => {
+            if std::env::var("RILL_REQUIRE_GPU").as_deref() == Ok("1") {
+                panic!("RILL_REQUIRE_GPU=1 but no GPU: {e}");
+            }
+            eprintln!("skipped: no GPU ({e})");
+        }
+    }
+    v
+}
+
+/// Runs `f` with every op built inside it targeting `device`'s default stream.
+pub fn on<R>(device: Device, f: impl FnOnce() -> R) -> R {
+    let s = device.default_stream().expect("default stream");
+    rill::with_stream(&s, f)
+}
+
+/// A small deterministic generator (splitmix64), so tests need no extra crates.
+pub struct Rng(u64);
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E3779B97F4A7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [lo, hi).
+    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64)
+    }
+    pub fn vec(&mut self, n: usize, lo: f64, hi: f64) -> Vec<f64> {
+        (0..n).map(|_| self.uniform(lo, hi)).collect()
+    }
+}
+
+/// Makes an array of `dtype` from f64 values (rounded to the dtype), and returns the
+/// rounded values as the float64 reference input.
+pub fn array_of(values: &[f64], shape: &[usize], dtype: DType) -> (Array, Vec<f64>) {
+    let a = Array::from_slice(values, shape).unwrap().astype(dtype).unwrap();
+    let exact = a.to_f64_vec().unwrap();
+    (a, exact)
+}
+
+/// Relative/absolute tolerance suited to a dtype.
+pub fn tol(dtype: DType) -> f64 {
+    match dtype {
+        DType::F64 => 1e-12,
+        DType::F32 => 2e-5,
+        DType::F16 => 2e-3,
+        DType::BF16 => 1.6e-2,
+        _ => 0.0,
+    }
+}
+
+/// Asserts `got` matches `want` elementwise within `tol` (relative, with an absolute
+/// floor of `tol`); NaNs must match NaNs.
+pub fn assert_close(got: &[f64], want: &[f64], tol: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length {} vs {}", got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        if w.is_nan() {
+            assert!(g.is_nan(), "{what}: element {i}: got {g}, want NaN");
+            continue;
+        }
+        if w.is_infinite() {
+            assert_eq!(g, w, "{what}: element {i}");
+            continue;
+        }
+        let err = (g - w).abs();
+        assert!(err <= tol * (1.0 + w.abs()), "{what}: element {i}: got {g}, want {w} (err {err:e}, tol {tol:e})");
+    }
+}
