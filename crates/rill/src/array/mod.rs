@@ -76,7 +76,8 @@ impl Node {
     pub fn is_done(&self) -> bool {
         self.done.load(Ordering::Acquire)
     }
-    /// Blocks until the node is computed; returns its error if it failed.
+    /// Blocks until the node is computed (on a GPU: until its kernel has finished);
+    /// returns its error if it failed.
     pub fn wait(&self) -> Result<()> {
         if !self.is_done() {
             let mut g = self.state.lock();
@@ -84,12 +85,26 @@ impl Node {
                 g = self.cv.wait(g);
             }
         }
-        self.result()
+        match self.fence() {
+            Some(f) => f.wait(),
+            None => self.result(),
+        }
     }
-    /// The outcome of a done node.
+    /// The device-completion fence of a ready GPU node, if any.
+    pub fn fence(&self) -> Option<std::sync::Arc<crate::backend::Fence>> {
+        match &self.state.lock().status {
+            Status::Ready(s) => s.fence.clone(),
+            _ => None,
+        }
+    }
+    /// The outcome of a done node (including its device fence when signalled).
     pub fn result(&self) -> Result<()> {
         match &self.state.lock().status {
             Status::Failed(e) => Err(e.clone()),
+            Status::Ready(s) => match &s.fence {
+                Some(f) if f.is_signalled() => f.result(),
+                _ => Ok(()),
+            },
             _ => Ok(()),
         }
     }

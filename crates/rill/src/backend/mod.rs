@@ -34,21 +34,89 @@ impl Buffer {
 }
 
 /// The value of an evaluated array: a buffer, the dtype, and where the elements lie.
+///
+/// On a GPU a storage exists as soon as its kernel is *enqueued*: work on the same
+/// stream is ordered after it, work on other streams waits on the buffer's event (a GPU
+/// wait). `fence` tells the host when the kernel has *finished*; it is signalled by the
+/// device's completion worker. CPU storages have no fence (they are finished when made).
 #[derive(Clone)]
 pub(crate) struct Storage {
     pub buffer: Arc<Buffer>,
     pub dtype: DType,
     pub layout: Layout,
+    pub fence: Option<Arc<Fence>>,
+}
+
+/// A host-visible completion flag for device work, waitable by threads and wakers.
+#[derive(Default)]
+pub(crate) struct Fence {
+    state: crate::sync::Mutex<FenceState>,
+    cv: crate::sync::Condvar,
+    done: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Default)]
+struct FenceState {
+    result: Option<crate::error::Result<()>>,
+    wakers: Vec<std::task::Waker>,
+}
+
+#[allow(dead_code)]
+impl Fence {
+    pub fn new() -> Arc<Fence> {
+        Arc::new(Fence::default())
+    }
+    pub fn is_signalled(&self) -> bool {
+        self.done.load(std::sync::atomic::Ordering::Acquire)
+    }
+    /// Marks the device work finished (or failed) and wakes every waiter.
+    pub fn signal(&self, result: crate::error::Result<()>) {
+        let wakers = {
+            let mut g = self.state.lock();
+            if g.result.is_some() {
+                return;
+            }
+            g.result = Some(result);
+            self.done.store(true, std::sync::atomic::Ordering::Release);
+            std::mem::take(&mut g.wakers)
+        };
+        self.cv.notify_all();
+        for w in wakers {
+            w.wake();
+        }
+    }
+    /// Blocks until signalled.
+    pub fn wait(&self) -> crate::error::Result<()> {
+        let mut g = self.state.lock();
+        while g.result.is_none() {
+            g = self.cv.wait(g);
+        }
+        g.result.clone().unwrap_or(Ok(()))
+    }
+    /// Registers a waker; returns false when already signalled.
+    pub fn register_waker(&self, w: &std::task::Waker) -> bool {
+        let mut g = self.state.lock();
+        if g.result.is_some() {
+            return false;
+        }
+        if !g.wakers.iter().any(|x| x.will_wake(w)) {
+            g.wakers.push(w.clone());
+        }
+        true
+    }
+    pub fn result(&self) -> crate::error::Result<()> {
+        self.state.lock().result.clone().unwrap_or(Ok(()))
+    }
 }
 
 impl Storage {
     /// A storage over a whole new contiguous buffer.
     pub fn contiguous(buffer: Buffer, dtype: DType, shape: &[usize]) -> Storage {
-        Storage { buffer: Arc::new(buffer), dtype, layout: Layout::contiguous(shape) }
+        Storage { buffer: Arc::new(buffer), dtype, layout: Layout::contiguous(shape), fence: None }
     }
     /// The same buffer seen through another layout.
     pub fn with_layout(&self, layout: Layout) -> Storage {
-        Storage { buffer: self.buffer.clone(), dtype: self.dtype, layout }
+        Storage { buffer: self.buffer.clone(), dtype: self.dtype, layout, fence: self.fence.clone() }
     }
     pub fn cpu(&self) -> Option<&cpu::CpuBuffer> {
         self.buffer.as_cpu()

@@ -266,6 +266,11 @@ impl Future for EvalFuture {
             if !a.node.is_done() && a.node.register_waker(cx.waker()) {
                 return Poll::Pending;
             }
+            if let Some(f) = a.node.fence() {
+                if !f.is_signalled() && f.register_waker(cx.waker()) {
+                    return Poll::Pending;
+                }
+            }
         }
         for a in &this.outputs {
             a.node.result()?;
