@@ -18,6 +18,8 @@ use crate::sync::{Condvar, Mutex};
 static POOL: Mutex<Option<std::sync::Arc<rayon::ThreadPool>>> = Mutex::new(None);
 static STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 static EXITED: Mutex<usize> = Mutex::new(0);
+static BOOTED: Mutex<usize> = Mutex::new(0);
+static BOOTED_CV: Condvar = Condvar::new();
 static EXITED_CV: Condvar = Condvar::new();
 static SIZE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
@@ -51,6 +53,8 @@ pub(crate) fn ensure_started() {
         .start_handler(|_| {
             stats::THREADS_LIVE.fetch_add(1, Relaxed);
             stats::THREADS_STARTED.fetch_add(1, Relaxed);
+            *BOOTED.lock() += 1;
+            BOOTED_CV.notify_all();
         })
         .exit_handler(|_| {
             stats::THREADS_LIVE.fetch_sub(1, Relaxed);
@@ -64,6 +68,14 @@ pub(crate) fn ensure_started() {
             *g = Some(std::sync::Arc::new(p));
             STARTED.store(true, Relaxed);
             drop(g);
+            // Wait (bounded) until every worker runs, so the thread count is exact from
+            // here on and never changes while the pool lives.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let mut b = BOOTED.lock();
+            while *b < n && Instant::now() < deadline {
+                b = BOOTED_CV.wait_timeout(b, Duration::from_millis(100)).0;
+            }
+            drop(b);
             crate::runtime::lifecycle::register_exit_hook();
         }
         Err(e) => tracing::error!("rill: could not start the CPU worker pool: {e}"),

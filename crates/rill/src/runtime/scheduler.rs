@@ -142,16 +142,18 @@ impl Plan {
                 end += 1;
             }
             // Memory limit: let completions free memory before adding more work.
-            if memory::over_limit()
-                && wait_completion(&mode, || memory::over_limit() && stats::IN_FLIGHT.load(SeqCst) > 0).is_pending()
-            {
-                return Poll::Pending;
+            if memory::over_limit() && stats::IN_FLIGHT.load(SeqCst) > 0 {
+                stats::MEMORY_WAITS.fetch_add(1, SeqCst);
+                if wait_completion(&mode, || memory::over_limit() && stats::IN_FLIGHT.load(SeqCst) > 0).is_pending() {
+                    return Poll::Pending;
+                }
             }
             let inner = &stream.inner;
             let mut q = inner.queue.lock();
             // Backpressure: bounded queued work per stream.
             while q.queued_nodes >= MAX_QUEUED_NODES {
                 lifecycle::check_running()?;
+                stats::QUEUE_WAITS.fetch_add(1, SeqCst);
                 match &mode {
                     Mode::Block => q = inner.space.wait(q),
                     Mode::Poll(w) => {
@@ -163,8 +165,6 @@ impl Plan {
             lifecycle::check_running()?;
             let mut nodes = Vec::with_capacity(end - self.pos);
             let mut deps: Vec<Array> = Vec::new();
-            let first_id = self.order[self.pos].node.id;
-            let _ = first_id;
             for a in &self.order[self.pos..end] {
                 let mut g = a.node.state.lock();
                 if !matches!(g.status, Status::Pending) {
@@ -222,6 +222,19 @@ pub fn eval(arrays: &[Array]) -> Result<()> {
         }
     }
     first
+}
+
+/// Submits `arrays` (and everything they need) for evaluation and returns without
+/// waiting for them to be computed. It blocks only while a stream's queue is full or
+/// memory is over the limit (see `runtime::set_memory_limit`), which is what keeps a
+/// producer from running ahead of the device. In async code use [`async_eval`], which
+/// never blocks.
+pub fn submit(arrays: &[Array]) -> Result<()> {
+    let mut plan = Plan::build(arrays);
+    match plan.advance(Mode::Block) {
+        Poll::Ready(r) => r,
+        Poll::Pending => unreachable!("blocking submission never returns Pending"),
+    }
 }
 
 /// Starts evaluating `arrays` and returns a future that completes when they are
@@ -372,8 +385,8 @@ pub(crate) fn execute_node(
     };
     drop(storages);
     stats::NODES_COMPUTED.fetch_add(1, SeqCst);
-    node.complete(result);
     stats::IN_FLIGHT.fetch_sub(1, SeqCst);
+    node.complete(result);
 }
 
 // ---- shutdown support ----
@@ -418,8 +431,8 @@ pub(crate) fn cancel_queued(streams: &[Stream]) {
         s.inner.space.notify_all();
         for b in batches {
             for n in &b.nodes {
-                n.node.complete(Err(Error::ShutDown));
                 stats::IN_FLIGHT.fetch_sub(1, SeqCst);
+                n.node.complete(Err(Error::ShutDown));
             }
         }
     }

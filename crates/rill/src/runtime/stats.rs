@@ -9,6 +9,7 @@
 //! | `in_flight` | the scheduler (claim +1, completion -1) | nodes submitted and not finished |
 //! | `nodes_computed` | the executor | nodes whose kernel ran |
 //! | `backend_calls_after_shutdown` | every backend entry point | must stay 0 |
+//! | `memory_waits`, `queue_waits` | the scheduler | times a submitter waited (memory limit, full queue) |
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
@@ -19,6 +20,8 @@ pub(crate) static THREADS_STARTED: AtomicU64 = AtomicU64::new(0);
 pub(crate) static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static NODES_COMPUTED: AtomicU64 = AtomicU64::new(0);
 pub(crate) static BACKEND_CALLS_AFTER_SHUTDOWN: AtomicU64 = AtomicU64::new(0);
+pub(crate) static MEMORY_WAITS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static QUEUE_WAITS: AtomicU64 = AtomicU64::new(0);
 
 /// A snapshot of the runtime's counters (see the module docs for each one).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,6 +46,10 @@ pub struct Stats {
     pub bytes_cached: usize,
     /// Backend calls attempted after shutdown began (always 0 unless rill has a bug).
     pub backend_calls_after_shutdown: u64,
+    /// Times a submitter waited because memory was over the limit.
+    pub memory_waits: u64,
+    /// Times a submitter waited because a stream's queue was full (backpressure).
+    pub queue_waits: u64,
 }
 
 /// Reads every counter.
@@ -58,5 +65,7 @@ pub fn stats() -> Stats {
         bytes_peak: super::memory::peak_memory(),
         bytes_cached: super::memory::cached_memory(),
         backend_calls_after_shutdown: BACKEND_CALLS_AFTER_SHUTDOWN.load(Relaxed),
+        memory_waits: MEMORY_WAITS.load(Relaxed),
+        queue_waits: QUEUE_WAITS.load(Relaxed),
     }
 }

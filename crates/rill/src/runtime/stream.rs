@@ -130,6 +130,12 @@ impl Stream {
     pub fn device(&self) -> Device {
         self.inner.device
     }
+    /// Nodes queued on this stream and not yet started (bounded by backpressure).
+    pub fn queued_nodes(&self) -> usize {
+        self.inner.queue.lock().queued_nodes
+    }
+    /// The most nodes a stream holds queued before submitters wait.
+    pub const MAX_QUEUED_NODES: usize = MAX_QUEUED_NODES;
     /// Blocks until all work submitted to this stream so far has completed.
     pub fn synchronize(&self) -> Result<()> {
         synchronize(self)
