@@ -18,7 +18,7 @@ fn eval_from_new_threads_creates_no_streams_or_threads() {
                 y.eval().unwrap();
                 // async_eval driven by a minimal executor on this thread (no runtime threads).
                 let z = y.sqrt().unwrap();
-                let fut = rill::async_eval(&[z.clone()]);
+                let fut = rill::async_eval(std::slice::from_ref(&z));
                 block_on(fut).unwrap();
                 z.to_vec::<f32>().unwrap()[0]
             })
