@@ -6,7 +6,13 @@
 //! names come from loom, so the runtime protocols can be model-checked.
 
 // Reference counting is not modelled: handles are plain `Arc`s in every build.
+#[allow(unused_imports)]
 pub(crate) use std::sync::{Arc, Weak};
+
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic;
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic;
 
 #[cfg(loom)]
 use loom::sync::Condvar as StdCondvar;

@@ -10,8 +10,7 @@
 //! |---|---|---|
 //! | `Pending` | construction | not submitted |
 //! | `Scheduled` | the submitting `eval`, under its stream's queue lock | in a stream's queue |
-//! | `Ready` | the executor | computed; inputs dropped |
-//! | `Failed` | the executor, cancellation at shutdown | error shared by dependants |
+//! | `Done` | `Node::complete` (the executor, or cancellation at shutdown) | outcome set in `Node::result` (storage or error shared by dependants); inputs dropped |
 //!
 //! The claim `Pending → Scheduled` happens under the stream's queue lock together with the
 //! push of the batch, so every node is computed exactly once however many threads
@@ -21,33 +20,33 @@ mod create;
 mod readback;
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Waker;
 
 use crate::backend::Storage;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::primitives::Primitive;
+use crate::runtime::completion::Completion;
 use crate::runtime::device::Device;
 use crate::runtime::stream::Stream;
-use crate::sync::{Arc, Condvar, Mutex};
+use crate::sync::{Arc, Mutex};
 
 static NEXT_NODE_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Submission status; the outcome itself lives in `Node::result`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Status {
     Pending,
     Scheduled,
-    Ready(Storage),
-    Failed(Error),
+    Done,
 }
 
-pub(crate) type Callback = Box<dyn FnOnce() + Send>;
+pub(crate) use crate::runtime::completion::Callback;
 
 pub(crate) struct NodeState {
     pub status: Status,
     pub inputs: Vec<Array>,
-    pub wakers: Vec<Waker>,
-    pub callbacks: Vec<Callback>,
 }
 
 pub(crate) struct Node {
@@ -57,9 +56,8 @@ pub(crate) struct Node {
     pub prim: Primitive,
     pub stream: Stream,
     pub state: Mutex<NodeState>,
-    pub cv: Condvar,
-    /// Mirrors `status` being `Ready` or `Failed`, for lock-free checks.
-    pub done: AtomicBool,
+    /// The outcome: computed storage or the error shared by dependants.
+    pub result: Completion<Result<Storage>>,
 }
 
 /// A lazily evaluated n-dimensional array.
@@ -72,94 +70,61 @@ pub struct Array {
 }
 
 impl Node {
-    /// True once the node is computed or failed.
+    /// True once the node is computed or failed (on a GPU: its kernel is enqueued).
     pub fn is_done(&self) -> bool {
-        self.done.load(Ordering::Acquire)
+        self.result.is_done()
     }
     /// Blocks until the node is computed (on a GPU: until its kernel has finished);
     /// returns its error if it failed.
     pub fn wait(&self) -> Result<()> {
-        if !self.is_done() {
-            let mut g = self.state.lock();
-            while !matches!(g.status, Status::Ready(_) | Status::Failed(_)) {
-                g = self.cv.wait(g);
-            }
-        }
-        match self.fence() {
-            Some(f) => f.wait(),
-            None => self.result(),
+        match self.result.wait() {
+            Ok(s) => match &s.fence {
+                Some(f) => f.wait(),
+                None => Ok(()),
+            },
+            Err(e) => Err(e),
         }
     }
     /// The device-completion fence of a ready GPU node, if any.
     pub fn fence(&self) -> Option<std::sync::Arc<crate::backend::Fence>> {
-        match &self.state.lock().status {
-            Status::Ready(s) => s.fence.clone(),
+        match self.result.get() {
+            Some(Ok(s)) => s.fence,
             _ => None,
         }
     }
     /// The outcome of a done node (including its device fence when signalled).
-    pub fn result(&self) -> Result<()> {
-        match &self.state.lock().status {
-            Status::Failed(e) => Err(e.clone()),
-            Status::Ready(s) => match &s.fence {
+    pub fn outcome(&self) -> Result<()> {
+        match self.result.get() {
+            Some(Err(e)) => Err(e),
+            Some(Ok(s)) => match &s.fence {
                 Some(f) if f.is_signalled() => f.result(),
                 _ => Ok(()),
             },
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
     /// Registers `cb` to run once the node is done (at once when it already is).
     pub fn on_done(&self, cb: Callback) {
-        {
-            let mut g = self.state.lock();
-            if !matches!(g.status, Status::Ready(_) | Status::Failed(_)) {
-                g.callbacks.push(cb);
-                return;
-            }
-        }
-        cb();
+        self.result.on_done(cb)
     }
     /// Registers a waker; returns false when the node is already done.
     pub fn register_waker(&self, w: &Waker) -> bool {
-        let mut g = self.state.lock();
-        if matches!(g.status, Status::Ready(_) | Status::Failed(_)) {
-            return false;
-        }
-        if !g.wakers.iter().any(|x| x.will_wake(w)) {
-            g.wakers.push(w.clone());
-        }
-        true
+        self.result.register_waker(w)
     }
-    /// Records the outcome, drops the inputs, and wakes everything waiting.
+    /// Records the outcome, wakes everything waiting, and drops the inputs.
     pub fn complete(&self, result: Result<Storage>) {
-        let (inputs, wakers, callbacks) = {
-            let mut g = self.state.lock();
-            if matches!(g.status, Status::Ready(_) | Status::Failed(_)) {
-                return;
-            }
-            g.status = match result {
-                Ok(s) => Status::Ready(s),
-                Err(e) => Status::Failed(e),
+        if self.result.complete(result) {
+            let inputs = {
+                let mut g = self.state.lock();
+                g.status = Status::Done;
+                std::mem::take(&mut g.inputs)
             };
-            self.done.store(true, Ordering::Release);
-            (std::mem::take(&mut g.inputs), std::mem::take(&mut g.wakers), std::mem::take(&mut g.callbacks))
-        };
-        self.cv.notify_all();
-        drop(inputs);
-        for w in wakers {
-            w.wake();
-        }
-        for cb in callbacks {
-            cb();
+            drop(inputs);
         }
     }
     /// The storage of a computed node.
     pub fn storage(&self) -> Result<Storage> {
-        match &self.state.lock().status {
-            Status::Ready(s) => Ok(s.clone()),
-            Status::Failed(e) => Err(e.clone()),
-            _ => Err(Error::invalid("storage", "array is not evaluated")),
-        }
+        self.result.get().unwrap_or_else(|| Err(Error::invalid("storage", "array is not evaluated")))
     }
 }
 
@@ -192,14 +157,8 @@ impl Array {
                 dtype,
                 prim,
                 stream,
-                state: Mutex::new(NodeState {
-                    status: Status::Pending,
-                    inputs,
-                    wakers: Vec::new(),
-                    callbacks: Vec::new(),
-                }),
-                cv: Condvar::new(),
-                done: AtomicBool::new(false),
+                state: Mutex::new(NodeState { status: Status::Pending, inputs }),
+                result: Completion::new(),
             }),
         }
     }

@@ -49,17 +49,7 @@ pub(crate) struct Storage {
 
 /// A host-visible completion flag for device work, waitable by threads and wakers.
 #[derive(Default)]
-pub(crate) struct Fence {
-    state: crate::sync::Mutex<FenceState>,
-    cv: crate::sync::Condvar,
-    done: std::sync::atomic::AtomicBool,
-}
-
-#[derive(Default)]
-struct FenceState {
-    result: Option<crate::error::Result<()>>,
-    wakers: Vec<std::task::Waker>,
-}
+pub(crate) struct Fence(crate::runtime::completion::Completion<crate::error::Result<()>>);
 
 #[allow(dead_code)]
 impl Fence {
@@ -67,45 +57,23 @@ impl Fence {
         Arc::new(Fence::default())
     }
     pub fn is_signalled(&self) -> bool {
-        self.done.load(std::sync::atomic::Ordering::Acquire)
+        self.0.is_done()
     }
     /// Marks the device work finished (or failed) and wakes every waiter.
     pub fn signal(&self, result: crate::error::Result<()>) {
-        let wakers = {
-            let mut g = self.state.lock();
-            if g.result.is_some() {
-                return;
-            }
-            g.result = Some(result);
-            self.done.store(true, std::sync::atomic::Ordering::Release);
-            std::mem::take(&mut g.wakers)
-        };
-        self.cv.notify_all();
-        for w in wakers {
-            w.wake();
-        }
+        self.0.complete(result);
     }
     /// Blocks until signalled.
     pub fn wait(&self) -> crate::error::Result<()> {
-        let mut g = self.state.lock();
-        while g.result.is_none() {
-            g = self.cv.wait(g);
-        }
-        g.result.clone().unwrap_or(Ok(()))
+        self.0.wait()
     }
     /// Registers a waker; returns false when already signalled.
     pub fn register_waker(&self, w: &std::task::Waker) -> bool {
-        let mut g = self.state.lock();
-        if g.result.is_some() {
-            return false;
-        }
-        if !g.wakers.iter().any(|x| x.will_wake(w)) {
-            g.wakers.push(w.clone());
-        }
-        true
+        self.0.register_waker(w)
     }
+    /// The outcome once signalled (`Ok` before).
     pub fn result(&self) -> crate::error::Result<()> {
-        self.state.lock().result.clone().unwrap_or(Ok(()))
+        self.0.get().unwrap_or(Ok(()))
     }
 }
 

@@ -11,6 +11,7 @@
 //! | shutdown and exit hook | `lifecycle.rs` | the process state |
 //! | counters | `stats.rs` | counters |
 
+pub(crate) mod completion;
 pub(crate) mod device;
 pub(crate) mod lifecycle;
 pub(crate) mod memory;

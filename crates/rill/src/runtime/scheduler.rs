@@ -286,7 +286,7 @@ impl Future for EvalFuture {
             }
         }
         for a in &this.outputs {
-            a.node.result()?;
+            a.node.outcome()?;
         }
         Poll::Ready(Ok(()))
     }

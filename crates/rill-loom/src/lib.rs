@@ -1,0 +1,27 @@
+//! Model checks of rill's runtime protocols with loom.
+//!
+//! The protocol code is not copied: the modules below are rill's own source files,
+//! compiled here against loom's `Mutex`, `Condvar` and atomics (rill's `sync` shim picks
+//! them under `--cfg loom`). Run:
+//!
+//! ```text
+//! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p rill-loom --release
+//! ```
+//!
+//! Without `--cfg loom` the modules compile against std and the model tests are skipped.
+#![allow(dead_code, clippy::new_without_default)]
+
+#[path = "../../rill/src/sync.rs"]
+pub(crate) mod sync;
+
+#[path = "../../rill/src/runtime/completion.rs"]
+mod completion_src;
+
+/// Mirrors rill's module path, `runtime::completion`.
+pub(crate) mod runtime {
+    #[allow(unused_imports)]
+    pub(crate) use crate::completion_src as completion;
+}
+
+#[cfg(all(test, loom))]
+mod loom_completion;
