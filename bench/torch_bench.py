@@ -1,0 +1,79 @@
+"""GPU peer for `rill bench --device gpu`: the same operations in PyTorch on the same card,
+same sizes, median of repeated runs (each synchronised). Run on the GPU machine:
+    python3 bench/torch_bench.py [--compile]"""
+import sys
+import time
+
+import torch
+
+
+def median_time(f, warm, reps):
+    for _ in range(warm):
+        f()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        f()
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+dev = "cuda"
+print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}")
+n = 1 << 28
+a = torch.rand(n, device=dev) * 2 - 1
+b = torch.rand(n, device=dev) * 2 - 1
+t = median_time(lambda: a + b, 3, 20)
+print(f"add      f32 n=2^28: {t*1e3:8.3f} ms  {12*n/t/1e9:7.1f} GB/s")
+t = median_time(lambda: a.sum(), 3, 20)
+print(f"sum      f32 n=2^28: {t*1e3:8.3f} ms  {4*n/t/1e9:7.1f} GB/s")
+x = torch.rand(65536, 4096, device=dev)
+t = median_time(lambda: torch.softmax(x, -1), 3, 20)
+print(f"softmax  f32 65536x4096: {t*1e3:8.3f} ms  {8*65536*4096/t/1e9:7.1f} GB/s")
+del x
+m1 = torch.rand(8192, 8192, device=dev, dtype=torch.bfloat16)
+m2 = torch.rand(8192, 8192, device=dev, dtype=torch.bfloat16)
+t = median_time(lambda: m1 @ m2, 3, 10)
+print(f"matmul   bf16 8192^3: {t*1e3:8.3f} ms  {2*8192**3/t/1e9:7.1f} GFLOP/s")
+del m1, m2
+s = torch.rand(16, device=dev)
+
+
+def chain():
+    y = s
+    for _ in range(1000):
+        y = y * 1.0001
+    return y
+
+
+t = median_time(chain, 2, 10)
+print(f"chain    1000 dependent tiny ops: {t*1e3:8.3f} ms  {t/1000*1e6:6.2f} us/op")
+
+
+def fused(a, b):
+    y = a * b + 1
+    y = torch.tanh(y) * 0.5 + a
+    y = y * y - b
+    return torch.sigmoid(y)
+
+
+t = median_time(lambda: fused(a, b), 3, 10)
+print(f"chain8   eager f32 n=2^28: {t*1e3:8.3f} ms")
+if "--compile" in sys.argv:
+    cf = torch.compile(fused)
+    t = median_time(lambda: cf(a, b), 3, 10)
+    print(f"chain8   torch.compile f32 n=2^28: {t*1e3:8.3f} ms")
+    h = torch.rand(8192, 4096, device=dev)
+    bias = torch.rand(4096, device=dev)
+    res = torch.rand(8192, 4096, device=dev)
+
+    def block(h, bias, res):
+        return torch.nn.functional.gelu(h + bias) + res
+
+    cb = torch.compile(block)
+    t = median_time(lambda: cb(h, bias, res), 3, 10)
+    print(f"bias_gelu_residual torch.compile 8192x4096: {t*1e3:8.3f} ms")
