@@ -8,7 +8,6 @@ use crate::error::{Error, Result};
 use crate::ops::{on_device, target_stream};
 use crate::primitives::Primitive;
 use crate::runtime::device::Device;
-use crate::shape::numel;
 
 fn check_len(op: &'static str, len: usize, shape: &[usize]) -> Result<()> {
     let n = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
@@ -53,7 +52,8 @@ impl Array {
     }
     /// An array of `shape` filled with `value`, of `dtype`.
     pub fn full(shape: &[usize], value: impl Into<Scalar>, dtype: DType) -> Result<Array> {
-        check_len("full", numel(shape), shape)?;
+        let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).unwrap_or(usize::MAX);
+        check_len("full", n, shape)?;
         let stream = target_stream(&[])?;
         let value = value.into().as_f64();
         Ok(Array::from_op(Primitive::Full { value }, Vec::new(), shape.to_vec(), dtype, stream))
@@ -73,5 +73,74 @@ impl Array {
     /// Ones with the shape and dtype of `self`.
     pub fn ones_like(&self) -> Result<Array> {
         Array::ones(self.shape(), self.dtype())
+    }
+    /// `value` everywhere, with the shape and dtype of `self`.
+    pub fn full_like(&self, value: impl Into<Scalar>) -> Result<Array> {
+        Array::full(self.shape(), value, self.dtype())
+    }
+
+    /// `start, start + step, ...` up to `stop` (exclusive), as NumPy's `arange`: the
+    /// length is `ceil((stop - start) / step)` (0 when negative). Values are computed in
+    /// f64 as `start + i * step` and converted to `dtype` (integers truncate toward zero).
+    ///
+    /// Errors when `step` is 0, a bound is not finite, `dtype` is bool, or the length is
+    /// too large.
+    pub fn arange(
+        start: impl Into<Scalar>,
+        stop: impl Into<Scalar>,
+        step: impl Into<Scalar>,
+        dtype: DType,
+    ) -> Result<Array> {
+        let (start, stop, step) = (start.into().as_f64(), stop.into().as_f64(), step.into().as_f64());
+        if dtype == DType::Bool {
+            return Err(Error::dtype("arange", dtype, "arange needs a numeric dtype"));
+        }
+        if step == 0.0 {
+            return Err(Error::invalid("arange", "step cannot be 0"));
+        }
+        let len = ((stop - start) / step).ceil();
+        if !len.is_finite() {
+            return Err(Error::invalid("arange", format!("start {start}, stop {stop} and step {step} must be finite")));
+        }
+        if len >= (1u64 << 53) as f64 {
+            return Err(Error::invalid("arange", format!("arange({start}, {stop}, {step}) is too long")));
+        }
+        let n = len.max(0.0) as usize;
+        let stream = target_stream(&[])?;
+        Ok(Array::from_op(Primitive::Arange { start, step }, Vec::new(), vec![n], dtype, stream))
+    }
+
+    /// `num` evenly spaced values from `start` to `stop`, both included (NumPy's
+    /// `linspace` with `endpoint=True`): `start + i * (stop - start) / (num - 1)` computed
+    /// in f64, with the last value exactly `stop`, converted to `dtype` (integers truncate
+    /// toward zero).
+    pub fn linspace(start: impl Into<Scalar>, stop: impl Into<Scalar>, num: usize, dtype: DType) -> Result<Array> {
+        let (start, stop) = (start.into().as_f64(), stop.into().as_f64());
+        if !(start.is_finite() && stop.is_finite()) {
+            return Err(Error::invalid("linspace", format!("start {start} and stop {stop} must be finite")));
+        }
+        let stream = target_stream(&[])?;
+        if num <= 1 {
+            return Ok(Array::from_op(Primitive::Full { value: start }, Vec::new(), vec![num], dtype, stream));
+        }
+        let step = (stop - start) / (num - 1) as f64;
+        let body = Array::from_op(Primitive::Arange { start, step }, Vec::new(), vec![num - 1], dtype, stream.clone());
+        let last = Array::from_op(Primitive::Full { value: stop }, Vec::new(), vec![1], dtype, stream.clone());
+        Ok(Array::from_op(Primitive::Concatenate { axis: 0 }, vec![body, last], vec![num], dtype, stream))
+    }
+
+    /// An `n x m` matrix (`m` defaults to `n`) with ones on the `k`-th diagonal (`k > 0`
+    /// above the main diagonal, `k < 0` below) and zeros elsewhere.
+    pub fn eye(n: usize, m: Option<usize>, k: isize, dtype: DType) -> Result<Array> {
+        let m = m.unwrap_or(n);
+        let shape = vec![n, m];
+        check_len("eye", n.saturating_mul(m), &shape)?;
+        let stream = target_stream(&[])?;
+        Ok(Array::from_op(Primitive::Eye { k }, Vec::new(), shape, dtype, stream))
+    }
+
+    /// The `n x n` identity matrix.
+    pub fn identity(n: usize, dtype: DType) -> Result<Array> {
+        Array::eye(n, None, 0, dtype)
     }
 }

@@ -1,9 +1,17 @@
 //! Movement kernels: views (reshape, slice) and copies (contiguous, take, concatenate, pad).
+//!
+//! Copies write a new contiguous output. Inputs are read through their layouts: a block
+//! whose layout is contiguous is copied with `copy_from_slice`, any other block (transposed,
+//! broadcast, reversed) with `strided::gather`. Work is split across the worker pool over
+//! output rows.
 
-use crate::backend::cpu::{CpuBuffer, strided};
+use rayon::prelude::*;
+
+use crate::backend::cpu::{CpuBuffer, PAR_CHUNK, strided};
 use crate::backend::{Buffer, Storage};
+use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::shape::Layout;
+use crate::shape::{Layout, contiguous_strides, numel};
 
 /// A row-major copy of any storage.
 pub(crate) fn make_contiguous(s: &Storage) -> Result<Storage> {
@@ -40,14 +48,137 @@ pub(crate) fn slice_view(s: &Storage, start: &[usize], step: &[isize], shape: &[
     s.with_layout(Layout { shape: shape.to_vec(), strides, offset: offset.max(0) as usize })
 }
 
-pub(crate) fn take(_x: &Storage, _idx: &Storage, _axis: usize, _shape: &[usize]) -> Result<Storage> {
-    Err(Error::Unsupported { op: "take", backend: "cpu", msg: "not yet implemented".into() })
+/// Buffer offsets of the elements `[o_0, .., o_{k-1}, 0, .., 0]` of `l` for every
+/// multi-index `o` over its first `k` axes, in row-major order.
+fn outer_bases(l: &Layout, k: usize) -> Vec<usize> {
+    let mut v = Vec::with_capacity(numel(&l.shape[..k]));
+    strided::walk(&l.shape[..k], [&l.strides[..k]], [l.offset], |[b], n, [s]| {
+        for t in 0..n {
+            v.push((b as isize + t as isize * s) as usize);
+        }
+    });
+    v
 }
 
-pub(crate) fn concatenate(_xs: &[Storage], _axis: usize, _shape: &[usize]) -> Result<Storage> {
-    Err(Error::Unsupported { op: "concatenate", backend: "cpu", msg: "not yet implemented".into() })
+/// Copies the elements of `layout` over `src` into `dst` (row-major), with a plain slice
+/// copy when the layout is contiguous.
+fn copy_block<T: Copy>(src: &[T], layout: &Layout, dst: &mut [T]) {
+    if layout.is_contiguous() {
+        dst.copy_from_slice(&src[layout.offset..layout.offset + dst.len()]);
+    } else {
+        strided::gather(src, layout, dst);
+    }
 }
 
-pub(crate) fn pad(_x: &Storage, _widths: &[(usize, usize)], _value: f64, _shape: &[usize]) -> Result<Storage> {
-    Err(Error::Unsupported { op: "pad", backend: "cpu", msg: "not yet implemented".into() })
+/// Rows of at least this many elements are each one parallel task; shorter rows are grouped.
+fn min_rows(row: usize) -> usize {
+    (PAR_CHUNK / row.max(1)).max(1)
+}
+
+/// Gathers along `axis`: the output is `x.shape[..axis] + idx.shape + x.shape[axis + 1..]`.
+///
+/// Every index is checked first: one outside `[-size, size)` fails the node with
+/// `Error::Index` (negative indices count from the end).
+pub(crate) fn take(x: &Storage, idx: &Storage, axis: usize, shape: &[usize]) -> Result<Storage> {
+    let size = x.layout.shape[axis];
+    let raw: Vec<i64> = crate::with_dtype!(idx.dtype, I => {
+        strided::contiguous::<I>(idx).iter().map(|v| v.to_i64()).collect()
+    });
+    let mut pos = Vec::with_capacity(raw.len());
+    for &i in &raw {
+        let j = if i < 0 { i + size as i64 } else { i };
+        if j < 0 || j >= size as i64 {
+            return Err(Error::Index { op: "take", index: i, axis, size });
+        }
+        pos.push(j as isize);
+    }
+    let dtype = x.dtype;
+    let n = numel(shape);
+    let mut buf = CpuBuffer::alloc(dtype, n)?;
+    let inner = numel(&x.layout.shape[axis + 1..]);
+    if n > 0 {
+        let bases = outer_bases(&x.layout, axis);
+        let stride = x.layout.strides[axis];
+        let sub = |base: usize| Layout {
+            shape: x.layout.shape[axis + 1..].to_vec(),
+            strides: x.layout.strides[axis + 1..].to_vec(),
+            offset: base,
+        };
+        let nidx = pos.len();
+        crate::with_dtype!(dtype, T => {
+            let src = strided::buffer::<T>(x);
+            buf.typed_mut::<T>().par_chunks_mut(inner).with_min_len(min_rows(inner)).enumerate().for_each(|(r, o)| {
+                let base = bases[r / nidx] as isize + pos[r % nidx] * stride;
+                copy_block(src, &sub(base as usize), o);
+            });
+        });
+    }
+    Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape))
+}
+
+/// Joins the inputs (all of the node dtype) along `axis`.
+pub(crate) fn concatenate(xs: &[Storage], axis: usize, shape: &[usize]) -> Result<Storage> {
+    let dtype = xs[0].dtype;
+    let n = numel(shape);
+    let mut buf = CpuBuffer::alloc(dtype, n)?;
+    let inner = numel(&shape[axis + 1..]);
+    let row = shape[axis] * inner;
+    if n > 0 {
+        // For each input: the offsets of its outer rows, the width of its block, and where
+        // the block starts in an output row.
+        let mut at = 0;
+        let parts: Vec<(Vec<usize>, usize, usize)> = xs
+            .iter()
+            .map(|x| {
+                let width = x.layout.shape[axis] * inner;
+                let p = (outer_bases(&x.layout, axis), width, at);
+                at += width;
+                p
+            })
+            .collect();
+        crate::with_dtype!(dtype, T => {
+            buf.typed_mut::<T>().par_chunks_mut(row).with_min_len(min_rows(row)).enumerate().for_each(|(r, o)| {
+                for (x, (bases, width, at)) in xs.iter().zip(&parts) {
+                    if *width == 0 {
+                        continue;
+                    }
+                    let l = Layout {
+                        shape: x.layout.shape[axis..].to_vec(),
+                        strides: x.layout.strides[axis..].to_vec(),
+                        offset: bases[r],
+                    };
+                    copy_block(strided::buffer::<T>(x), &l, &mut o[*at..*at + *width]);
+                }
+            });
+        });
+    }
+    Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape))
+}
+
+/// Constant padding: `widths[i] = (before, after)` on axis i; the rest is `value`
+/// (converted to the dtype; nonzero is `true` for bool).
+pub(crate) fn pad(x: &Storage, widths: &[(usize, usize)], value: f64, shape: &[usize]) -> Result<Storage> {
+    let dtype = x.dtype;
+    let n = numel(shape);
+    let mut buf = CpuBuffer::alloc(dtype, n)?;
+    let v = if dtype == DType::Bool { (value != 0.0) as u8 as f64 } else { value };
+    let out_strides = contiguous_strides(shape);
+    let interior: usize = widths.iter().zip(&out_strides).map(|(w, &s)| w.0 * s as usize).sum();
+    crate::with_dtype!(dtype, T => {
+        let out = buf.typed_mut::<T>();
+        let fill = T::from_f64(v);
+        out.par_chunks_mut(PAR_CHUNK).for_each(|c| c.fill(fill));
+        let src = strided::buffer::<T>(x);
+        let l = &x.layout;
+        strided::walk(&l.shape, [&l.strides, &out_strides], [l.offset, interior], |[bi, bo], len, [si, so]| {
+            if si == 1 && so == 1 {
+                out[bo..bo + len].copy_from_slice(&src[bi..bi + len]);
+            } else {
+                for t in 0..len as isize {
+                    out[(bo as isize + t * so) as usize] = src[(bi as isize + t * si) as usize];
+                }
+            }
+        });
+    });
+    Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape))
 }

@@ -1,0 +1,139 @@
+//! Movement ops, part two: copies (`take`, `concatenate`, `stack`, `split`, `pad`).
+
+use crate::array::Array;
+use crate::dtype::{Scalar, promote};
+use crate::error::{Error, Result};
+use crate::ops::{on_device, prepare, target_stream};
+use crate::primitives::Primitive;
+use crate::shape::normalize_axis;
+
+/// Fails when `shape` has more elements than a `usize` counts.
+fn check_numel(op: &'static str, shape: &[usize]) -> Result<()> {
+    match shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) {
+        Some(_) => Ok(()),
+        None => Err(Error::shape(op, format!("shape {shape:?} has too many elements"))),
+    }
+}
+
+impl Array {
+    /// Gathers along `axis` with integer `indices` (NumPy's `take`): the result has shape
+    /// `self.shape[..axis] + indices.shape + self.shape[axis + 1..]`, and its element at
+    /// `[.., j.., ..]` is `self[.., indices[j..], ..]`. Negative indices count from the end.
+    ///
+    /// `indices` must have an integer dtype (u8, u32, i32, i64). Their values are only
+    /// known when the result is computed, so an index outside `[-size, size)` is reported
+    /// then: evaluating the result (and anything built from it) returns `Error::Index`.
+    pub fn take(&self, indices: &Array, axis: isize) -> Result<Array> {
+        if !indices.dtype().is_int() {
+            return Err(Error::dtype("take", indices.dtype(), "indices must be an integer dtype (u8, u32, i32, i64)"));
+        }
+        let ax = normalize_axis("take", axis, self.ndim())?;
+        let mut shape = self.shape()[..ax].to_vec();
+        shape.extend_from_slice(indices.shape());
+        shape.extend_from_slice(&self.shape()[ax + 1..]);
+        check_numel("take", &shape)?;
+        let stream = target_stream(&[self, indices])?;
+        let inputs = vec![on_device(self, &stream), on_device(indices, &stream)];
+        Ok(Array::from_op(Primitive::Take { axis: ax }, inputs, shape, self.dtype(), stream))
+    }
+
+    /// Splits into `sections` equal parts along `axis` (views). `sections` must be
+    /// positive and divide the axis size.
+    pub fn split(&self, sections: usize, axis: isize) -> Result<Vec<Array>> {
+        let ax = normalize_axis("split", axis, self.ndim())?;
+        let n = self.shape()[ax];
+        if sections == 0 || n % sections != 0 {
+            return Err(Error::invalid(
+                "split",
+                format!("{sections} equal sections do not divide axis {ax} of shape {:?}", self.shape()),
+            ));
+        }
+        let w = n / sections;
+        (0..sections)
+            .map(|i| self.slice_axis(ax as isize, Some((i * w) as isize), Some(((i + 1) * w) as isize), 1))
+            .collect()
+    }
+
+    /// Splits along `axis` before each of `indices` (views): the parts are
+    /// `[..i0]`, `[i0..i1]`, ..., `[ik..]`, with NumPy slice semantics (negative indices
+    /// count from the end, indices past the end or out of order give empty parts).
+    pub fn split_indices(&self, indices: &[isize], axis: isize) -> Result<Vec<Array>> {
+        let ax = normalize_axis("split", axis, self.ndim())? as isize;
+        let mut out = Vec::with_capacity(indices.len() + 1);
+        let mut prev = Some(0);
+        for &i in indices {
+            out.push(self.slice_axis(ax, prev, Some(i), 1)?);
+            prev = Some(i);
+        }
+        out.push(self.slice_axis(ax, prev, None, 1)?);
+        Ok(out)
+    }
+
+    /// Constant padding: `widths[i] = (before, after)` elements of `value` on axis `i`
+    /// (one pair applies to every axis). `value` is converted to the array's dtype.
+    pub fn pad(&self, widths: &[(usize, usize)], value: impl Into<Scalar>) -> Result<Array> {
+        let nd = self.ndim();
+        let widths: Vec<(usize, usize)> = match widths.len() {
+            1 => vec![widths[0]; nd],
+            l if l == nd => widths.to_vec(),
+            l => {
+                return Err(Error::shape(
+                    "pad",
+                    format!("{l} (before, after) pairs given for an array of shape {:?}", self.shape()),
+                ));
+            }
+        };
+        let mut shape = Vec::with_capacity(nd);
+        for (&d, &(b, a)) in self.shape().iter().zip(&widths) {
+            let s = d.checked_add(b).and_then(|s| s.checked_add(a));
+            shape.push(s.ok_or_else(|| Error::shape("pad", format!("padding {widths:?} overflows")))?);
+        }
+        check_numel("pad", &shape)?;
+        let stream = target_stream(&[self])?;
+        let x = on_device(self, &stream);
+        let value = value.into().as_f64();
+        Ok(Array::from_op(Primitive::Pad { widths, value }, vec![x], shape, self.dtype(), stream))
+    }
+}
+
+/// Joins arrays along an existing `axis`. Shapes must agree on every other axis; dtypes
+/// promote as in binary ops. Errors name all the shapes.
+pub fn concatenate(arrays: &[&Array], axis: isize) -> Result<Array> {
+    let first = arrays.first().ok_or_else(|| Error::invalid("concatenate", "needs at least one array"))?;
+    let nd = first.ndim();
+    let ax = normalize_axis("concatenate", axis, nd)?;
+    let mut shape = first.shape().to_vec();
+    let mut dtype = first.dtype();
+    let shapes = || arrays.iter().map(|a| format!("{:?}", a.shape())).collect::<Vec<_>>().join(", ");
+    for a in &arrays[1..] {
+        if a.ndim() != nd || (0..nd).any(|i| i != ax && a.shape()[i] != shape[i]) {
+            return Err(Error::shape(
+                "concatenate",
+                format!("shapes {} must match on every axis but axis {ax}", shapes()),
+            ));
+        }
+        shape[ax] = shape[ax]
+            .checked_add(a.shape()[ax])
+            .ok_or_else(|| Error::shape("concatenate", format!("shapes {} are too large", shapes())))?;
+        dtype = promote(dtype, a.dtype());
+    }
+    check_numel("concatenate", &shape)?;
+    let stream = target_stream(arrays)?;
+    let inputs = arrays.iter().map(|a| prepare(a, dtype, &stream)).collect();
+    Ok(Array::from_op(Primitive::Concatenate { axis: ax }, inputs, shape, dtype, stream))
+}
+
+/// Joins arrays of one shape along a new `axis` of the result (`-1` appends it). Dtypes
+/// promote as in [`concatenate`].
+pub fn stack(arrays: &[&Array], axis: isize) -> Result<Array> {
+    let first = arrays.first().ok_or_else(|| Error::invalid("stack", "needs at least one array"))?;
+    if let Some(bad) = arrays.iter().find(|a| a.shape() != first.shape()) {
+        return Err(Error::shape(
+            "stack",
+            format!("all shapes must be equal, got {:?} and {:?}", first.shape(), bad.shape()),
+        ));
+    }
+    let ax = normalize_axis("stack", axis, first.ndim() + 1)? as isize;
+    let parts = arrays.iter().map(|a| a.expand_dims(ax)).collect::<Result<Vec<_>>>()?;
+    concatenate(&parts.iter().collect::<Vec<_>>(), ax)
+}
