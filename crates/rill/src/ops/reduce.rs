@@ -1,1 +1,217 @@
-//! (filled in by the reduce family)
+//! Reductions: sum, prod, max, min, mean, var, logsumexp, argmax/argmin and cumsum.
+//!
+//! Axes: every reduction takes a set of axes (negative axes count from the end); an
+//! **empty set means all axes**. Out-of-range or repeated axes are errors naming the axis
+//! and the rank. With `keepdims` the reduced axes stay with size 1, otherwise they are
+//! removed (a reshape view of the kept-dims result).
+//!
+//! Dtypes (as JAX): `sum`, `prod` and `cumsum` of bool give i32 and of u8 give u32; other
+//! integers keep their dtype (with wrapping overflow) and floats keep theirs (f16 and bf16
+//! accumulate in f32). `max`/`min` keep the dtype. `mean`, `var` and `logsumexp` of bool
+//! and integers give f32; f16 and bf16 compute in f32 and round the result back.
+//!
+//! Empty reductions: `sum` gives 0, `prod` 1, `mean` and `var` NaN, `logsumexp` -inf;
+//! `max`, `min`, `argmax` and `argmin` are errors (they have no identity), as in NumPy.
+
+use crate::array::Array;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ops::elementwise::where_;
+use crate::ops::{on_device, prepare, target_stream};
+use crate::primitives::{ArgReduceOp, Primitive, ReduceOp};
+use crate::runtime::stream::Stream;
+use crate::shape::{normalize_axes, normalize_axis};
+
+/// Resolves the axes of a reduction (empty = all).
+fn resolve_axes(op: &'static str, x: &Array, axes: &[isize]) -> Result<Vec<usize>> {
+    let nd = x.ndim();
+    if axes.is_empty() {
+        return Ok((0..nd).collect());
+    }
+    normalize_axes(op, axes, nd).map_err(|e| match e {
+        Error::InvalidArgument { op, msg } => Error::invalid(op, format!("{msg} (array of rank {nd})")),
+        e => e,
+    })
+}
+
+/// Number of elements reduced over `axes`.
+fn reduced_count(shape: &[usize], axes: &[usize]) -> usize {
+    axes.iter().map(|&a| shape[a]).product()
+}
+
+/// The shape with `axes` set to 1 (`keep`) or removed.
+fn reduced_shape(shape: &[usize], axes: &[usize], keep: bool) -> Vec<usize> {
+    let mut out = Vec::with_capacity(shape.len());
+    for (i, &d) in shape.iter().enumerate() {
+        if !axes.contains(&i) {
+            out.push(d);
+        } else if keep {
+            out.push(1);
+        }
+    }
+    out
+}
+
+/// A reshape view of `x` to `shape` (same number of elements).
+pub(crate) fn reshape_node(x: Array, shape: Vec<usize>, stream: &Stream) -> Array {
+    if x.shape() == shape.as_slice() {
+        return x;
+    }
+    let dtype = x.dtype();
+    Array::from_op(Primitive::Reshape, vec![x], shape, dtype, stream.clone())
+}
+
+/// Records `Reduce` of `x` converted to `dtype`, then removes the reduced axes unless
+/// `keepdims`.
+fn reduce_node(x: &Array, op: ReduceOp, axes: Vec<usize>, keepdims: bool, dtype: DType) -> Result<Array> {
+    let stream = target_stream(&[x])?;
+    let input = prepare(x, dtype, &stream);
+    let kept = reduced_shape(x.shape(), &axes, true);
+    let out_shape = reduced_shape(x.shape(), &axes, keepdims);
+    let r = Array::from_op(Primitive::Reduce { op, axes }, vec![input], kept, dtype, stream.clone());
+    Ok(reshape_node(r, out_shape, &stream))
+}
+
+/// The dtype sums and products accumulate in: bool gives i32, u8 gives u32.
+fn sum_dtype(d: DType) -> DType {
+    match d {
+        DType::Bool => DType::I32,
+        DType::U8 => DType::U32,
+        d => d,
+    }
+}
+
+/// The dtype `mean`/`var`/`logsumexp` compute in, and the dtype of their result.
+fn float_dtypes(d: DType) -> (DType, DType) {
+    match d {
+        DType::F64 => (DType::F64, DType::F64),
+        DType::F16 | DType::BF16 => (DType::F32, d),
+        _ => (DType::F32, DType::F32),
+    }
+}
+
+fn cast_to(x: Array, dtype: DType) -> Result<Array> {
+    if x.dtype() == dtype { Ok(x) } else { x.astype(dtype) }
+}
+
+impl Array {
+    /// Sum over `axes` (empty = all axes). bool sums as i32 and u8 as u32; other dtypes
+    /// keep theirs. The sum of no elements is 0.
+    pub fn sum(&self, axes: &[isize], keepdims: bool) -> Result<Array> {
+        let axes = resolve_axes("sum", self, axes)?;
+        reduce_node(self, ReduceOp::Sum, axes, keepdims, sum_dtype(self.dtype()))
+    }
+    /// Sum of every element, as a 0-d array.
+    pub fn sum_all(&self) -> Result<Array> {
+        self.sum(&[], false)
+    }
+    /// Product over `axes` (empty = all axes), with the dtypes of [`Array::sum`]. The
+    /// product of no elements is 1.
+    pub fn prod(&self, axes: &[isize], keepdims: bool) -> Result<Array> {
+        let axes = resolve_axes("prod", self, axes)?;
+        reduce_node(self, ReduceOp::Prod, axes, keepdims, sum_dtype(self.dtype()))
+    }
+    /// Maximum over `axes` (empty = all axes); NaN propagates. Reducing over no elements
+    /// is an error.
+    pub fn max(&self, axes: &[isize], keepdims: bool) -> Result<Array> {
+        self.extremum("max", ReduceOp::Max, axes, keepdims)
+    }
+    /// Minimum over `axes` (empty = all axes); NaN propagates. Reducing over no elements
+    /// is an error.
+    pub fn min(&self, axes: &[isize], keepdims: bool) -> Result<Array> {
+        self.extremum("min", ReduceOp::Min, axes, keepdims)
+    }
+    fn extremum(&self, name: &'static str, op: ReduceOp, axes: &[isize], keepdims: bool) -> Result<Array> {
+        let axes = resolve_axes(name, self, axes)?;
+        if reduced_count(self.shape(), &axes) == 0 {
+            return Err(Error::shape(
+                name,
+                format!("zero-size reduction over axes {axes:?} of shape {:?}: {name} has no identity", self.shape()),
+            ));
+        }
+        reduce_node(self, op, axes, keepdims, self.dtype())
+    }
+    /// Arithmetic mean over `axes` (empty = all axes). Integers and bool give f32; the
+    /// mean of no elements is NaN.
+    pub fn mean(&self, axes: &[isize], keepdims: bool) -> Result<Array> {
+        let axes = resolve_axes("mean", self, axes)?;
+        let (cd, od) = float_dtypes(self.dtype());
+        let n = reduced_count(self.shape(), &axes);
+        let s = reduce_node(self, ReduceOp::Sum, axes, keepdims, cd)?;
+        cast_to(s.div(n as f64)?, od)
+    }
+    /// Variance over `axes` (empty = all axes): the mean squared deviation from the mean,
+    /// divided by `count - ddof` instead of `count` (NumPy's `ddof`). Computed in two
+    /// passes for accuracy; dtypes as [`Array::mean`]. When `count <= ddof` the result is
+    /// inf or NaN, as in NumPy.
+    pub fn var(&self, axes: &[isize], keepdims: bool, ddof: usize) -> Result<Array> {
+        let axes = resolve_axes("var", self, axes)?;
+        let (cd, od) = float_dtypes(self.dtype());
+        let n = reduced_count(self.shape(), &axes);
+        let stream = target_stream(&[self])?;
+        let x = prepare(self, cd, &stream);
+        let m = reduce_node(&x, ReduceOp::Sum, axes.clone(), true, cd)?.div(n as f64)?;
+        let d = x.sub(&m)?.square()?;
+        let s = reduce_node(&d, ReduceOp::Sum, axes, keepdims, cd)?;
+        cast_to(s.div(n.saturating_sub(ddof) as f64)?, od)
+    }
+    /// `log(sum(exp(x)))` over `axes` (empty = all axes), computed stably by subtracting
+    /// the maximum first. Rows of -inf give -inf, a +inf gives +inf, NaN propagates; an
+    /// empty reduction gives -inf. Dtypes as [`Array::mean`].
+    pub fn logsumexp(&self, axes: &[isize], keepdims: bool) -> Result<Array> {
+        let axes = resolve_axes("logsumexp", self, axes)?;
+        let (cd, od) = float_dtypes(self.dtype());
+        let stream = target_stream(&[self])?;
+        if reduced_count(self.shape(), &axes) == 0 {
+            let shape = reduced_shape(self.shape(), &axes, keepdims);
+            return Ok(Array::from_op(Primitive::Full { value: f64::NEG_INFINITY }, vec![], shape, od, stream));
+        }
+        let x = prepare(self, cd, &stream);
+        let m = reduce_node(&x, ReduceOp::Max, axes.clone(), true, cd)?;
+        // An infinite maximum would give inf - inf = NaN: shift by 0 instead.
+        let shift = where_(&m.abs()?.eq(f64::INFINITY)?, 0.0, &m)?;
+        let e = x.sub(&shift)?.exp()?;
+        let l = reduce_node(&e, ReduceOp::Sum, axes.clone(), true, cd)?.log()?.add(&shift)?;
+        let out = reshape_node(l, reduced_shape(self.shape(), &axes, keepdims), &stream);
+        cast_to(out, od)
+    }
+    /// Index (i64) of the first maximum along `axis`; a NaN counts as the maximum. The
+    /// axis must not be empty.
+    pub fn argmax(&self, axis: isize, keepdims: bool) -> Result<Array> {
+        self.arg_reduce("argmax", ArgReduceOp::ArgMax, axis, keepdims)
+    }
+    /// Index (i64) of the first minimum along `axis`; a NaN counts as the minimum. The
+    /// axis must not be empty.
+    pub fn argmin(&self, axis: isize, keepdims: bool) -> Result<Array> {
+        self.arg_reduce("argmin", ArgReduceOp::ArgMin, axis, keepdims)
+    }
+    fn arg_reduce(&self, name: &'static str, op: ArgReduceOp, axis: isize, keepdims: bool) -> Result<Array> {
+        let ax = normalize_axis(name, axis, self.ndim())?;
+        if self.shape()[ax] == 0 {
+            return Err(Error::shape(
+                name,
+                format!("axis {axis} of shape {:?} is empty: {name} of an empty sequence", self.shape()),
+            ));
+        }
+        let stream = target_stream(&[self])?;
+        let x = on_device(self, &stream);
+        let kept = reduced_shape(self.shape(), &[ax], true);
+        let r = Array::from_op(Primitive::ArgReduce { op, axis: ax }, vec![x], kept, DType::I64, stream.clone());
+        Ok(reshape_node(r, reduced_shape(self.shape(), &[ax], keepdims), &stream))
+    }
+    /// Inclusive cumulative sum along `axis`, front to back (dtypes as [`Array::sum`]).
+    pub fn cumsum(&self, axis: isize) -> Result<Array> {
+        self.cumsum_with(axis, false, false)
+    }
+    /// Cumulative sum along `axis`: from the end when `reverse`, and without the current
+    /// element when `exclusive` (so the first output is 0). Dtypes as [`Array::sum`].
+    pub fn cumsum_with(&self, axis: isize, reverse: bool, exclusive: bool) -> Result<Array> {
+        let ax = normalize_axis("cumsum", axis, self.ndim())?;
+        let stream = target_stream(&[self])?;
+        let dtype = sum_dtype(self.dtype());
+        let x = prepare(self, dtype, &stream);
+        let prim = Primitive::Cumsum { axis: ax, reverse, exclusive };
+        Ok(Array::from_op(prim, vec![x], self.shape().to_vec(), dtype, stream))
+    }
+}
+

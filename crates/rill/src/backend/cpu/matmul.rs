@@ -1,9 +1,175 @@
 //! Matrix multiplication through the `gemm` crate.
+//!
+//! Inputs are `[.., M, K]` and `[.., K, N]` with equal batch shapes (the op broadcasts
+//! them with views). Each batch's matrices are handed to `gemm` with their own row and
+//! column strides, so transposed views need no copy; inputs with zero or negative strides
+//! inside a matrix are made contiguous first. f32, f64 and f16 use `gemm` directly; bf16
+//! converts to f32 and back; integers use a plain loop with wrapping i64 accumulation.
+//! Many small matrices run one per task; large ones use `gemm`'s own rayon parallelism.
 
-use crate::backend::Storage;
-use crate::dtype::DType;
-use crate::error::{Error, Result};
+use half::{bf16, f16};
+use rayon::prelude::*;
 
-pub(crate) fn matmul(_a: &Storage, _b: &Storage, _shape: &[usize], _dtype: DType) -> Result<Storage> {
-    Err(Error::Unsupported { op: "matmul", backend: "cpu", msg: "not yet implemented".into() })
+use crate::backend::cpu::{CpuBuffer, movement, strided};
+use crate::backend::{Buffer, Storage};
+use crate::dtype::{DType, Element};
+use crate::error::Result;
+use crate::shape::{Layout, numel};
+
+/// Where one operand's matrices are: batch offsets, row stride, column stride.
+struct Operand {
+    offsets: Vec<usize>,
+    rs: isize,
+    cs: isize,
+}
+
+/// Element offsets of every batch matrix of `l` (all axes but the last two), row-major.
+fn batch_offsets(l: &Layout) -> Vec<usize> {
+    let nb = l.shape.len() - 2;
+    let count = numel(&l.shape[..nb]);
+    let mut offs = Vec::with_capacity(count);
+    if count == 0 {
+        return offs;
+    }
+    let mut idx = vec![0usize; nb];
+    for _ in 0..count {
+        let mut o = l.offset as isize;
+        for i in 0..nb {
+            o += idx[i] as isize * l.strides[i];
+        }
+        offs.push(o as usize);
+        for i in (0..nb).rev() {
+            idx[i] += 1;
+            if idx[i] < l.shape[i] {
+                break;
+            }
+            idx[i] = 0;
+        }
+    }
+    offs
+}
+
+/// `s` itself when its matrices are addressable by positive strides, else a contiguous copy.
+fn usable(s: &Storage) -> Result<Storage> {
+    let nd = s.layout.shape.len();
+    let ok = (nd - 2..nd).all(|i| s.layout.strides[i] > 0 || s.layout.shape[i] <= 1);
+    if ok { Ok(s.clone()) } else { movement::make_contiguous(s) }
+}
+
+fn operand(s: &Storage) -> Operand {
+    let l = &s.layout;
+    let nd = l.shape.len();
+    let fix = |i: usize| if l.shape[i] <= 1 { 1 } else { l.strides[i] };
+    Operand { offsets: batch_offsets(l), rs: fix(nd - 2), cs: fix(nd - 1) }
+}
+
+/// `a @ b` into a new contiguous storage of `shape` (`[.., M, N]`) and `dtype`.
+pub(crate) fn matmul(a: &Storage, b: &Storage, shape: &[usize], dtype: DType) -> Result<Storage> {
+    let nd = shape.len();
+    let (m, n) = (shape[nd - 2], shape[nd - 1]);
+    let k = a.layout.shape[nd - 1];
+    let mut buf = CpuBuffer::alloc(dtype, numel(shape))?;
+    if numel(shape) > 0 {
+        let (a, b) = (usable(a)?, usable(b)?);
+        let dims = Dims { m, n, k };
+        match dtype {
+            DType::F32 => gemm_batches::<f32>(&a, &b, dims, buf.typed_mut::<f32>(), 0.0, 1.0),
+            DType::F64 => gemm_batches::<f64>(&a, &b, dims, buf.typed_mut::<f64>(), 0.0, 1.0),
+            DType::F16 => gemm_batches::<f16>(&a, &b, dims, buf.typed_mut::<f16>(), f16::ZERO, f16::ONE),
+            DType::BF16 => {
+                let (a32, b32) = (widen(&a)?, widen(&b)?);
+                let mut tmp = vec![0f32; numel(shape)];
+                gemm_batches::<f32>(&a32, &b32, dims, &mut tmp, 0.0, 1.0);
+                for (o, v) in buf.typed_mut::<bf16>().iter_mut().zip(tmp) {
+                    *o = bf16::from_f32(v);
+                }
+            }
+            _ => crate::with_dtype!(dtype, T => int_batches::<T>(&a, &b, dims, buf.typed_mut::<T>())),
+        }
+    }
+    Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape))
+}
+
+#[derive(Clone, Copy)]
+struct Dims {
+    m: usize,
+    n: usize,
+    k: usize,
+}
+
+/// A contiguous f32 copy of a bf16 storage.
+fn widen(s: &Storage) -> Result<Storage> {
+    let v = strided::contiguous::<bf16>(s);
+    let mut buf = CpuBuffer::alloc(DType::F32, v.len())?;
+    for (o, x) in buf.typed_mut::<f32>().iter_mut().zip(v.iter()) {
+        *o = x.to_f32();
+    }
+    Ok(Storage::contiguous(Buffer::Cpu(buf), DType::F32, &s.layout.shape))
+}
+
+fn gemm_batches<T: Element>(a: &Storage, b: &Storage, d: Dims, out: &mut [T], zero: T, one: T) {
+    let (oa, ob) = (operand(a), operand(b));
+    let (sa, sb) = (strided::buffer::<T>(a), strided::buffer::<T>(b));
+    let mn = d.m * d.n;
+    if d.k == 0 {
+        out.fill(zero);
+        return;
+    }
+    let threads = crate::runtime::pool::num_threads();
+    let small = d.m * d.n * d.k < 48 * 48 * 48;
+    let one_batch = |i: usize, o: &mut [T], par: gemm::Parallelism| {
+        // SAFETY: `o` holds the m x n output with row stride n; the operand offsets and
+        // strides address elements of `sa`/`sb` inside their layouts' spans (the layouts
+        // come from valid storages of shapes [.., m, k] and [.., k, n]).
+        unsafe {
+            gemm::gemm(
+                d.m,
+                d.n,
+                d.k,
+                o.as_mut_ptr(),
+                1,
+                d.n as isize,
+                false,
+                sa.as_ptr().add(oa.offsets[i]),
+                oa.cs,
+                oa.rs,
+                sb.as_ptr().add(ob.offsets[i]),
+                ob.cs,
+                ob.rs,
+                zero,
+                one,
+                false,
+                false,
+                false,
+                par,
+            );
+        }
+    };
+    if small && oa.offsets.len() > 1 {
+        out.par_chunks_mut(mn).enumerate().for_each(|(i, o)| one_batch(i, o, gemm::Parallelism::None));
+    } else {
+        let par = if small || threads == 1 { gemm::Parallelism::None } else { gemm::Parallelism::Rayon(threads) };
+        for (i, o) in out.chunks_mut(mn).enumerate() {
+            one_batch(i, o, par);
+        }
+    }
+}
+
+fn int_batches<T: Element>(a: &Storage, b: &Storage, d: Dims, out: &mut [T]) {
+    let (oa, ob) = (operand(a), operand(b));
+    let (sa, sb) = (strided::buffer::<T>(a), strided::buffer::<T>(b));
+    let at = |base: usize, i: usize, j: usize, o: &Operand| (base as isize + i as isize * o.rs + j as isize * o.cs) as usize;
+    out.par_chunks_mut(d.n.max(1)).enumerate().for_each(|(row, o)| {
+        let (batch, i) = (row / d.m, row % d.m);
+        let mut acc = vec![0i64; d.n];
+        for p in 0..d.k {
+            let x = sa[at(oa.offsets[batch], i, p, &oa)].to_i64();
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a = a.wrapping_add(x.wrapping_mul(sb[at(ob.offsets[batch], p, j, &ob)].to_i64()));
+            }
+        }
+        for (o, a) in o.iter_mut().zip(acc) {
+            *o = T::from_i64(a);
+        }
+    });
 }

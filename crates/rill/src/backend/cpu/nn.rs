@@ -1,16 +1,295 @@
 //! Fused softmax, layer_norm and rms_norm over one axis.
+//!
+//! Each row is read once to compute its statistics (max and sum of exponentials, or the
+//! shifted sums giving mean and variance) and once more to write the result. f16 and bf16
+//! compute in f32. Rows are split across the worker pool when the input is large.
+//! Softmax over an axis other than the last gathers the input with that axis last and
+//! scatters the result back.
 
-use crate::backend::Storage;
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use crate::backend::cpu::reduce::acc::{Acc, Reducible};
+use crate::backend::cpu::{CpuBuffer, PAR_CHUNK, strided};
+use crate::backend::{Buffer, Storage};
+use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
+use crate::shape::{Layout, numel};
 
-pub(crate) fn softmax(_x: &Storage, _axis: usize, _log: bool) -> Result<Storage> {
-    Err(Error::Unsupported { op: "softmax", backend: "cpu", msg: "not yet implemented".into() })
+/// Float arithmetic of the compute type (f32 or f64).
+pub(crate) trait Real: Acc + std::ops::Sub<Output = Self> + std::ops::Div<Output = Self> {
+    fn exp(self) -> Self;
+    fn ln(self) -> Self;
+    fn sqrt(self) -> Self;
+    fn of(v: f64) -> Self;
+    fn of_usize(v: usize) -> Self;
+}
+impl Real for f32 {
+    fn exp(self) -> Self {
+        f32::exp(self)
+    }
+    fn ln(self) -> Self {
+        f32::ln(self)
+    }
+    fn sqrt(self) -> Self {
+        f32::sqrt(self)
+    }
+    fn of(v: f64) -> Self {
+        v as f32
+    }
+    fn of_usize(v: usize) -> Self {
+        v as f32
+    }
+}
+impl Real for f64 {
+    fn exp(self) -> Self {
+        f64::exp(self)
+    }
+    fn ln(self) -> Self {
+        f64::ln(self)
+    }
+    fn sqrt(self) -> Self {
+        f64::sqrt(self)
+    }
+    fn of(v: f64) -> Self {
+        v
+    }
+    fn of_usize(v: usize) -> Self {
+        v as f64
+    }
 }
 
-pub(crate) fn layer_norm(_inputs: &[Storage], _eps: f64, _has_weight: bool, _has_bias: bool) -> Result<Storage> {
-    Err(Error::Unsupported { op: "layer_norm", backend: "cpu", msg: "not yet implemented".into() })
+/// A float storage type whose accumulator is [`Real`].
+pub(crate) trait FloatElem: Reducible<A: Real> {}
+impl FloatElem for f16 {}
+impl FloatElem for bf16 {}
+impl FloatElem for f32 {}
+impl FloatElem for f64 {}
+
+macro_rules! with_float {
+    ($op:expr, $dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            DType::F16 => {
+                type $T = f16;
+                $body
+            }
+            DType::BF16 => {
+                type $T = bf16;
+                $body
+            }
+            DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            d => Err(Error::Unsupported { op: $op, backend: "cpu", msg: format!("dtype {d} (floats only)") }),
+        }
+    };
 }
 
-pub(crate) fn rms_norm(_inputs: &[Storage], _eps: f64, _has_weight: bool) -> Result<Storage> {
-    Err(Error::Unsupported { op: "rms_norm", backend: "cpu", msg: "not yet implemented".into() })
+/// Runs `f(in_row, out_row)` on every row of length `d` of `x`, in parallel when large.
+fn par_row_map<T: Send + Sync, F: Fn(&[T], &mut [T]) + Sync>(x: &[T], out: &mut [T], d: usize, f: F) {
+    if d == 0 {
+        return;
+    }
+    let rows_per = if x.len() >= 2 * PAR_CHUNK { PAR_CHUNK.div_ceil(d).max(1) } else { x.len() / d };
+    let chunk = (rows_per * d).max(d);
+    out.par_chunks_mut(chunk).zip(x.par_chunks(chunk)).for_each(|(os, xs)| {
+        for (xr, or) in xs.chunks_exact(d).zip(os.chunks_exact_mut(d)) {
+            f(xr, or);
+        }
+    });
+}
+
+/// Copies `src` (row-major over `layout`'s shape) to the places `layout` addresses in `dst`.
+fn scatter<T: Copy>(src: &[T], layout: &Layout, dst: &mut [T]) {
+    let mut k = 0;
+    strided::walk(&layout.shape, [&layout.strides], [layout.offset], |[b], n, [s]| {
+        for i in 0..n {
+            dst[(b as isize + i as isize * s) as usize] = src[k + i];
+        }
+        k += n;
+    });
+}
+
+fn softmax_row<T: FloatElem>(x: &[T], out: &mut [T], log: bool) {
+    let mut m = <T::A as Acc>::LOWEST;
+    for &v in x {
+        let v = v.up();
+        if v > m || v.is_nan() {
+            m = v;
+        }
+    }
+    let mut s = <T::A as Acc>::ZERO;
+    if log {
+        for &v in x {
+            s = s.add((v.up() - m).exp());
+        }
+        let ls = s.ln();
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = T::down(v.up() - m - ls);
+        }
+    } else {
+        for (o, &v) in out.iter_mut().zip(x) {
+            let e = (v.up() - m).exp();
+            s = s.add(e);
+            *o = T::down(e);
+        }
+        let inv = <T::A as Acc>::ONE / s;
+        // Re-read exponentials from the input when the output type would round them.
+        if std::mem::size_of::<T>() == std::mem::size_of::<T::A>() {
+            for o in out.iter_mut() {
+                *o = T::down(o.up().mul(inv));
+            }
+        } else {
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o = T::down((v.up() - m).exp().mul(inv));
+            }
+        }
+    }
+}
+
+/// Softmax (or log-softmax) over `axis`.
+pub(crate) fn softmax(x: &Storage, axis: usize, log: bool) -> Result<Storage> {
+    let shape = x.layout.shape.clone();
+    let n = numel(&shape);
+    let mut buf = CpuBuffer::alloc(x.dtype, n)?;
+    let name = if log { "log_softmax" } else { "softmax" };
+    with_float!(name, x.dtype, T => {
+        let out = buf.typed_mut::<T>();
+        let d = shape[axis];
+        let nd = shape.len();
+        if shape[axis + 1..].iter().all(|&s| s == 1) {
+            let xs = strided::contiguous::<T>(x);
+            par_row_map(&xs, out, d, |xr, or| softmax_row(xr, or, log));
+        } else {
+            let mut perm: Vec<usize> = (0..nd).filter(|&i| i != axis).collect();
+            perm.push(axis);
+            let mut xs = vec![T::zero(); n];
+            strided::gather(strided::buffer::<T>(x), &x.layout.permute(&perm), &mut xs);
+            let mut tmp = vec![T::zero(); n];
+            par_row_map(&xs, &mut tmp, d, |xr, or| softmax_row(xr, or, log));
+            scatter(&tmp, &Layout::contiguous(&shape).permute(&perm), out);
+        }
+        Ok(())
+    })?;
+    Ok(Storage::contiguous(Buffer::Cpu(buf), x.dtype, &shape))
+}
+
+/// Mean and (biased) variance of a row, from sums shifted by the first element.
+fn moments<A: Real>(x: impl Iterator<Item = A> + Clone, d: usize) -> (A, A) {
+    let mut it = x.clone();
+    let Some(x0) = it.next() else { return (A::ZERO, A::ZERO) };
+    let (mut s1, mut s2) = (A::ZERO, A::ZERO);
+    for v in x {
+        let t = v - x0;
+        s1 = s1.add(t);
+        s2 = s2.add(t.mul(t));
+    }
+    let n = A::of_usize(d);
+    let m1 = s1 / n;
+    let var = s2 / n - m1.mul(m1);
+    (x0.add(m1), if var < A::ZERO { A::ZERO } else { var })
+}
+
+/// The optional per-column `weight`/`bias` inputs converted to the compute type.
+fn column_input<T: FloatElem>(s: Option<&Storage>) -> Option<Vec<T::A>> {
+    s.map(|s| strided::contiguous::<T>(s).iter().map(|v| v.up()).collect())
+}
+
+/// Layer normalisation over the last axis; inputs `x[, weight][, bias]`.
+pub(crate) fn layer_norm(inputs: &[Storage], eps: f64, has_weight: bool, has_bias: bool) -> Result<Storage> {
+    norm(inputs, eps, has_weight, has_bias, false)
+}
+
+/// RMS normalisation over the last axis; inputs `x[, weight]`.
+pub(crate) fn rms_norm(inputs: &[Storage], eps: f64, has_weight: bool) -> Result<Storage> {
+    norm(inputs, eps, has_weight, false, true)
+}
+
+fn norm(inputs: &[Storage], eps: f64, has_weight: bool, has_bias: bool, rms: bool) -> Result<Storage> {
+    let x = &inputs[0];
+    let shape = x.layout.shape.clone();
+    let n = numel(&shape);
+    let d = shape.last().copied().unwrap_or(1);
+    let mut buf = CpuBuffer::alloc(x.dtype, n)?;
+    let name = if rms { "rms_norm" } else { "layer_norm" };
+    with_float!(name, x.dtype, T => {
+        norm_typed::<T>(inputs, eps, has_weight, has_bias, rms, d, buf.typed_mut::<T>());
+        Ok(())
+    })?;
+    Ok(Storage::contiguous(Buffer::Cpu(buf), x.dtype, &shape))
+}
+
+fn norm_typed<T: FloatElem>(
+    inputs: &[Storage],
+    eps: f64,
+    has_weight: bool,
+    has_bias: bool,
+    rms: bool,
+    d: usize,
+    out: &mut [T],
+) {
+    let w = column_input::<T>(if has_weight { inputs.get(1) } else { None });
+    let b = column_input::<T>(if has_bias { inputs.get(1 + has_weight as usize) } else { None });
+    let eps = T::A::of(eps);
+    let xs = strided::contiguous::<T>(&inputs[0]);
+    par_row_map(&xs, out, d, |xr, or| {
+        let (mean, scale) = if rms {
+            let mut ss = T::A::ZERO;
+            for &v in xr {
+                ss = ss.add(v.up().mul(v.up()));
+            }
+            let ms = ss / T::A::of_usize(d);
+            (T::A::ZERO, T::A::ONE / ms.add(eps).sqrt())
+        } else {
+            let (mean, var) = moments(xr.iter().map(|v| v.up()), d);
+            (mean, T::A::ONE / var.add(eps).sqrt())
+        };
+        for (j, (o, &v)) in or.iter_mut().zip(xr).enumerate() {
+            let mut y = (v.up() - mean).mul(scale);
+            if let Some(w) = &w {
+                y = y.mul(w[j]);
+            }
+            if let Some(b) = &b {
+                y = y.add(b[j]);
+            }
+            *o = T::down(y);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn softmax_over_a_permuted_view() {
+        let vals: Vec<f64> = (0..24).map(|i| ((i * 5) % 7) as f64 * 0.3).collect();
+        let buf = CpuBuffer::from_slice(&vals).unwrap();
+        let l = Layout::contiguous(&[2, 3, 4]).permute(&[2, 0, 1]); // shape [4, 2, 3]
+        let s = Storage { buffer: std::sync::Arc::new(Buffer::Cpu(buf)), dtype: DType::F64, layout: l.clone() };
+        for axis in 0..3 {
+            let got = crate::backend::cpu::to_f64_vec(&softmax(&s, axis, false).unwrap());
+            let sh = [4usize, 2, 3];
+            for i in 0..4 {
+                for j in 0..2 {
+                    for k in 0..3 {
+                        let idx = [i, j, k];
+                        let mut denom = 0.0;
+                        for t in 0..sh[axis] {
+                            let mut id = idx;
+                            id[axis] = t;
+                            denom += vals[l.offset_of(&id)].exp();
+                        }
+                        let want = vals[l.offset_of(&idx)].exp() / denom;
+                        assert!((got[i * 6 + j * 3 + k] - want).abs() < 1e-12);
+                    }
+                }
+            }
+        }
+    }
 }

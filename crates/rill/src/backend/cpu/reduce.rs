@@ -1,18 +1,252 @@
 //! Reductions over axes, arg-reductions and cumulative sums.
+//!
+//! `reduce` brings every case to a block form `[outer, red, inner]` over a contiguous run
+//! of elements, where `red` is reduced:
+//! - `inner == 1` (the reduced axes are the trailing ones): each output is one row
+//!   reduced with multi-accumulator loops; outputs are split across the pool, and a
+//!   single huge row is split into blocks whose partial results are combined;
+//! - `inner > 1` (a leading or middle block is reduced): rows of `inner` elements are
+//!   folded into an accumulator vector, which vectorises across `inner`;
+//! - anything else (non-contiguous inputs, several separated reduced blocks) is gathered
+//!   into a contiguous copy ordered with the reduced axes last, then reduced as rows.
+//!
+//! Accumulation happens in [`acc::Reducible::A`] (f32 for f16/bf16).
 
-use crate::backend::Storage;
+pub(crate) mod acc;
+mod scan;
+
+use rayon::prelude::*;
+
+use crate::backend::cpu::{CpuBuffer, PAR_CHUNK, strided};
+use crate::backend::{Buffer, Storage};
 use crate::dtype::DType;
-use crate::error::{Error, Result};
-use crate::primitives::{ArgReduceOp, ReduceOp};
+use crate::error::Result;
+use crate::primitives::ReduceOp;
+use crate::shape::numel;
 
-pub(crate) fn reduce(_op: ReduceOp, _x: &Storage, _axes: &[usize], _shape: &[usize], _dtype: DType) -> Result<Storage> {
-    Err(Error::Unsupported { op: "reduce", backend: "cpu", msg: "not yet implemented".into() })
+use acc::{Combine, MaxOp, MinOp, ProdOp, Reducible, SumOp, accumulate_rows, reduce_row};
+
+pub(crate) use scan::{arg_reduce, cumsum};
+
+/// Reduces `x` over `axes` (sorted, unique) into a new contiguous storage of `shape`
+/// (the input shape with the reduced axes set to 1) and `dtype` (the input's dtype).
+pub(crate) fn reduce(op: ReduceOp, x: &Storage, axes: &[usize], shape: &[usize], dtype: DType) -> Result<Storage> {
+    crate::with_dtype!(dtype, T => match op {
+        ReduceOp::Sum => run::<T, SumOp>(x, axes, shape, dtype),
+        ReduceOp::Prod => run::<T, ProdOp>(x, axes, shape, dtype),
+        ReduceOp::Max => run::<T, MaxOp>(x, axes, shape, dtype),
+        ReduceOp::Min => run::<T, MinOp>(x, axes, shape, dtype),
+    })
 }
 
-pub(crate) fn arg_reduce(_op: ArgReduceOp, _x: &Storage, _axis: usize, _shape: &[usize]) -> Result<Storage> {
-    Err(Error::Unsupported { op: "argmax", backend: "cpu", msg: "not yet implemented".into() })
+/// The `[outer, red, inner]` form of a contiguous input, when the reduced axes form one
+/// block after dropping size-1 axes.
+pub(crate) fn block_form(in_shape: &[usize], axes: &[usize]) -> Option<(usize, usize, usize)> {
+    let mut blocks: Vec<(bool, usize)> = Vec::new();
+    for (i, &d) in in_shape.iter().enumerate() {
+        if d == 1 {
+            continue;
+        }
+        let r = axes.contains(&i);
+        match blocks.last_mut() {
+            Some((lr, n)) if *lr == r => *n *= d,
+            _ => blocks.push((r, d)),
+        }
+    }
+    match blocks.as_slice() {
+        [] => Some((1, 1, 1)),
+        [(false, k)] => Some((*k, 1, 1)),
+        [(true, r)] => Some((1, *r, 1)),
+        [(false, k), (true, r)] => Some((*k, *r, 1)),
+        [(true, r), (false, k)] => Some((1, *r, *k)),
+        [(false, k1), (true, r), (false, k2)] => Some((*k1, *r, *k2)),
+        _ => None,
+    }
 }
 
-pub(crate) fn cumsum(_x: &Storage, _axis: usize, _reverse: bool, _exclusive: bool) -> Result<Storage> {
-    Err(Error::Unsupported { op: "cumsum", backend: "cpu", msg: "not yet implemented".into() })
+fn run<T: Reducible, C: Combine<T::A>>(x: &Storage, axes: &[usize], shape: &[usize], dtype: DType) -> Result<Storage> {
+    let n_out = numel(shape);
+    let mut buf = CpuBuffer::alloc(dtype, n_out)?;
+    let out = buf.typed_mut::<T>();
+    let n_in = x.layout.numel();
+    if n_out > 0 && n_in == 0 {
+        out.fill(T::down(C::init()));
+    } else if n_out > 0 {
+        let src = strided::buffer::<T>(x);
+        let l = &x.layout;
+        match block_form(&l.shape, axes) {
+            Some((outer, red, inner)) if l.is_contiguous() => {
+                blocks::<T, C>(&src[l.offset..l.offset + n_in], outer, red, inner, out);
+            }
+            _ => {
+                // Kept axes first, reduced axes last, gathered row-major.
+                let mut perm: Vec<usize> = (0..l.shape.len()).filter(|i| !axes.contains(i)).collect();
+                perm.extend_from_slice(axes);
+                let mut tmp = vec![T::zero(); n_in];
+                strided::gather(src, &l.permute(&perm), &mut tmp);
+                blocks::<T, C>(&tmp, n_out, n_in / n_out, 1, out);
+            }
+        }
+    }
+    Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape))
+}
+
+/// Reduces a contiguous `[outer, red, inner]` block over its middle axis into `out`
+/// (`outer * inner` elements). `red` is at least 1.
+fn blocks<T: Reducible, C: Combine<T::A>>(x: &[T], outer: usize, red: usize, inner: usize, out: &mut [T]) {
+    let total = x.len();
+    if inner == 1 {
+        if outer == 1 && total >= 2 * PAR_CHUNK {
+            // One long row: partial results of blocks, combined in order.
+            let parts: Vec<T::A> = x.par_chunks(PAR_CHUNK).map(reduce_row::<T, C>).collect();
+            out[0] = T::down(parts.into_iter().fold(C::init(), C::f));
+            return;
+        }
+        let rows_per = if total >= 2 * PAR_CHUNK { PAR_CHUNK.div_ceil(red).max(1) } else { outer };
+        out.par_chunks_mut(rows_per).zip(x.par_chunks(rows_per * red)).for_each(|(o, xs)| {
+            for (o, row) in o.iter_mut().zip(xs.chunks_exact(red)) {
+                *o = T::down(reduce_row::<T, C>(row));
+            }
+        });
+        return;
+    }
+    let slab = red * inner;
+    let fold_slab = |xs: &[T], o: &mut [T]| {
+        let mut acc = vec![C::init(); inner];
+        accumulate_rows::<T, C>(xs, &mut acc);
+        for (o, a) in o.iter_mut().zip(acc) {
+            *o = T::down(a);
+        }
+    };
+    if total < 2 * PAR_CHUNK {
+        for (xs, o) in x.chunks_exact(slab).zip(out.chunks_exact_mut(inner)) {
+            fold_slab(xs, o);
+        }
+    } else if outer >= 2 * crate::runtime::pool::num_threads() || inner >= PAR_CHUNK {
+        // Enough independent slabs (or wide rows): one task per group of slabs.
+        let per = PAR_CHUNK.div_ceil(slab).max(1);
+        out.par_chunks_mut(per * inner).zip(x.par_chunks(per * slab)).for_each(|(o, xs)| {
+            for (xs, o) in xs.chunks_exact(slab).zip(o.chunks_exact_mut(inner)) {
+                fold_slab(xs, o);
+            }
+        });
+    } else {
+        // Few slabs with a long reduced axis: split the reduced axis, combine partials.
+        let rows_per = PAR_CHUNK.div_ceil(inner).max(1);
+        for (xs, o) in x.chunks_exact(slab).zip(out.chunks_exact_mut(inner)) {
+            let acc = xs
+                .par_chunks(rows_per * inner)
+                .map(|part| {
+                    let mut acc = vec![C::init(); inner];
+                    accumulate_rows::<T, C>(part, &mut acc);
+                    acc
+                })
+                .reduce(
+                    || vec![C::init(); inner],
+                    |mut a, b| {
+                        for (a, b) in a.iter_mut().zip(b) {
+                            *a = C::f(*a, b);
+                        }
+                        a
+                    },
+                );
+            for (o, a) in o.iter_mut().zip(acc) {
+                *o = T::down(a);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shape::Layout;
+
+    fn storage_f64(vals: &[f64], layout: Layout) -> Storage {
+        let buf = CpuBuffer::from_slice(vals).unwrap();
+        Storage { buffer: std::sync::Arc::new(Buffer::Cpu(buf)), dtype: DType::F64, layout }
+    }
+
+    /// Reference reduction by multi-index walk.
+    fn reference(vals: &[f64], l: &Layout, axes: &[usize], f: fn(f64, f64) -> f64, init: f64) -> Vec<f64> {
+        let out_shape: Vec<usize> =
+            l.shape.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect();
+        let mut out = vec![init; numel(&out_shape)];
+        let n = l.numel();
+        for flat in 0..n {
+            let mut idx = vec![0; l.shape.len()];
+            let mut r = flat;
+            for i in (0..l.shape.len()).rev() {
+                idx[i] = r % l.shape[i];
+                r /= l.shape[i];
+            }
+            let mut o = 0;
+            for i in 0..l.shape.len() {
+                o = o * out_shape[i] + if axes.contains(&i) { 0 } else { idx[i] };
+            }
+            out[o] = f(out[o], vals[l.offset_of(&idx)]);
+        }
+        out
+    }
+
+    #[test]
+    fn permuted_and_broadcast_inputs() {
+        let vals: Vec<f64> = (0..120).map(|i| ((i * 37) % 101) as f64 - 50.0).collect();
+        let layouts = [
+            Layout::contiguous(&[2, 3, 4, 5]).permute(&[2, 0, 3, 1]),
+            Layout::contiguous(&[4, 30]).permute(&[1, 0]),
+            Layout::contiguous(&[5]).broadcast_to(&[3, 4, 5]),
+            Layout { shape: vec![6, 5], strides: vec![-20, 2], offset: 100 },
+        ];
+        for l in layouts {
+            let s = storage_f64(&vals, l.clone());
+            let nd = l.shape.len();
+            let mut sets: Vec<Vec<usize>> = (0..nd).map(|a| vec![a]).collect();
+            sets.push((0..nd).collect());
+            sets.push(vec![0, nd - 1]);
+            for axes in sets {
+                let shape: Vec<usize> =
+                    l.shape.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect();
+                for (op, f, init) in [
+                    (ReduceOp::Sum, (|a, b| a + b) as fn(f64, f64) -> f64, 0.0),
+                    (ReduceOp::Max, f64::max, f64::NEG_INFINITY),
+                    (ReduceOp::Min, f64::min, f64::INFINITY),
+                ] {
+                    let got = reduce(op, &s, &axes, &shape, DType::F64).unwrap();
+                    let got = crate::backend::cpu::to_f64_vec(&got);
+                    assert_eq!(got, reference(&vals, &l, &axes, f, init), "{l:?} {axes:?} {op:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn block_forms() {
+        assert_eq!(block_form(&[2, 3, 4], &[2]), Some((6, 4, 1)));
+        assert_eq!(block_form(&[2, 3, 4], &[0]), Some((1, 2, 12)));
+        assert_eq!(block_form(&[2, 3, 4], &[1]), Some((2, 3, 4)));
+        assert_eq!(block_form(&[2, 1, 3, 4], &[0, 2]), Some((1, 6, 4)));
+        assert_eq!(block_form(&[2, 3, 4], &[0, 2]), None);
+    }
+
+    #[test]
+    fn large_blocks_match_small_paths() {
+        // Exercise the parallel paths: one long row, few slabs with a long reduced axis.
+        let n = 3 * PAR_CHUNK + 7;
+        let vals: Vec<f64> = (0..n).map(|i| (i % 13) as f64).collect();
+        let want: f64 = vals.iter().sum();
+        let s = storage_f64(&vals, Layout::contiguous(&[n]));
+        let got = reduce(ReduceOp::Sum, &s, &[0], &[1], DType::F64).unwrap();
+        assert_eq!(crate::backend::cpu::to_f64_vec(&got), vec![want]);
+        let rows = n / 7;
+        let s = storage_f64(&vals[..rows * 7], Layout::contiguous(&[rows, 7]));
+        let got = crate::backend::cpu::to_f64_vec(&reduce(ReduceOp::Max, &s, &[0], &[1, 7], DType::F64).unwrap());
+        let mut want = vec![f64::NEG_INFINITY; 7];
+        for r in 0..rows {
+            for c in 0..7 {
+                want[c] = want[c].max(vals[r * 7 + c]);
+            }
+        }
+        assert_eq!(got, want);
+    }
 }
