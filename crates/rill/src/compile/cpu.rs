@@ -53,6 +53,9 @@ pub(crate) fn eval_fused(p: &FusedProgram, inputs: &[Storage], shape: &[usize], 
     }
     let n = numel(shape);
     let mut buf = CpuBuffer::alloc(dtype, n)?;
+    if n == 0 {
+        return Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape));
+    }
     crate::with_dtype!(dtype, O => {
         let out = buf.typed_mut::<O>();
         let run = |regs: &mut Vec<Lane>, (c, o): (usize, &mut [O])| run_chunk(p, inputs, &layouts, c * CHUNK, o, regs);
@@ -97,6 +100,9 @@ fn merged(l: &Layout) -> Layout {
 fn gather<T: Copy, L: Copy>(src: &[T], l: &Layout, start: usize, dst: &mut [L], conv: impl Fn(T) -> L) {
     let len = dst.len();
     let nd = l.shape.len();
+    if len == 0 {
+        return;
+    }
     if nd == 0 || l.strides.iter().all(|&s| s == 0) {
         let v = conv(src[l.offset]);
         dst.iter_mut().for_each(|d| *d = v);

@@ -76,7 +76,9 @@ fn unary_expr(op: UnaryOp, x: &str, double: bool) -> String {
         Relu => format!("(({x} > 0 || isnan({x})) ? {x} : 0.0{l})"),
         Gelu => format!("(0.5{l} * {x} * (1.0{l} + erf{f}({x} * 0.7071067811865476{l})))"),
         GeluTanh => {
-            format!("(0.5{l} * {x} * (1.0{l} + tanh{f}(0.7978845608028654{l} * ({x} + 0.044715{l} * {x} * {x} * {x}))))")
+            format!(
+                "(0.5{l} * {x} * (1.0{l} + tanh{f}(0.7978845608028654{l} * ({x} + 0.044715{l} * {x} * {x} * {x}))))"
+            )
         }
         Silu => format!("({x} / (1.0{l} + exp{f}(-{x})))"),
         Erf => format!("erf{f}({x})"),
@@ -188,7 +190,8 @@ pub(crate) fn cuda_source(prog: &FusedProgram, kernel_name: &str) -> String {
     args.push(format!("{kernel_name}_params p"));
     let _ = writeln!(s, "extern \"C\" __global__ void {kernel_name}({}) {{", args.join(", "));
     let _ = writeln!(s, "  long long stride = (long long)blockDim.x * gridDim.x;");
-    let _ = writeln!(s, "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {{");
+    let _ =
+        writeln!(s, "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {{");
     for i in 0..k {
         let _ = writeln!(s, "    long long off{i} = 0;");
     }
@@ -209,9 +212,7 @@ pub(crate) fn cuda_source(prog: &FusedProgram, kernel_name: &str) -> String {
             Inst::Load(j) => load_expr(d, &format!("in{j}[off{j}]")),
             Inst::Const(v) => constant_expr(*v, d),
             Inst::Unary(op, a) => unary_expr(*op, &format!("r{a}"), wide_lane(prog.dtypes[*a]) && double),
-            Inst::Binary(op, a, b) => {
-                binary_expr(*op, &format!("r{a}"), &format!("r{b}"), wide_lane(prog.dtypes[*a]))
-            }
+            Inst::Binary(op, a, b) => binary_expr(*op, &format!("r{a}"), &format!("r{b}"), wide_lane(prog.dtypes[*a])),
             Inst::Where(c, a, b) => format!("((r{c} != 0) ? r{a} : r{b})"),
             Inst::Cast(a) => cast_expr(prog.dtypes[*a], d, &format!("r{a}")),
         };

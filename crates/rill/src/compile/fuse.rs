@@ -115,7 +115,12 @@ pub(crate) fn fuse(tape: &mut Tape, absorb_views: bool) {
 }
 
 /// Builds the program of the group rooted at `root`; returns it with the external refs.
-fn build_group(tape: &Tape, root: usize, absorbed: &[bool], absorb_views: bool) -> (crate::compile::FusedProgram, Vec<Ref>) {
+fn build_group(
+    tape: &Tape,
+    root: usize,
+    absorbed: &[bool],
+    absorb_views: bool,
+) -> (crate::compile::FusedProgram, Vec<Ref>) {
     let mut b = Builder::default();
     let mut externals: Vec<Ref> = Vec::new();
     let mut memo: HashMap<usize, Reg> = HashMap::new();

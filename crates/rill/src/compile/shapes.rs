@@ -108,10 +108,7 @@ pub(crate) fn node_shapes(tape: &Tape, inputs: &[Vec<usize>]) -> Result<Vec<Vec<
         let s = match derive(&n.prim, &ins, &n.shape) {
             Some(r) => r?,
             None => {
-                return Err(Error::invalid(
-                    "compile",
-                    format!("{} cannot be replayed on new shapes", n.prim.name()),
-                ));
+                return Err(Error::invalid("compile", format!("{} cannot be replayed on new shapes", n.prim.name())));
             }
         };
         shapes.push(s);

@@ -27,17 +27,15 @@ pub fn same_op(a: &Primitive, b: &Primitive) -> bool {
         (Reduce { op: o1, axes: a1 }, Reduce { op: o2, axes: a2 }) => o1 == o2 && a1 == a2,
         (ArgReduce { op: o1, axis: a1 }, ArgReduce { op: o2, axis: a2 }) => o1 == o2 && a1 == a2,
         (Softmax { axis: a1, log: l1 }, Softmax { axis: a2, log: l2 }) => a1 == a2 && l1 == l2,
-        (
-            LayerNorm { eps: e1, has_weight: w1, has_bias: b1 },
-            LayerNorm { eps: e2, has_weight: w2, has_bias: b2 },
-        ) => e1.to_bits() == e2.to_bits() && w1 == w2 && b1 == b2,
+        (LayerNorm { eps: e1, has_weight: w1, has_bias: b1 }, LayerNorm { eps: e2, has_weight: w2, has_bias: b2 }) => {
+            e1.to_bits() == e2.to_bits() && w1 == w2 && b1 == b2
+        }
         (RmsNorm { eps: e1, has_weight: w1 }, RmsNorm { eps: e2, has_weight: w2 }) => {
             e1.to_bits() == e2.to_bits() && w1 == w2
         }
-        (
-            Cumsum { axis: a1, reverse: r1, exclusive: x1 },
-            Cumsum { axis: a2, reverse: r2, exclusive: x2 },
-        ) => a1 == a2 && r1 == r2 && x1 == x2,
+        (Cumsum { axis: a1, reverse: r1, exclusive: x1 }, Cumsum { axis: a2, reverse: r2, exclusive: x2 }) => {
+            a1 == a2 && r1 == r2 && x1 == x2
+        }
         (Permute(p), Permute(q)) => p == q,
         (Slice { start: s1, step: t1 }, Slice { start: s2, step: t2 }) => s1 == s2 && t1 == t2,
         (Take { axis: a1 }, Take { axis: a2 }) => a1 == a2,

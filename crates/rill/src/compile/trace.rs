@@ -67,7 +67,9 @@ pub(crate) fn trace(
         .iter()
         .zip(dtypes)
         .enumerate()
-        .map(|(index, (s, &d))| Array::from_op(Primitive::Placeholder { index }, Vec::new(), s.clone(), d, stream.clone()))
+        .map(|(index, (s, &d))| {
+            Array::from_op(Primitive::Placeholder { index }, Vec::new(), s.clone(), d, stream.clone())
+        })
         .collect();
     let outputs = match with_stream(stream, || catch_unwind(AssertUnwindSafe(|| f(&placeholders, statics)))) {
         Ok(Ok(outs)) => outs,
@@ -75,7 +77,15 @@ pub(crate) fn trace(
         Err(p) => return Err(Error::Panic { op: "compile", msg: panic_message(&*p).into() }),
     };
     let ids: HashMap<u64, usize> = placeholders.iter().enumerate().map(|(i, p)| (p.id(), i)).collect();
-    let mut rec = Recorder { placeholders: ids, stream, seen: HashMap::new(), tape_full: HashMap::new(), nodes: vec![], consts: vec![], const_ids: HashMap::new() };
+    let mut rec = Recorder {
+        placeholders: ids,
+        stream,
+        seen: HashMap::new(),
+        tape_full: HashMap::new(),
+        nodes: vec![],
+        consts: vec![],
+        const_ids: HashMap::new(),
+    };
     let mut out_refs = Vec::with_capacity(outputs.len());
     for o in &outputs {
         out_refs.push(rec.record(o)?);
