@@ -170,7 +170,7 @@ fn cse_merges_equal_subexpressions_and_scalars() {
         Ok(vec![p.clone(), q, p.add(a.mul(2.0)?)?])
     });
     let a = Array::from_slice(&[0.25f32, -0.5], &[2]).unwrap();
-    let out = f.call(&[a.clone()]).unwrap();
+    let out = f.call(std::slice::from_ref(&a)).unwrap();
     assert_eq!(out[0].id(), out[1].id(), "equal expressions are one node");
     let want: Vec<f32> = [0.25f32, -0.5].iter().map(|&v| (v * 2.0).exp() + v * 2.0).collect();
     assert_eq!(out[2].to_vec::<f32>().unwrap(), want);
@@ -200,7 +200,7 @@ fn captured_arrays_are_constants() {
     let f = compile(move |x: &[Array]| Ok(vec![x[0].mul(&w2)?.add(&l2)?, l2.clone(), x[0].clone()]));
     let a = Array::from_slice(&[1.0f32, 1.0, 1.0], &[3]).unwrap();
     for _ in 0..2 {
-        let out = f.call(&[a.clone()]).unwrap();
+        let out = f.call(std::slice::from_ref(&a)).unwrap();
         assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![11.0, 22.0, 33.0]);
         assert_eq!(out[1].id(), lazy.id(), "a captured array is returned as is");
         assert_eq!(out[2].id(), a.id(), "an input returned as is");
@@ -303,9 +303,9 @@ fn mixed_dtypes_casts_predicates_and_where() {
     let i = Array::from_vec((0..6).map(|k| k - 3).collect::<Vec<i32>>(), &[6]).unwrap();
     let got = f.call(&[a.clone(), i.clone()]).unwrap();
     let want = {
-        let m = a.gt(&i.astype(DType::F16).unwrap()).unwrap();
-        let w = rill::where_(&m, &a.exp().unwrap(), &a.neg().unwrap()).unwrap();
-        let c = w.astype(DType::F32).unwrap().add(&i.astype(DType::F32).unwrap()).unwrap().logical_not().unwrap();
+        let m = a.gt(i.astype(DType::F16).unwrap()).unwrap();
+        let w = rill::where_(&m, a.exp().unwrap(), a.neg().unwrap()).unwrap();
+        let c = w.astype(DType::F32).unwrap().add(i.astype(DType::F32).unwrap()).unwrap().logical_not().unwrap();
         vec![w.astype(DType::F64).unwrap().mul(0.1).unwrap(), c]
     };
     assert_eq!(got[0].to_vec::<f64>().unwrap(), want[0].to_vec::<f64>().unwrap());
