@@ -41,4 +41,6 @@ pub use runtime::lifecycle::shutdown;
 pub use runtime::scheduler::{EvalFuture, async_eval, eval, submit};
 pub use runtime::scope::{StreamGuard, WithStream, current_stream_override, with_stream};
 pub use runtime::stream::{Stream, synchronize, synchronize_all};
+pub mod compile;
 pub mod random;
+pub use compile::{Compiled, compile, compile_shapeless};

@@ -314,6 +314,16 @@ pub enum Primitive {
         /// The callback.
         f: HostFn,
     },
+
+    // ---- compile ----
+    /// A traced input of `crate::compile` (never evaluated: evaluating it is an error).
+    Placeholder {
+        /// Which input of the traced function.
+        index: usize,
+    },
+    /// A fused elementwise kernel made by `crate::compile`: its inputs are broadcast to
+    /// the node shape and the program runs once per output element.
+    Fused(Arc<crate::compile::FusedProgram>),
 }
 
 impl Primitive {
@@ -356,6 +366,8 @@ impl Primitive {
             Pad { .. } => "pad",
             ToDevice => "to_device",
             Host { name, .. } => name,
+            Placeholder { .. } => "placeholder",
+            Fused(_) => "fused",
         }
     }
     /// Elementwise family: output element `i` depends only on input elements `i`
@@ -366,6 +378,14 @@ impl Primitive {
     /// View family: the output shares the input's buffer.
     pub fn is_view(&self) -> bool {
         matches!(self, Primitive::Reshape | Primitive::Permute(_) | Primitive::BroadcastTo | Primitive::Slice { .. })
+    }
+    /// A traced input of `crate::compile`.
+    pub fn is_placeholder(&self) -> bool {
+        matches!(self, Primitive::Placeholder { .. })
+    }
+    /// A fused elementwise kernel made by `crate::compile`.
+    pub fn is_fused(&self) -> bool {
+        matches!(self, Primitive::Fused(_))
     }
     /// Source family: no inputs.
     pub fn is_source(&self) -> bool {

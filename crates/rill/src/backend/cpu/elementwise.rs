@@ -249,11 +249,11 @@ macro_rules! float_unary {
 }
 
 #[inline(always)]
-fn unary_f32(op: UnaryOp, x: f32) -> f32 {
+pub(crate) fn unary_f32(op: UnaryOp, x: f32) -> f32 {
     float_unary!(op, x: f32, 0.797_884_6_f32, libm::erff)
 }
 #[inline(always)]
-fn unary_f64(op: UnaryOp, x: f64) -> f64 {
+pub(crate) fn unary_f64(op: UnaryOp, x: f64) -> f64 {
     float_unary!(op, x: f64, 0.797_884_560_802_865_4_f64, libm::erf)
 }
 

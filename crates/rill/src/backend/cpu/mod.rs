@@ -56,6 +56,11 @@ pub(crate) fn eval(prim: &Primitive, shape: &[usize], dtype: DType, inputs: &[St
         Pad { widths, value } => movement::pad(&inputs[0], widths, *value, shape),
         ToDevice => to_host(&inputs[0]),
         Host { f, name } => host_call(name, f, inputs, shape, dtype),
+        Placeholder { index } => Err(Error::invalid(
+            "placeholder",
+            format!("input {index} of a compiled function is a placeholder while tracing; it cannot be evaluated"),
+        )),
+        Fused(p) => crate::compile::cpu::eval_fused(p, inputs, shape, dtype),
     }
 }
 

@@ -1,0 +1,327 @@
+//! The CPU kernel of `Fused` nodes: an interpreter over chunks.
+//!
+//! The output is cut into chunks of [`CHUNK`] elements, processed in parallel on the
+//! worker pool. For each chunk the program runs instruction by instruction over
+//! chunk-sized scratch vectors (one per register, f32 or f64), so every inner loop is a
+//! plain loop over slices. Loads gather the chunk's elements of a broadcast, possibly
+//! strided input; the last register is converted into the output buffer.
+
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use crate::backend::cpu::elementwise::{unary_f32, unary_f64};
+use crate::backend::cpu::{CpuBuffer, strided};
+use crate::backend::{Buffer, Storage};
+use crate::compile::ir::{FusedProgram, Inst, wide_lane};
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+use crate::primitives::{BinaryOp, UnaryOp};
+use crate::shape::{Layout, broadcast_shapes, numel};
+
+/// Elements per chunk.
+pub(crate) const CHUNK: usize = 1024;
+
+/// One register's values over a chunk.
+enum Lane {
+    F(Vec<f32>),
+    D(Vec<f64>),
+}
+
+/// Runs a fused program on CPU storages (see the module docs).
+pub(crate) fn eval_fused(p: &FusedProgram, inputs: &[Storage], shape: &[usize], dtype: DType) -> Result<Storage> {
+    if inputs.len() != p.input_dtypes.len() || dtype != p.output_dtype() {
+        return Err(Error::invalid(
+            "fused",
+            format!(
+                "program expects {} inputs and outputs {}; got {} inputs and output {dtype}",
+                p.input_dtypes.len(),
+                p.output_dtype(),
+                inputs.len()
+            ),
+        ));
+    }
+    let mut layouts = Vec::with_capacity(inputs.len());
+    for (k, (s, &d)) in inputs.iter().zip(&p.input_dtypes).enumerate() {
+        let b = broadcast_shapes("fused", &s.layout.shape, shape)?;
+        if s.dtype != d || b != shape {
+            return Err(Error::invalid(
+                "fused",
+                format!("input {k} ({}, shape {:?}) does not fit ({d}, shape {shape:?})", s.dtype, s.layout.shape),
+            ));
+        }
+        layouts.push(merged(&s.layout.broadcast_to(shape)));
+    }
+    let n = numel(shape);
+    let mut buf = CpuBuffer::alloc(dtype, n)?;
+    if n == 0 {
+        return Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape));
+    }
+    crate::with_dtype!(dtype, O => {
+        let out = buf.typed_mut::<O>();
+        let run = |regs: &mut Vec<Lane>, (c, o): (usize, &mut [O])| run_chunk(p, inputs, &layouts, c * CHUNK, o, regs);
+        if n <= CHUNK {
+            let mut regs = scratch(p);
+            run(&mut regs, (0, out));
+        } else {
+            out.par_chunks_mut(CHUNK).enumerate().for_each_init(|| scratch(p), run);
+        }
+    });
+    Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape))
+}
+
+fn scratch(p: &FusedProgram) -> Vec<Lane> {
+    p.dtypes.iter().map(|&d| if wide_lane(d) { Lane::D(vec![0.0; CHUNK]) } else { Lane::F(vec![0.0; CHUNK]) }).collect()
+}
+
+/// A broadcast layout with size-1 axes dropped and axes merged where the row-major walk
+/// allows (same element order, fewer and longer runs).
+fn merged(l: &Layout) -> Layout {
+    let mut shape: Vec<usize> = Vec::new();
+    let mut strides: Vec<isize> = Vec::new();
+    for (&d, &s) in l.shape.iter().zip(&l.strides) {
+        if d == 1 {
+            continue;
+        }
+        if let (Some(ld), Some(ls)) = (shape.last_mut(), strides.last_mut()) {
+            if *ls == s * d as isize {
+                *ld *= d;
+                *ls = s;
+                continue;
+            }
+        }
+        shape.push(d);
+        strides.push(s);
+    }
+    Layout { shape, strides, offset: l.offset }
+}
+
+/// Copies elements `[start, start + dst.len())` (row-major over `l.shape`) of `src`
+/// through layout `l` into `dst`, converted with `conv`.
+fn gather<T: Copy, L: Copy>(src: &[T], l: &Layout, start: usize, dst: &mut [L], conv: impl Fn(T) -> L) {
+    let len = dst.len();
+    let nd = l.shape.len();
+    if len == 0 {
+        return;
+    }
+    if nd == 0 || l.strides.iter().all(|&s| s == 0) {
+        let v = conv(src[l.offset]);
+        dst.iter_mut().for_each(|d| *d = v);
+        return;
+    }
+    if nd == 1 && l.strides[0] == 1 {
+        let s = &src[l.offset + start..l.offset + start + len];
+        for (d, &x) in dst.iter_mut().zip(s) {
+            *d = conv(x);
+        }
+        return;
+    }
+    // Odometer over the merged axes, one run along the last axis at a time.
+    let mut idx = vec![0usize; nd];
+    let mut rem = start;
+    for ax in (0..nd).rev() {
+        idx[ax] = rem % l.shape[ax];
+        rem /= l.shape[ax];
+    }
+    let mut off = l.offset as isize + (0..nd).map(|ax| idx[ax] as isize * l.strides[ax]).sum::<isize>();
+    let (last, st) = (nd - 1, l.strides[nd - 1]);
+    let mut k = 0;
+    while k < len {
+        let run = (l.shape[last] - idx[last]).min(len - k);
+        let d = &mut dst[k..k + run];
+        match st {
+            0 => {
+                let v = conv(src[off as usize]);
+                d.iter_mut().for_each(|x| *x = v);
+            }
+            1 => {
+                for (x, &s) in d.iter_mut().zip(&src[off as usize..off as usize + run]) {
+                    *x = conv(s);
+                }
+            }
+            _ => {
+                for (t, x) in d.iter_mut().enumerate() {
+                    *x = conv(src[(off + t as isize * st) as usize]);
+                }
+            }
+        }
+        k += run;
+        idx[last] += run;
+        off += run as isize * st;
+        let mut ax = last;
+        while idx[ax] == l.shape[ax] && ax > 0 {
+            off -= l.shape[ax] as isize * l.strides[ax];
+            idx[ax] = 0;
+            ax -= 1;
+            idx[ax] += 1;
+            off += l.strides[ax];
+        }
+    }
+}
+
+/// Rounds f32 values to what a register of dtype `d` holds.
+fn round_f32(d: DType, v: &mut [f32]) {
+    match d {
+        DType::F16 => v.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32()),
+        DType::BF16 => v.iter_mut().for_each(|x| *x = bf16::from_f32(*x).to_f32()),
+        _ => {}
+    }
+}
+
+fn run_chunk<O: Element>(
+    p: &FusedProgram,
+    inputs: &[Storage],
+    layouts: &[Layout],
+    start: usize,
+    out: &mut [O],
+    regs: &mut [Lane],
+) {
+    let len = out.len();
+    for (i, inst) in p.insts.iter().enumerate() {
+        let (prev, rest) = regs.split_at_mut(i);
+        let d = p.dtypes[i];
+        match (inst, &mut rest[0]) {
+            (Inst::Load(k), lane) => {
+                let (s, l) = (&inputs[*k], &layouts[*k]);
+                crate::with_dtype!(s.dtype, T => {
+                    let src = strided::buffer::<T>(s);
+                    match lane {
+                        Lane::F(v) => gather(src, l, start, &mut v[..len], |x: T| x.to_f32()),
+                        Lane::D(v) => gather(src, l, start, &mut v[..len], |x: T| x.to_f64()),
+                    }
+                });
+            }
+            (Inst::Const(c), Lane::F(v)) => v[..len].fill(*c as f32),
+            (Inst::Const(c), Lane::D(v)) => v[..len].fill(*c),
+            (Inst::Unary(op, a), out) => unary(*op, &prev[*a], out, len, d),
+            (Inst::Binary(op, a, b), out) => binary(*op, &prev[*a], &prev[*b], out, len, d),
+            (Inst::Where(c, a, b), out) => {
+                let Lane::F(c) = &prev[*c] else { return };
+                match (&prev[*a], &prev[*b], out) {
+                    (Lane::F(x), Lane::F(y), Lane::F(o)) => select(&c[..len], x, y, &mut o[..len]),
+                    (Lane::D(x), Lane::D(y), Lane::D(o)) => select(&c[..len], x, y, &mut o[..len]),
+                    _ => {}
+                }
+            }
+            (Inst::Cast(a), out) => cast(&prev[*a], p.dtypes[*a], out, len, d),
+        }
+    }
+    match &regs[p.out] {
+        Lane::F(v) => out.iter_mut().zip(v).for_each(|(o, &x)| *o = O::from_f32(x)),
+        Lane::D(v) => out.iter_mut().zip(v).for_each(|(o, &x)| *o = O::from_f64(x)),
+    }
+}
+
+fn select<T: Copy>(c: &[f32], x: &[T], y: &[T], o: &mut [T]) {
+    for i in 0..o.len() {
+        o[i] = if c[i] != 0.0 { x[i] } else { y[i] };
+    }
+}
+
+fn unary(op: UnaryOp, a: &Lane, out: &mut Lane, len: usize, d: DType) {
+    if op == UnaryOp::LogicalNot {
+        let Lane::F(o) = out else { return };
+        match a {
+            Lane::F(x) => o[..len].iter_mut().zip(x).for_each(|(o, &x)| *o = (x == 0.0) as u8 as f32),
+            Lane::D(x) => o[..len].iter_mut().zip(x).for_each(|(o, &x)| *o = (x == 0.0) as u8 as f32),
+        }
+        return;
+    }
+    match (a, out) {
+        (Lane::F(x), Lane::F(o)) => {
+            let o = &mut o[..len];
+            o.iter_mut().zip(x).for_each(|(o, &x)| *o = unary_f32(op, x));
+            round_f32(d, o);
+        }
+        (Lane::D(x), Lane::D(o)) => o[..len].iter_mut().zip(x).for_each(|(o, &x)| *o = unary_f64(op, x)),
+        _ => {}
+    }
+}
+
+macro_rules! zip2 {
+    ($o:expr, $x:expr, $y:expr, |$a:ident, $b:ident| $e:expr) => {
+        for ((o, &$a), &$b) in $o.iter_mut().zip($x).zip($y) {
+            *o = $e;
+        }
+    };
+}
+
+macro_rules! arith {
+    ($op:expr, $o:expr, $x:expr, $y:expr) => {{
+        use BinaryOp::*;
+        match $op {
+            Add => zip2!($o, $x, $y, |a, b| a + b),
+            Sub => zip2!($o, $x, $y, |a, b| a - b),
+            Mul => zip2!($o, $x, $y, |a, b| a * b),
+            Div => zip2!($o, $x, $y, |a, b| a / b),
+            Pow => zip2!($o, $x, $y, |a, b| a.powf(b)),
+            Maximum => zip2!($o, $x, $y, |a, b| if a.is_nan() || a > b { a } else { b }),
+            Minimum => zip2!($o, $x, $y, |a, b| if a.is_nan() || a < b { a } else { b }),
+            _ => {}
+        }
+    }};
+}
+
+macro_rules! predicate {
+    ($op:expr, $o:expr, $x:expr, $y:expr) => {{
+        use BinaryOp::*;
+        match $op {
+            Equal => zip2!($o, $x, $y, |a, b| (a == b) as u8 as f32),
+            NotEqual => zip2!($o, $x, $y, |a, b| (a != b) as u8 as f32),
+            Less => zip2!($o, $x, $y, |a, b| (a < b) as u8 as f32),
+            LessEqual => zip2!($o, $x, $y, |a, b| (a <= b) as u8 as f32),
+            Greater => zip2!($o, $x, $y, |a, b| (a > b) as u8 as f32),
+            GreaterEqual => zip2!($o, $x, $y, |a, b| (a >= b) as u8 as f32),
+            LogicalAnd => zip2!($o, $x, $y, |a, b| (a != 0.0 && b != 0.0) as u8 as f32),
+            LogicalOr => zip2!($o, $x, $y, |a, b| (a != 0.0 || b != 0.0) as u8 as f32),
+            _ => {}
+        }
+    }};
+}
+
+fn binary(op: BinaryOp, a: &Lane, b: &Lane, out: &mut Lane, len: usize, d: DType) {
+    match (a, b, out) {
+        (Lane::F(x), Lane::F(y), Lane::F(o)) if op.is_predicate() => predicate!(op, o[..len], &x[..len], &y[..len]),
+        (Lane::D(x), Lane::D(y), Lane::F(o)) if op.is_predicate() => predicate!(op, o[..len], &x[..len], &y[..len]),
+        (Lane::F(x), Lane::F(y), Lane::F(o)) => {
+            arith!(op, o[..len], &x[..len], &y[..len]);
+            round_f32(d, &mut o[..len]);
+        }
+        (Lane::D(x), Lane::D(y), Lane::D(o)) => arith!(op, o[..len], &x[..len], &y[..len]),
+        _ => {}
+    }
+}
+
+/// `astype` from a register of dtype `from` into one of dtype `to`, with the rules of the
+/// cast kernel: to bool is `!= 0`; between non-f64 dtypes through f32; otherwise
+/// through f64.
+fn cast(a: &Lane, from: DType, out: &mut Lane, len: usize, to: DType) {
+    let via_f32 = from != DType::F64 && to != DType::F64;
+    match (a, out) {
+        (Lane::F(x), Lane::F(o)) => {
+            let o = &mut o[..len];
+            if to == DType::Bool {
+                o.iter_mut().zip(x).for_each(|(o, &x)| *o = (x != 0.0) as u8 as f32);
+            } else {
+                o.copy_from_slice(&x[..len]);
+                round_f32(to, o);
+            }
+        }
+        (Lane::D(x), Lane::F(o)) => {
+            let o = &mut o[..len];
+            if to == DType::Bool {
+                o.iter_mut().zip(x).for_each(|(o, &x)| *o = (x != 0.0) as u8 as f32);
+            } else if via_f32 {
+                o.iter_mut().zip(x).for_each(|(o, &x)| *o = x as f32);
+                round_f32(to, o);
+            } else {
+                match to {
+                    DType::F16 => o.iter_mut().zip(x).for_each(|(o, &x)| *o = f16::from_f64(x).to_f32()),
+                    DType::BF16 => o.iter_mut().zip(x).for_each(|(o, &x)| *o = bf16::from_f64(x).to_f32()),
+                    _ => o.iter_mut().zip(x).for_each(|(o, &x)| *o = x as f32),
+                }
+            }
+        }
+        (Lane::F(x), Lane::D(o)) => o[..len].iter_mut().zip(x).for_each(|(o, &x)| *o = x as f64),
+        (Lane::D(x), Lane::D(o)) => o[..len].copy_from_slice(&x[..len]),
+    }
+}

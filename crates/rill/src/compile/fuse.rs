@@ -1,0 +1,186 @@
+//! Elementwise fusion: groups of elementwise tape nodes become one `Fused` node.
+//!
+//! A node joins its consumer's group when both are fusable elementwise ops (see
+//! [`op_ok`]), it has exactly one consumer, it is not an output of the function, and both
+//! run on the same stream. Each group is a tree rooted at a node that does not join (an
+//! output, a node with several users, or one consumed by a non-elementwise op); groups of
+//! two or more ops become a `Fused` node whose inputs are the group's external inputs.
+//! 0-d `Full` inputs are inlined as constants, and (outside shapeless mode) a
+//! `BroadcastTo` input is replaced by its source, since the fused kernel broadcasts.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::compile::ir::{Builder, Inst, Reg, computable, loadable};
+use crate::compile::simplify::dce;
+use crate::compile::trace::{Ref, Tape, TapeNode};
+use crate::dtype::DType;
+use crate::primitives::{Primitive, UnaryOp};
+
+/// The dtype a ref has in a tape.
+fn ref_dtype(tape: &Tape, r: Ref) -> DType {
+    match r {
+        Ref::Input(i) => tape.input_dtypes[i],
+        Ref::Node(i) => tape.nodes[i].dtype,
+        Ref::Const(i) => tape.consts[i].dtype(),
+    }
+}
+
+/// True when node `i` is an elementwise op the fused IR computes exactly.
+fn op_ok(tape: &Tape, i: usize) -> bool {
+    let n = &tape.nodes[i];
+    if !n.prim.is_elementwise() || !computable(n.dtype) {
+        return false;
+    }
+    let d: Vec<DType> = n.inputs.iter().map(|&r| ref_dtype(tape, r)).collect();
+    if !d.iter().all(|&x| loadable(x)) {
+        return false;
+    }
+    match &n.prim {
+        Primitive::Cast => d.len() == 1,
+        Primitive::Unary(UnaryOp::LogicalNot) => d.len() == 1 && n.dtype == DType::Bool,
+        Primitive::Unary(op) => {
+            d.len() == 1
+                && d[0] == n.dtype
+                && (n.dtype != DType::Bool || matches!(op, UnaryOp::Abs | UnaryOp::Relu | UnaryOp::Square))
+        }
+        Primitive::Binary(op) => {
+            d.len() == 2
+                && d[0] == d[1]
+                && if op.is_predicate() { n.dtype == DType::Bool } else { d[0] == n.dtype && n.dtype != DType::Bool }
+        }
+        Primitive::Where => d.len() == 3 && d[0] == DType::Bool && d[1] == n.dtype && d[2] == n.dtype,
+        _ => false,
+    }
+}
+
+/// Rewrites `tape` with fused groups. `absorb_views` allows replacing `BroadcastTo`
+/// inputs by their sources (not in shapeless mode, where node shapes are re-derived from
+/// input shapes).
+pub(crate) fn fuse(tape: &mut Tape, absorb_views: bool) {
+    let n = tape.nodes.len();
+    let ok: Vec<bool> = (0..n).map(|i| op_ok(tape, i)).collect();
+    // Distinct consumers of each node; outputs count as a consumer of their own.
+    let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (c, node) in tape.nodes.iter().enumerate() {
+        for r in &node.inputs {
+            if let Ref::Node(i) = *r {
+                if consumers[i].last() != Some(&c) {
+                    consumers[i].push(c);
+                }
+            }
+        }
+    }
+    let mut is_output = vec![false; n];
+    for r in &tape.outputs {
+        if let Ref::Node(i) = *r {
+            is_output[i] = true;
+        }
+    }
+    let absorbed: Vec<bool> = (0..n)
+        .map(|i| {
+            ok[i]
+                && !is_output[i]
+                && consumers[i].len() == 1
+                && ok[consumers[i][0]]
+                && tape.nodes[consumers[i][0]].stream == tape.nodes[i].stream
+        })
+        .collect();
+    let mut replaced: HashMap<usize, TapeNode> = HashMap::new();
+    for root in 0..n {
+        if !ok[root] || absorbed[root] {
+            continue;
+        }
+        let has_member = tape.nodes[root].inputs.iter().any(|r| matches!(r, Ref::Node(i) if absorbed[*i]));
+        if !has_member {
+            continue;
+        }
+        let (prog, externals) = build_group(tape, root, &absorbed, absorb_views);
+        let r = &tape.nodes[root];
+        replaced.insert(
+            root,
+            TapeNode {
+                prim: Primitive::Fused(Arc::new(prog)),
+                inputs: externals,
+                shape: r.shape.clone(),
+                dtype: r.dtype,
+                stream: r.stream.clone(),
+            },
+        );
+    }
+    for (i, node) in replaced {
+        tape.nodes[i] = node;
+    }
+    dce(tape);
+}
+
+/// Builds the program of the group rooted at `root`; returns it with the external refs.
+fn build_group(
+    tape: &Tape,
+    root: usize,
+    absorbed: &[bool],
+    absorb_views: bool,
+) -> (crate::compile::FusedProgram, Vec<Ref>) {
+    let mut b = Builder::default();
+    let mut externals: Vec<Ref> = Vec::new();
+    let mut memo: HashMap<usize, Reg> = HashMap::new();
+    // Register of an external ref (a load, or an inlined constant).
+    let mut leaf = |b: &mut Builder, r: Ref| -> Reg {
+        let mut r = r;
+        if let Ref::Node(i) = r {
+            let node = &tape.nodes[i];
+            match &node.prim {
+                Primitive::Full { value } if node.shape.is_empty() => return b.constant(*value, node.dtype),
+                Primitive::BroadcastTo if absorb_views && node.inputs.len() == 1 => {
+                    let src = node.inputs[0];
+                    if ref_dtype(tape, src) == node.dtype {
+                        r = src;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let k = match externals.iter().position(|&e| e == r) {
+            Some(k) => k,
+            None => {
+                externals.push(r);
+                externals.len() - 1
+            }
+        };
+        b.load(k, ref_dtype(tape, r))
+    };
+    // Iterative post-order over the group's tree (members are absorbed nodes).
+    let mut stack: Vec<(usize, usize)> = vec![(root, 0)];
+    while let Some(&mut (i, ref mut next)) = stack.last_mut() {
+        let node = &tape.nodes[i];
+        if *next < node.inputs.len() {
+            let r = node.inputs[*next];
+            *next += 1;
+            if let Ref::Node(j) = r {
+                if absorbed[j] && !memo.contains_key(&j) {
+                    stack.push((j, 0));
+                }
+            }
+            continue;
+        }
+        stack.pop();
+        let regs: Vec<Reg> = node
+            .inputs
+            .iter()
+            .map(|&r| match r {
+                Ref::Node(j) if absorbed[j] => memo[&j],
+                r => leaf(&mut b, r),
+            })
+            .collect();
+        let inst = match &node.prim {
+            Primitive::Cast => Inst::Cast(regs[0]),
+            Primitive::Unary(op) => Inst::Unary(*op, regs[0]),
+            Primitive::Binary(op) => Inst::Binary(*op, regs[0], regs[1]),
+            _ => Inst::Where(regs[0], regs[1], regs[2]),
+        };
+        let reg = b.push(inst, node.dtype);
+        memo.insert(i, reg);
+    }
+    let out = memo[&root];
+    (b.finish(out), externals)
+}

@@ -1,0 +1,169 @@
+//! The fused elementwise IR: a straight-line program over registers, run once per
+//! output element.
+//!
+//! Register `i` is defined by instruction `i` (SSA form) and has dtype `dtypes[i]`.
+//! Values are held as f32 (for f32, f16, bf16 and bool registers) or f64 (for f64 and the
+//! integer dtypes, which only appear as loads of external inputs); after every
+//! instruction the value is rounded to its register's dtype exactly as the unfused
+//! kernel rounds its output, so a fused program computes the same bits as the chain of
+//! ops it replaces.
+
+use std::fmt;
+
+use half::{bf16, f16};
+
+use crate::dtype::DType;
+use crate::primitives::{BinaryOp, UnaryOp};
+
+/// A register index.
+pub(crate) type Reg = usize;
+
+/// One instruction; instruction `i` defines register `i`.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Inst {
+    /// Element of external input `k` (broadcast to the output shape), converted to the
+    /// register's lane type without rounding (the register dtype is the input dtype).
+    Load(usize),
+    /// A constant, already rounded to the register dtype (bools are 0 or 1).
+    Const(f64),
+    /// A unary function (register dtype = op output dtype; operand dtype = same, except
+    /// `LogicalNot`, whose operand may be any loadable dtype).
+    Unary(UnaryOp, Reg),
+    /// A binary function of two registers of one dtype (output bool for predicates).
+    Binary(BinaryOp, Reg, Reg),
+    /// `cond ? x : y` (cond is bool; x, y and the output share a dtype).
+    Where(Reg, Reg, Reg),
+    /// Conversion from the operand register's dtype to this register's dtype, with the
+    /// rules of the `astype` kernel.
+    Cast(Reg),
+}
+
+/// A fused elementwise kernel: built by `compile` from a group of elementwise ops
+/// (see the module docs of `crate::compile`), run by the backends.
+///
+/// The node's inputs are the program's external inputs, in order, each with the dtype
+/// given by [`FusedProgram::input_dtypes`] and broadcastable to the node shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FusedProgram {
+    pub(crate) input_dtypes: Vec<DType>,
+    pub(crate) insts: Vec<Inst>,
+    pub(crate) dtypes: Vec<DType>,
+    pub(crate) out: Reg,
+}
+
+impl FusedProgram {
+    /// The dtypes of the external inputs, in input order.
+    pub fn input_dtypes(&self) -> &[DType] {
+        &self.input_dtypes
+    }
+    /// The output dtype.
+    pub fn output_dtype(&self) -> DType {
+        self.dtypes[self.out]
+    }
+    /// Number of instructions (registers).
+    pub fn len(&self) -> usize {
+        self.insts.len()
+    }
+    /// True when the program has no instructions (never, for a built program).
+    pub fn is_empty(&self) -> bool {
+        self.insts.is_empty()
+    }
+    /// Number of arithmetic instructions (not loads or constants): the ops fused.
+    pub fn op_count(&self) -> usize {
+        self.insts.iter().filter(|i| !matches!(i, Inst::Load(_) | Inst::Const(_))).count()
+    }
+}
+
+impl fmt::Display for FusedProgram {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (inst, d)) in self.insts.iter().zip(&self.dtypes).enumerate() {
+            write!(f, "r{i}: {d} = ")?;
+            match inst {
+                Inst::Load(k) => writeln!(f, "load in{k}")?,
+                Inst::Const(v) => writeln!(f, "const {v}")?,
+                Inst::Unary(op, a) => writeln!(f, "{} r{a}", op.name())?,
+                Inst::Binary(op, a, b) => writeln!(f, "{} r{a}, r{b}", op.name())?,
+                Inst::Where(c, a, b) => writeln!(f, "where r{c}, r{a}, r{b}")?,
+                Inst::Cast(a) => writeln!(f, "cast r{a}")?,
+            }
+        }
+        write!(f, "out r{}", self.out)
+    }
+}
+
+/// True when values of `d` are held in f64 lanes (f64 and the integer dtypes); the
+/// others (f32, f16, bf16, bool) use f32 lanes.
+pub(crate) fn wide_lane(d: DType) -> bool {
+    matches!(d, DType::F64 | DType::U8 | DType::U32 | DType::I32)
+}
+
+/// Dtypes an external input of a fused program may have (exactly representable in its
+/// lane). i64 is not: its values do not all fit an f64.
+pub(crate) fn loadable(d: DType) -> bool {
+    d != DType::I64
+}
+
+/// Dtypes a computed register may have.
+pub(crate) fn computable(d: DType) -> bool {
+    matches!(d, DType::F16 | DType::BF16 | DType::F32 | DType::F64 | DType::Bool)
+}
+
+/// A `Full` value as the kernel would store it in `d`, as f64.
+pub(crate) fn round_const(v: f64, d: DType) -> f64 {
+    match d {
+        DType::Bool => (v != 0.0) as u8 as f64,
+        DType::F16 => f16::from_f64(v).to_f64(),
+        DType::BF16 => bf16::from_f64(v).to_f64(),
+        DType::F32 => v as f32 as f64,
+        DType::U8 => v as u8 as f64,
+        DType::U32 => v as u32 as f64,
+        DType::I32 => v as i32 as f64,
+        DType::I64 => v as i64 as f64,
+        DType::F64 => v,
+    }
+}
+
+/// Builds a program instruction by instruction, sharing loads and equal constants.
+#[derive(Default)]
+pub(crate) struct Builder {
+    prog: Vec<Inst>,
+    dtypes: Vec<DType>,
+    inputs: Vec<DType>,
+}
+
+impl Builder {
+    /// Register holding external input `k` (of dtype `d`), loaded once.
+    pub fn load(&mut self, k: usize, d: DType) -> Reg {
+        if let Some(r) = self.prog.iter().position(|i| *i == Inst::Load(k)) {
+            return r;
+        }
+        if self.inputs.len() <= k {
+            self.inputs.resize(k + 1, d);
+        }
+        self.inputs[k] = d;
+        self.push(Inst::Load(k), d)
+    }
+    /// Register holding a constant (rounded here to `d`).
+    pub fn constant(&mut self, v: f64, d: DType) -> Reg {
+        let v = round_const(v, d);
+        let found = self
+            .prog
+            .iter()
+            .zip(&self.dtypes)
+            .position(|(i, &rd)| rd == d && matches!(i, Inst::Const(c) if c.to_bits() == v.to_bits()));
+        match found {
+            Some(r) => r,
+            None => self.push(Inst::Const(v), d),
+        }
+    }
+    /// Appends an instruction defining a new register of dtype `d`.
+    pub fn push(&mut self, inst: Inst, d: DType) -> Reg {
+        self.prog.push(inst);
+        self.dtypes.push(d);
+        self.prog.len() - 1
+    }
+    /// Finishes with `out` as the output register.
+    pub fn finish(self, out: Reg) -> FusedProgram {
+        FusedProgram { input_dtypes: self.inputs, insts: self.prog, dtypes: self.dtypes, out }
+    }
+}

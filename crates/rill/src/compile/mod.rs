@@ -1,0 +1,368 @@
+//! `compile`: trace a function of arrays once, simplify and fuse its graph, and replay it.
+//!
+//! ```
+//! use rill::{Array, compile};
+//! let f = compile(|x: &[Array]| Ok(vec![x[0].mul(&x[1])?.add(1.0)?.tanh()?]));
+//! let a = Array::from_slice(&[1.0f32, 2.0], &[2])?;
+//! let b = Array::from_slice(&[0.5f32, -0.5], &[2])?;
+//! let y = f.call(&[a.clone(), b.clone()])?; // traced now, replayed on later calls
+//! assert_eq!(y[0].to_vec::<f32>()?, a.mul(&b)?.add(1.0)?.tanh()?.to_vec::<f32>()?);
+//! # Ok::<(), rill::Error>(())
+//! ```
+//!
+//! **Tracing.** The first call with a given key runs `f` once on *placeholder* arrays
+//! (nodes of [`Primitive::Placeholder`](crate::primitives::Primitive::Placeholder) on the
+//! call's stream, never evaluated) inside a stream scope of that stream, and records the
+//! graph reachable from the outputs back to the placeholders as a *tape*: the nodes in
+//! topological order, each with its primitive, input references, shape, dtype and stream.
+//! Arrays `f` captures from outside (and any array that does not depend on an input) are
+//! kept as captured constants and shared by every replay; 0-d fills (`Full`, what Rust
+//! scalar operands become) are kept as tape nodes so fusion can inline them. If `f`
+//! returns an error or panics, the call returns the error (a panic as
+//! [`Error::Panic`](crate::Error::Panic)) and no entry is cached: the next call traces
+//! again. If `f` evaluates an array that depends on its inputs, the placeholder's kernel
+//! fails at once and the call returns an error (tracing must stay lazy).
+//!
+//! **Replay.** Later calls with the same key record one lazy node per tape node on the
+//! call's stream (nodes `f` put on another stream explicitly keep that stream); outputs
+//! are lazy like those of any op. Replay is generic: every primitive works in a traced
+//! graph.
+//!
+//! **Cache key.** A unique id minted by [`compile`] (an atomic counter, never a function
+//! address), the input shapes (ranks in shapeless mode) and dtypes, the static
+//! arguments (see [`compile_with_static`]), and the id of the target stream (the one
+//! `crate::ops::target_stream` resolves for the inputs: the innermost stream scope, else
+//! the default stream of the first input's device). Inputs on another device than that
+//! stream's are moved with a `ToDevice` node, as ops do.
+//!
+//! **Lifetime.** The cache lives inside the [`Compiled`]'s shared state: its entries
+//! (tapes, fused programs, captured constants) are freed when the last clone is dropped,
+//! on whatever thread. [`live_entries`] counts entries alive in the process. Concurrent
+//! first calls with the same key trace once: the others wait for that trace (a call of
+//! the same compiled function with the same key from inside its own trace is an error,
+//! not a deadlock). Calling creates no stream and no thread.
+//!
+//! **Simplification.** Common-subexpression elimination merges nodes with the same
+//! primitive and parameters ([`same_op`](simplify::same_op): structural, floats by bits;
+//! host callbacks never merge), inputs, shape, dtype and stream, which also merges equal
+//! `Full` scalars; nodes no output needs are dropped.
+//!
+//! **Fusion.** Elementwise nodes (`Primitive::is_elementwise`) with f16, bf16, f32, f64
+//! or bool outputs join their consumer's group when they have exactly one consumer, are
+//! not an output and run on the same stream; a group of two or more ops becomes one
+//! [`Primitive::Fused`](crate::primitives::Primitive::Fused) node running a
+//! [`FusedProgram`] (registers; load, constant, unary, binary, where, cast), whose inputs
+//! are the group's external inputs broadcast to the output shape. 0-d `Full` inputs
+//! become constants; a `BroadcastTo` input is read through its source. Every register
+//! is rounded to its dtype after each instruction, exactly where the unfused kernels
+//! round (f16/bf16 compute in f32), so compiled and uncompiled results are equal.
+//! Integer-valued ops are not fused. Fusion happens only on backends with a fused
+//! kernel (the CPU today).
+//!
+//! **Shapeless mode** ([`compile_shapeless`]): the key has ranks instead of shapes; the
+//! tape traced for the first shapes is replayed for other shapes of the same ranks by
+//! re-deriving every node's shape from its inputs' (broadcasting, reductions, matmul,
+//! permutes, unary ops, ...). Tapes with an op whose shape is not a function of its
+//! inputs' shapes (reshape, broadcast_to, slice, pad, take, concatenate, arange, eye,
+//! random, non-scalar fills, host callbacks) cannot be replayed that way: for those,
+//! calls fall back to tracing once per exact shape. As in MLX and JAX, a function whose
+//! Rust code branches on input shapes is replayed with the branch taken at tracing time,
+//! and captured constants keep their shapes (new shapes must still broadcast with them,
+//! or the call returns the broadcast error).
+
+pub(crate) mod cpu;
+pub(crate) mod cuda_src;
+mod fuse;
+mod ir;
+mod shapes;
+mod simplify;
+mod trace;
+
+pub use ir::FusedProgram;
+pub use simplify::same_op;
+
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::thread::ThreadId;
+
+use crate::array::Array;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ops::{on_device, target_stream};
+use crate::runtime::device::Device;
+use crate::sync::{Arc, Condvar, Mutex};
+use trace::{Tape, TraceFn};
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+static LIVE_ENTRIES: AtomicUsize = AtomicUsize::new(0);
+
+/// Number of compiled-function cache entries alive in the process (all [`Compiled`]s).
+pub fn live_entries() -> usize {
+    LIVE_ENTRIES.load(Ordering::SeqCst)
+}
+
+/// True when `device`'s backend can run `Fused` nodes.
+pub(crate) fn fused_supported(device: Device) -> bool {
+    !device.is_gpu()
+}
+
+/// How [`compile_with_options`] compiles.
+#[derive(Clone, Debug)]
+pub struct CompileOptions {
+    /// Trace once per ranks instead of once per shapes (see the module docs).
+    pub shapeless: bool,
+    /// Fuse elementwise ops (default true).
+    pub fuse: bool,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        CompileOptions { shapeless: false, fuse: true }
+    }
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum ShapeKey {
+    Exact(Vec<Vec<usize>>),
+    Ranks(Vec<usize>),
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Key {
+    id: u64,
+    shapes: ShapeKey,
+    dtypes: Vec<DType>,
+    statics: Vec<i64>,
+    stream: u64,
+}
+
+/// A traced, simplified and fused function for one key.
+struct Entry {
+    tape: Tape,
+    /// The tape replays on other shapes of the same ranks (shapeless mode only).
+    polymorphic: bool,
+}
+
+impl Entry {
+    fn new(tape: Tape, polymorphic: bool) -> Entry {
+        LIVE_ENTRIES.fetch_add(1, Ordering::SeqCst);
+        Entry { tape, polymorphic }
+    }
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        LIVE_ENTRIES.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[derive(Default)]
+struct SlotState {
+    entry: Option<Arc<Entry>>,
+    tracer: Option<ThreadId>,
+}
+
+/// One key's cache slot: empty until a trace succeeds; one trace at a time.
+#[derive(Default)]
+struct Slot {
+    state: Mutex<SlotState>,
+    cv: Condvar,
+}
+
+struct Inner {
+    id: u64,
+    f: Box<TraceFn>,
+    options: CompileOptions,
+    cache: Mutex<HashMap<Key, Arc<Slot>>>,
+    traces: AtomicUsize,
+}
+
+/// A compiled function (see the module docs). Cheap to clone; `Send + Sync`; callable
+/// from any thread or task at once.
+#[derive(Clone)]
+pub struct Compiled {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Compiled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Compiled(id={}, traces={}, entries={})", self.id(), self.trace_count(), self.cache_len())
+    }
+}
+
+/// Compiles `f` (traced per input shapes, dtypes and target stream).
+pub fn compile<F>(f: F) -> Compiled
+where
+    F: Fn(&[Array]) -> Result<Vec<Array>> + Send + Sync + 'static,
+{
+    compile_with_options(move |x: &[Array], _: &[i64]| f(x), CompileOptions::default())
+}
+
+/// Compiles `f` in shapeless mode: traced per input ranks and dtypes, replayed for new
+/// shapes (see the module docs for its limits).
+pub fn compile_shapeless<F>(f: F) -> Compiled
+where
+    F: Fn(&[Array]) -> Result<Vec<Array>> + Send + Sync + 'static,
+{
+    compile_with_options(move |x: &[Array], _: &[i64]| f(x), CompileOptions { shapeless: true, fuse: true })
+}
+
+/// Compiles a function of arrays and static integer arguments: the statics given to
+/// [`Compiled::call_with_static`] are part of the cache key (a new value traces again),
+/// so `f` may use them as plain Rust values (axes, sizes, flags).
+pub fn compile_with_static<F>(f: F) -> Compiled
+where
+    F: Fn(&[Array], &[i64]) -> Result<Vec<Array>> + Send + Sync + 'static,
+{
+    compile_with_options(f, CompileOptions::default())
+}
+
+/// Compiles a function of arrays and static arguments with explicit options.
+pub fn compile_with_options<F>(f: F, options: CompileOptions) -> Compiled
+where
+    F: Fn(&[Array], &[i64]) -> Result<Vec<Array>> + Send + Sync + 'static,
+{
+    Compiled {
+        inner: Arc::new(Inner {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            f: Box::new(f),
+            options,
+            cache: Mutex::new(HashMap::new()),
+            traces: AtomicUsize::new(0),
+        }),
+    }
+}
+
+impl Compiled {
+    /// The unique id of this compiled function (shared by its clones).
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+    /// How many times `f` has been traced (successfully or not).
+    pub fn trace_count(&self) -> usize {
+        self.inner.traces.load(Ordering::SeqCst)
+    }
+    /// Number of cached entries (successful traces kept).
+    pub fn cache_len(&self) -> usize {
+        self.inner.cache.lock().values().filter(|s| s.state.lock().entry.is_some()).count()
+    }
+    /// Calls the function: traces on the first call for these shapes, dtypes and stream,
+    /// replays afterwards. The outputs are lazy.
+    pub fn call(&self, inputs: &[Array]) -> Result<Vec<Array>> {
+        self.call_with_static(inputs, &[])
+    }
+    /// Calls the function with static arguments (part of the cache key).
+    pub fn call_with_static(&self, inputs: &[Array], statics: &[i64]) -> Result<Vec<Array>> {
+        let refs: Vec<&Array> = inputs.iter().collect();
+        let stream = target_stream(&refs)?;
+        let inputs: Vec<Array> = inputs.iter().map(|a| on_device(a, &stream)).collect();
+        let shapes: Vec<Vec<usize>> = inputs.iter().map(|a| a.shape().to_vec()).collect();
+        let dtypes: Vec<DType> = inputs.iter().map(|a| a.dtype()).collect();
+        let key = |shapes: ShapeKey| Key {
+            id: self.inner.id,
+            shapes,
+            dtypes: dtypes.clone(),
+            statics: statics.to_vec(),
+            stream: stream.id(),
+        };
+        if self.inner.options.shapeless {
+            let ranks = shapes.iter().map(|s| s.len()).collect();
+            let e = self.entry(key(ShapeKey::Ranks(ranks)), &shapes, &dtypes, statics, &stream)?;
+            if e.tape.input_shapes == shapes {
+                return Ok(trace::replay(&e.tape, &inputs, None, &stream));
+            }
+            if e.polymorphic {
+                let node_shapes = shapes::node_shapes(&e.tape, &shapes)?;
+                return Ok(trace::replay(&e.tape, &inputs, Some(&node_shapes), &stream));
+            }
+        }
+        let e = self.entry(key(ShapeKey::Exact(shapes.clone())), &shapes, &dtypes, statics, &stream)?;
+        Ok(trace::replay(&e.tape, &inputs, None, &stream))
+    }
+
+    /// The entry for `key`, tracing it when missing (one tracer per key at a time).
+    fn entry(
+        &self,
+        key: Key,
+        shapes: &[Vec<usize>],
+        dtypes: &[DType],
+        statics: &[i64],
+        stream: &crate::runtime::stream::Stream,
+    ) -> Result<Arc<Entry>> {
+        let polymorphic_key = matches!(key.shapes, ShapeKey::Ranks(_));
+        let slot = self.inner.cache.lock().entry(key).or_default().clone();
+        let me = std::thread::current().id();
+        {
+            let mut g = slot.state.lock();
+            loop {
+                if let Some(e) = &g.entry {
+                    return Ok(e.clone());
+                }
+                match g.tracer {
+                    None => {
+                        g.tracer = Some(me);
+                        break;
+                    }
+                    Some(t) if t == me => {
+                        return Err(Error::invalid(
+                            "compile",
+                            "a compiled function called itself with the same inputs while being traced",
+                        ));
+                    }
+                    Some(_) => g = slot.cv.wait(g),
+                }
+            }
+        }
+        self.inner.traces.fetch_add(1, Ordering::SeqCst);
+        let built = catch_unwind(AssertUnwindSafe(|| self.build(shapes, dtypes, statics, stream, polymorphic_key)))
+            .unwrap_or_else(|_| Err(Error::Panic { op: "compile", msg: "compile pass panicked".into() }));
+        let mut g = slot.state.lock();
+        g.tracer = None;
+        let out = built.map(|e| {
+            let e = Arc::new(e);
+            g.entry = Some(e.clone());
+            e
+        });
+        drop(g);
+        slot.cv.notify_all();
+        out
+    }
+
+    /// Traces, simplifies and fuses.
+    fn build(
+        &self,
+        shapes: &[Vec<usize>],
+        dtypes: &[DType],
+        statics: &[i64],
+        stream: &crate::runtime::stream::Stream,
+        shapeless: bool,
+    ) -> Result<Entry> {
+        let mut tape = trace::trace(&*self.inner.f, shapes, dtypes, statics, stream)?;
+        simplify::simplify(&mut tape);
+        let polymorphic = shapeless && shapes::is_polymorphic(&tape);
+        if self.inner.options.fuse && fused_supported(stream.device()) {
+            fuse::fuse(&mut tape, !polymorphic);
+        }
+        Ok(Entry::new(tape, polymorphic))
+    }
+
+    /// Calls the function and counts the `Fused` nodes in the (unevaluated) graph of its
+    /// outputs; for tests and diagnostics.
+    pub fn fused_node_count(&self, inputs: &[Array]) -> Result<usize> {
+        let outs = self.call(inputs)?;
+        let mut seen = std::collections::HashSet::new();
+        let mut stack: Vec<Array> = outs;
+        let mut n = 0;
+        while let Some(a) = stack.pop() {
+            if !seen.insert(a.id()) {
+                continue;
+            }
+            if a.primitive().is_fused() {
+                n += 1;
+            }
+            stack.extend(a.inputs());
+        }
+        Ok(n)
+    }
+}

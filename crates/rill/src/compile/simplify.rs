@@ -1,0 +1,131 @@
+//! Tape simplification: common-subexpression elimination (which also merges identical
+//! `Full` constants) and dead-node removal.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::compile::trace::{Ref, Tape, TapeNode};
+use crate::dtype::DType;
+use crate::primitives::Primitive;
+
+/// True when two primitives compute the same function of the same inputs (parameters
+/// compared structurally, floats by bits). Host callbacks and constants are never
+/// merged; primitives this function does not know are never merged either.
+pub fn same_op(a: &Primitive, b: &Primitive) -> bool {
+    use Primitive::*;
+    match (a, b) {
+        (Full { value: x }, Full { value: y }) => x.to_bits() == y.to_bits(),
+        (Arange { start: s1, step: t1 }, Arange { start: s2, step: t2 }) => {
+            s1.to_bits() == s2.to_bits() && t1.to_bits() == t2.to_bits()
+        }
+        (Eye { k: x }, Eye { k: y }) => x == y,
+        (Random { key: k1, dist: d1 }, Random { key: k2, dist: d2 }) => k1 == k2 && d1 == d2,
+        (Cast, Cast) | (Where, Where) | (Matmul, Matmul) | (Reshape, Reshape) | (BroadcastTo, BroadcastTo) => true,
+        (Contiguous, Contiguous) | (ToDevice, ToDevice) => true,
+        (Unary(x), Unary(y)) => x == y,
+        (Binary(x), Binary(y)) => x == y,
+        (Reduce { op: o1, axes: a1 }, Reduce { op: o2, axes: a2 }) => o1 == o2 && a1 == a2,
+        (ArgReduce { op: o1, axis: a1 }, ArgReduce { op: o2, axis: a2 }) => o1 == o2 && a1 == a2,
+        (Softmax { axis: a1, log: l1 }, Softmax { axis: a2, log: l2 }) => a1 == a2 && l1 == l2,
+        (LayerNorm { eps: e1, has_weight: w1, has_bias: b1 }, LayerNorm { eps: e2, has_weight: w2, has_bias: b2 }) => {
+            e1.to_bits() == e2.to_bits() && w1 == w2 && b1 == b2
+        }
+        (RmsNorm { eps: e1, has_weight: w1 }, RmsNorm { eps: e2, has_weight: w2 }) => {
+            e1.to_bits() == e2.to_bits() && w1 == w2
+        }
+        (Cumsum { axis: a1, reverse: r1, exclusive: x1 }, Cumsum { axis: a2, reverse: r2, exclusive: x2 }) => {
+            a1 == a2 && r1 == r2 && x1 == x2
+        }
+        (Permute(p), Permute(q)) => p == q,
+        (Slice { start: s1, step: t1 }, Slice { start: s2, step: t2 }) => s1 == s2 && t1 == t2,
+        (Take { axis: a1 }, Take { axis: a2 }) => a1 == a2,
+        (Concatenate { axis: a1 }, Concatenate { axis: a2 }) => a1 == a2,
+        (Pad { widths: w1, value: v1 }, Pad { widths: w2, value: v2 }) => w1 == w2 && v1.to_bits() == v2.to_bits(),
+        (Placeholder { index: i }, Placeholder { index: j }) => i == j,
+        (Fused(p), Fused(q)) => Arc::ptr_eq(p, q) || **p == **q,
+        _ => false,
+    }
+}
+
+/// Merges nodes that compute the same op of the same inputs on the same stream (this
+/// deduplicates equal `Full` scalars too), then drops nodes no output needs.
+pub(crate) fn simplify(tape: &mut Tape) {
+    cse(tape);
+    dce(tape);
+}
+
+type Key = (&'static str, Vec<Ref>, Vec<usize>, DType);
+
+fn cse(tape: &mut Tape) {
+    let mut remap: Vec<Ref> = Vec::with_capacity(tape.nodes.len());
+    let mut buckets: HashMap<Key, Vec<usize>> = HashMap::new();
+    let fix = |r: Ref, remap: &[Ref]| match r {
+        Ref::Node(i) => remap[i],
+        r => r,
+    };
+    for i in 0..tape.nodes.len() {
+        let inputs: Vec<Ref> = tape.nodes[i].inputs.iter().map(|&r| fix(r, &remap)).collect();
+        tape.nodes[i].inputs = inputs.clone();
+        let n = &tape.nodes[i];
+        let key = (n.prim.name(), inputs, n.shape.clone(), n.dtype);
+        let bucket = buckets.entry(key).or_default();
+        let same = |m: &TapeNode| same_op(&m.prim, &n.prim) && m.stream == n.stream;
+        match bucket.iter().find(|&&j| same(&tape.nodes[j])) {
+            Some(&j) => remap.push(Ref::Node(j)),
+            None => {
+                bucket.push(i);
+                remap.push(Ref::Node(i));
+            }
+        }
+    }
+    for o in tape.outputs.iter_mut() {
+        *o = fix(*o, &remap);
+    }
+}
+
+/// Removes nodes no output reaches, and captured constants nothing reads.
+pub(crate) fn dce(tape: &mut Tape) {
+    let n = tape.nodes.len();
+    let mut live = vec![false; n];
+    let mut live_const = vec![false; tape.consts.len()];
+    let mark = |r: &Ref, live: &mut Vec<bool>, live_const: &mut Vec<bool>| match *r {
+        Ref::Node(i) => live[i] = true,
+        Ref::Const(i) => live_const[i] = true,
+        Ref::Input(_) => {}
+    };
+    for o in &tape.outputs {
+        mark(o, &mut live, &mut live_const);
+    }
+    for i in (0..n).rev() {
+        if live[i] {
+            for r in &tape.nodes[i].inputs {
+                mark(r, &mut live, &mut live_const);
+            }
+        }
+    }
+    let mut node_map = vec![usize::MAX; n];
+    let mut const_map = vec![usize::MAX; tape.consts.len()];
+    let mut consts = Vec::new();
+    for (i, c) in std::mem::take(&mut tape.consts).into_iter().enumerate() {
+        if live_const[i] {
+            const_map[i] = consts.len();
+            consts.push(c);
+        }
+    }
+    let fix = |r: Ref, node_map: &[usize]| match r {
+        Ref::Node(i) => Ref::Node(node_map[i]),
+        Ref::Const(i) => Ref::Const(const_map[i]),
+        r => r,
+    };
+    let mut nodes = Vec::with_capacity(n);
+    for (i, mut node) in std::mem::take(&mut tape.nodes).into_iter().enumerate() {
+        if live[i] {
+            node.inputs = node.inputs.iter().map(|&r| fix(r, &node_map)).collect();
+            node_map[i] = nodes.len();
+            nodes.push(node);
+        }
+    }
+    tape.nodes = nodes;
+    tape.consts = consts;
+    tape.outputs = tape.outputs.iter().map(|&r| fix(r, &node_map)).collect();
+}
