@@ -1,0 +1,92 @@
+//! Benchmarks behind `rill bench`; their figures go to docs/PERFORMANCE.md beside the
+//! peers measured by `bench/numpy_bench.py` (CPU) and `bench/torch_bench.py` (GPU).
+//!
+//! Each benchmark warms up, then reports the median of its timed repetitions. Inputs are
+//! evaluated before timing; each repetition builds the op's graph and evaluates it.
+
+use std::time::Instant;
+
+use rill::{Array, DType, Device, Result};
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Times `f` (after `warm` untimed runs) `reps` times; returns the median seconds.
+fn time(warm: usize, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    for _ in 0..warm {
+        f()?;
+    }
+    let mut v = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let t = Instant::now();
+        f()?;
+        v.push(t.elapsed().as_secs_f64());
+    }
+    Ok(median(v))
+}
+
+fn filled(shape: &[usize], dtype: DType, seed: u64) -> Result<Array> {
+    let a = rill::random::uniform(rill::random::Key::new(seed), shape, -1.0, 1.0, DType::F32)?.astype(dtype)?;
+    a.eval()?;
+    Ok(a)
+}
+
+pub fn run(device: Device, names: &[String]) -> Result<()> {
+    let s = device.default_stream()?;
+    let _g = s.enter();
+    let gpu = device.is_gpu();
+    let want = |n: &str| names.is_empty() || names.iter().any(|x| x == n);
+    println!("rill bench on {device}");
+    if want("add") {
+        let n = if gpu { 1usize << 28 } else { 1 << 24 };
+        let (a, b) = (filled(&[n], DType::F32, 1)?, filled(&[n], DType::F32, 2)?);
+        let t = time(3, 20, || a.add(&b)?.eval())?;
+        println!("add      f32 n=2^{}: {:8.3} ms  {:7.1} GB/s", n.trailing_zeros(), t * 1e3, 12.0 * n as f64 / t / 1e9);
+    }
+    if want("sum") {
+        let n = if gpu { 1usize << 28 } else { 1 << 24 };
+        let a = filled(&[n], DType::F32, 3)?;
+        let t = time(3, 20, || a.sum(&[], false)?.eval())?;
+        println!("sum      f32 n=2^{}: {:8.3} ms  {:7.1} GB/s", n.trailing_zeros(), t * 1e3, 4.0 * n as f64 / t / 1e9);
+    }
+    if want("softmax") {
+        let (r, c) = if gpu { (65536, 4096) } else { (4096, 4096) };
+        let a = filled(&[r, c], DType::F32, 4)?;
+        let t = time(3, 20, || a.softmax(-1)?.eval())?;
+        println!("softmax  f32 {r}x{c}: {:8.3} ms  {:7.1} GB/s", t * 1e3, 8.0 * (r * c) as f64 / t / 1e9);
+    }
+    if want("matmul") {
+        let (n, dt) = if gpu { (8192, DType::BF16) } else { (1024, DType::F32) };
+        let (a, b) = (filled(&[n, n], dt, 5)?, filled(&[n, n], dt, 6)?);
+        let t = time(2, 10, || a.matmul(&b)?.eval())?;
+        println!("matmul   {dt} {n}^3: {:8.3} ms  {:7.1} GFLOP/s", t * 1e3, 2.0 * (n as f64).powi(3) / t / 1e9);
+    }
+    if want("record") {
+        let x = filled(&[4], DType::F32, 7)?;
+        let n = 100_000;
+        let t = time(1, 5, || {
+            let mut y = x.clone();
+            for _ in 0..n {
+                y = y.add(&x)?;
+            }
+            std::hint::black_box(&y);
+            Ok(())
+        })?;
+        println!("record   one lazy op (add of two arrays): {:6.3} us", t / n as f64 * 1e6);
+    }
+    if want("chain") {
+        let x = filled(&[16], DType::F32, 8)?;
+        let n = 1000;
+        let t = time(2, 10, || {
+            let mut y = x.clone();
+            for _ in 0..n {
+                y = y.mul(1.0001)?;
+            }
+            y.eval()
+        })?;
+        println!("chain    {n} dependent tiny ops: {:8.3} ms  {:6.2} us/op", t * 1e3, t / n as f64 * 1e6);
+    }
+    Ok(())
+}
