@@ -28,6 +28,8 @@ pub mod shape;
 mod sync;
 
 pub use array::Array;
+#[cfg(feature = "cuda")]
+pub use backend::cuda::set_allow_tf32;
 pub use dtype::{DType, Element, Scalar};
 pub use error::{Error, Result};
 pub use ops::custom::custom;

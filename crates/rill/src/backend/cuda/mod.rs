@@ -1,1 +1,54 @@
-//! The CUDA backend (built with the `cuda` feature).
+//! The CUDA backend: devices, non-blocking streams, stream-ordered buffers, NVRTC kernels
+//! and cuBLAS matrix products.
+//!
+//! | piece | file | owns |
+//! |---|---|---|
+//! | driver probe, per-device state, completion workers, shutdown | `device.rs` | one context and one worker thread per device |
+//! | events, streams, cuBLAS handles (Drop never panics) | `handles.rs` | CUDA events, streams, cuBLAS handles |
+//! | device buffers, host↔device copies | `buffer.rs` | device allocations |
+//! | batches: waits, launches, events, fences | `exec.rs` | nothing |
+//! | NVRTC compilation and the kernel cache | `nvrtc.rs` | loaded modules |
+//! | CUDA C prelude (dtypes, conversions) | `source.rs` | nothing |
+//! | elementwise kernels, copies and sources | `elementwise.rs`, `map.rs` | nothing |
+//! | reductions, softmax, norms | `reduce.rs` | nothing |
+//! | matmul | `matmul.rs` | nothing |
+//!
+//! Synchronisation model: a storage exists once its kernel is enqueued. Work on the same
+//! stream is ordered by the stream; another stream that reads a buffer first makes its
+//! CUDA stream wait (`cuStreamWaitEvent`, a GPU-side wait) on the buffer's producer event.
+//! The host learns of completion through the batch's [`crate::backend::Fence`], signalled
+//! by the device's one completion worker thread. A buffer is freed on the stream that
+//! allocated it, after that stream waited for the last use on every other stream.
+//!
+//! Nothing here panics across the API: the driver library is probed inside
+//! `catch_unwind`, and every handle whose cudarc `Drop` could panic is destroyed by hand,
+//! only while the runtime is running, and leaked on purpose during shutdown.
+
+mod buffer;
+mod device;
+mod elementwise;
+mod exec;
+mod handles;
+mod map;
+mod matmul;
+mod nvrtc;
+mod reduce;
+mod source;
+
+pub(crate) use buffer::CudaBuffer;
+pub(crate) use device::{clear_cache, device, device_count, shutdown};
+pub(crate) use exec::{execute_batch, to_host};
+pub(crate) use handles::{CudaStreamHandle, new_stream};
+pub use matmul::set_allow_tf32;
+
+use crate::error::Error;
+
+/// Turns a driver/cuBLAS/NVRTC error into a rill backend error for `op`.
+pub(crate) fn backend_err(op: &'static str, e: impl std::fmt::Debug) -> Error {
+    Error::Backend { op, msg: format!("{e:?}").into() }
+}
+
+/// The `Unsupported` error of this backend.
+pub(crate) fn unsupported(op: &'static str, msg: impl Into<String>) -> Error {
+    Error::Unsupported { op, backend: "cuda", msg: msg.into() }
+}

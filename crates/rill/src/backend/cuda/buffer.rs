@@ -1,0 +1,172 @@
+//! Device buffers: stream-ordered allocations, counted, freed on their own stream after
+//! every other stream that used them is done (a GPU-side wait), leaked during shutdown.
+
+use std::mem::ManuallyDrop;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::OnceLock;
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+
+use crate::backend::cpu::{CpuBuffer, movement};
+use crate::backend::{Buffer, Storage};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::runtime::{lifecycle, memory};
+use crate::shape::Layout;
+use crate::sync::{Arc, Mutex};
+
+use super::handles::{CudaStreamHandle, Ev};
+
+/// Device memory of one array (or of several views of it).
+pub(crate) struct CudaBuffer {
+    slice: ManuallyDrop<Option<CudaSlice<u8>>>,
+    ptr: u64,
+    bytes: usize,
+    pub ordinal: usize,
+    /// The rill id of the stream that allocated (and will free) the buffer.
+    pub alloc_stream_id: u64,
+    alloc_stream: ManuallyDrop<Arc<CudaStream>>,
+    /// The event recorded after the batch that produced the contents.
+    pub event: OnceLock<Arc<Ev>>,
+    /// The rill id of the stream that produced the contents.
+    pub producer: OnceLock<u64>,
+    /// The last use on each other stream: `(stream id, event)`.
+    users: Mutex<Vec<(u64, Arc<Ev>)>>,
+}
+
+impl CudaBuffer {
+    /// Allocates `bytes` (unspecified contents) in stream order on `cs`.
+    pub fn alloc(cs: &CudaStreamHandle, bytes: usize) -> Result<CudaBuffer> {
+        let oom = || Error::OutOfMemory { device: format!("gpu:{}", cs.dev.ordinal), bytes };
+        let slice = if bytes == 0 {
+            None
+        } else {
+            // SAFETY: the contents are written by the kernel that receives the buffer.
+            Some(unsafe { cs.stream().alloc::<u8>(bytes) }.map_err(|_| oom())?)
+        };
+        let ptr = match &slice {
+            Some(s) => {
+                let (p, _sync) = s.device_ptr(cs.stream());
+                p
+            }
+            None => 0,
+        };
+        memory::on_alloc(bytes);
+        Ok(CudaBuffer {
+            slice: ManuallyDrop::new(slice),
+            ptr,
+            bytes,
+            ordinal: cs.dev.ordinal,
+            alloc_stream_id: cs.id,
+            alloc_stream: ManuallyDrop::new(cs.stream().clone()),
+            event: OnceLock::new(),
+            producer: OnceLock::new(),
+            users: Mutex::new(Vec::new()),
+        })
+    }
+    /// The device address of byte 0.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    /// Records that stream `stream_id` (not the allocating one) used the buffer in work
+    /// that ends at `ev`; the free will wait for it.
+    pub fn add_user(&self, stream_id: u64, ev: &Arc<Ev>) {
+        if stream_id == self.alloc_stream_id {
+            return;
+        }
+        let mut g = self.users.lock();
+        match g.iter_mut().find(|(id, _)| *id == stream_id) {
+            Some(slot) => slot.1 = ev.clone(),
+            None => g.push((stream_id, ev.clone())),
+        }
+    }
+}
+
+impl Drop for CudaBuffer {
+    fn drop(&mut self) {
+        memory::on_free(self.bytes);
+        if lifecycle::is_shutting_down() {
+            return; // the memory (and the stream reference) are leaked on purpose
+        }
+        let users = std::mem::take(self.users.get_mut());
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            for (_, ev) in &users {
+                let _ = ev.wait_on(&self.alloc_stream);
+            }
+            // SAFETY: each field is dropped exactly once, here; the free is ordered on the
+            // allocating stream after the waits above.
+            unsafe {
+                ManuallyDrop::drop(&mut self.slice);
+                ManuallyDrop::drop(&mut self.alloc_stream);
+            }
+        }));
+    }
+}
+
+/// The CUDA buffer of a storage (None for host storages).
+pub(crate) fn cuda_of(s: &Storage) -> Option<&CudaBuffer> {
+    match &*s.buffer {
+        Buffer::Cuda(b) => Some(b),
+        Buffer::Cpu(_) => None,
+    }
+}
+
+/// Copies a host storage to a new contiguous device storage on `cs`.
+pub(crate) fn upload(cs: &CudaStreamHandle, s: &Storage) -> Result<Storage> {
+    let host;
+    let s = if s.layout.is_contiguous() {
+        s
+    } else {
+        host = movement::make_contiguous(s)?;
+        &host
+    };
+    let cpu = s.cpu().ok_or_else(|| Error::invalid("to_device", "upload of a non-host storage"))?;
+    let size = s.dtype.size();
+    let n = s.layout.numel();
+    let start = s.layout.offset * size;
+    let src = &cpu.bytes()[start..start + n * size];
+    let buf = CudaBuffer::alloc(cs, n * size)?;
+    if n > 0 {
+        let _ = cs.dev.ctx.bind_to_thread();
+        // SAFETY: `buf` holds `src.len()` bytes; a pageable source is staged by the driver
+        // before this call returns, so `src` may be freed afterwards.
+        unsafe { cudarc::driver::result::memcpy_htod_async(buf.ptr(), src, cs.stream().cu_stream()) }
+            .map_err(|e| super::backend_err("to_device", e))?;
+    }
+    Ok(Storage::contiguous(Buffer::Cuda(buf), s.dtype, &s.layout.shape))
+}
+
+/// Copies the elements of a device storage to the host (the data must be complete, or
+/// produced earlier on `stream`), returning a contiguous host storage.
+pub(crate) fn download(stream: &CudaStream, s: &Storage) -> Result<Storage> {
+    let b = cuda_of(s).ok_or_else(|| Error::invalid("to_host", "download of a host storage"))?;
+    let size = s.dtype.size();
+    let (lo, hi) = s.layout.span();
+    let n = s.layout.numel();
+    let mut host = CpuBuffer::alloc(s.dtype, hi - lo)?;
+    if n > 0 {
+        let _ = stream.context().bind_to_thread();
+        let dst = host.bytes_mut();
+        // SAFETY: the span lies inside the buffer; the copy finishes before `synchronize`
+        // returns, while `dst` is alive.
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(dst, b.ptr() + (lo * size) as u64, stream.cu_stream())
+                .map_err(|e| super::backend_err("to_host", e))?;
+        }
+        stream.synchronize().map_err(|e| super::backend_err("to_host", e))?;
+    }
+    let span = Storage::contiguous(Buffer::Cpu(host), s.dtype, &[hi - lo]);
+    let layout =
+        Layout { shape: s.layout.shape.clone(), strides: s.layout.strides.clone(), offset: s.layout.offset - lo };
+    if layout.is_contiguous() && layout.offset == 0 && hi - lo == n {
+        return Ok(span.with_layout(layout));
+    }
+    movement::make_contiguous(&span.with_layout(layout))
+}
+
+/// A storage of `dtype`/`shape` over a new contiguous device buffer.
+pub(crate) fn new_storage(cs: &CudaStreamHandle, dtype: DType, shape: &[usize]) -> Result<Storage> {
+    let n: usize = shape.iter().product();
+    let buf = CudaBuffer::alloc(cs, n * dtype.size())?;
+    Ok(Storage::contiguous(Buffer::Cuda(buf), dtype, shape))
+}

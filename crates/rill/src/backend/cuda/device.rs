@@ -1,0 +1,266 @@
+//! The driver probe, per-device state and the device completion workers.
+//!
+//! Owner: the process-wide `DEVICES` table (one `DeviceState` per ordinal, made lazily on
+//! first use and never dropped). Each device has one completion worker thread, owned by
+//! the runtime and counted in `stats::THREADS_LIVE/THREADS_STARTED`: it waits (host side,
+//! with a blocking-sync event) for each batch's event in order and signals the batch's
+//! fence. `shutdown` stops and joins the workers within a bound.
+
+use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::OnceLock;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaContext, CudaStream, sys};
+
+use crate::backend::Fence;
+use crate::error::{Error, Result};
+use crate::runtime::{lifecycle, pool, stats};
+use crate::sync::{Arc, Condvar, Mutex};
+
+use super::handles::Ev;
+
+/// One initialised GPU.
+pub(crate) struct DeviceState {
+    pub ordinal: usize,
+    pub ctx: Arc<CudaContext>,
+    /// `sm_XY` for NVRTC.
+    pub arch: String,
+    /// Number of streaming multiprocessors (for grid sizes).
+    pub sms: u32,
+    /// A stream for host↔device copies made outside of batches (`to_host`).
+    pub transfer: Arc<CudaStream>,
+    worker: Worker,
+}
+
+struct WorkerQueue {
+    jobs: VecDeque<(Arc<Ev>, Arc<Fence>)>,
+    stop: bool,
+    exited: bool,
+}
+
+struct Worker {
+    q: Arc<(Mutex<WorkerQueue>, Condvar)>,
+    handle: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+static PROBE: OnceLock<std::result::Result<usize, String>> = OnceLock::new();
+static DEVICES: Mutex<Vec<Option<Arc<DeviceState>>>> = Mutex::new(Vec::new());
+
+fn panic_msg(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// Loads the driver once and counts the devices; never panics.
+fn probe() -> std::result::Result<usize, String> {
+    PROBE
+        .get_or_init(|| {
+            let r = catch_unwind(|| {
+                // SAFETY: only tries to open the driver library.
+                if !unsafe { sys::is_culib_present() } {
+                    return Err("the CUDA driver library (libcuda) was not found".to_string());
+                }
+                cudarc::driver::result::init().map_err(|e| format!("cuInit failed: {e:?}"))?;
+                let n = cudarc::driver::result::device::get_count()
+                    .map_err(|e| format!("cuDeviceGetCount failed: {e:?}"))?;
+                Ok(n.max(0) as usize)
+            });
+            match r {
+                Ok(r) => r,
+                Err(p) => Err(format!("the CUDA driver could not be loaded: {}", panic_msg(p))),
+            }
+        })
+        .clone()
+}
+
+/// Number of usable GPUs (0 without a driver).
+pub(crate) fn device_count() -> usize {
+    probe().unwrap_or(0)
+}
+
+fn unavailable(ordinal: usize, reason: impl Into<String>) -> Error {
+    Error::DeviceUnavailable { device: format!("gpu:{ordinal}"), reason: reason.into() }
+}
+
+/// The state of GPU `ordinal`, initialising it (context, worker) on first use.
+pub(crate) fn device(ordinal: usize) -> Result<Arc<DeviceState>> {
+    let count = probe().map_err(|r| unavailable(ordinal, r))?;
+    if ordinal >= count {
+        return Err(unavailable(ordinal, format!("{count} CUDA device(s) found")));
+    }
+    let mut table = DEVICES.lock();
+    if let Some(Some(d)) = table.get(ordinal) {
+        return Ok(d.clone());
+    }
+    lifecycle::check_running()?;
+    let d = catch_unwind(AssertUnwindSafe(|| init(ordinal)))
+        .unwrap_or_else(|p| Err(unavailable(ordinal, format!("initialisation panicked: {}", panic_msg(p)))))?;
+    if table.len() <= ordinal {
+        table.resize_with(ordinal + 1, || None);
+    }
+    table[ordinal] = Some(d.clone());
+    drop(table);
+    pool::ensure_started();
+    lifecycle::register_exit_hook();
+    Ok(d)
+}
+
+fn init(ordinal: usize) -> Result<Arc<DeviceState>> {
+    let err = |what: &str, e: cudarc::driver::DriverError| unavailable(ordinal, format!("{what}: {e:?}"));
+    let ctx = CudaContext::new(ordinal).map_err(|e| err("cannot retain the primary context", e))?;
+    // rill orders streams itself (events per buffer); cudarc's per-slice tracking is off.
+    // SAFETY: no slice exists yet in this context.
+    unsafe { ctx.disable_event_tracking() };
+    let (major, minor) = ctx.compute_capability().map_err(|e| err("compute capability", e))?;
+    let sms = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(|e| err("multiprocessor count", e))?
+        .max(1) as u32;
+    keep_pool_memory(&ctx);
+    let transfer = ctx.new_stream().map_err(|e| err("cannot create a stream", e))?;
+    let q = Arc::new((Mutex::new(WorkerQueue { jobs: VecDeque::new(), stop: false, exited: false }), Condvar::new()));
+    let q2 = q.clone();
+    let c2 = ctx.clone();
+    let handle = std::thread::Builder::new()
+        .name(format!("rill-cuda-{ordinal}"))
+        .spawn(move || worker_main(c2, q2))
+        .map_err(|e| unavailable(ordinal, format!("cannot start the completion worker: {e}")))?;
+    Ok(Arc::new(DeviceState {
+        ordinal,
+        ctx,
+        arch: format!("sm_{major}{minor}"),
+        sms,
+        transfer,
+        worker: Worker { q, handle: Mutex::new(Some(handle)) },
+    }))
+}
+
+/// Lets the device's default memory pool keep freed memory for reuse (stream-ordered
+/// allocations are then cheap); `clear_cache` trims it.
+fn keep_pool_memory(ctx: &CudaContext) {
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: plain driver queries on a valid device; failures only disable caching.
+    unsafe {
+        if sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) != sys::CUresult::CUDA_SUCCESS {
+            return;
+        }
+        let mut threshold: u64 = u64::MAX;
+        let _ = sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        );
+    }
+}
+
+fn worker_main(ctx: Arc<CudaContext>, q: Arc<(Mutex<WorkerQueue>, Condvar)>) {
+    stats::THREADS_LIVE.fetch_add(1, SeqCst);
+    stats::THREADS_STARTED.fetch_add(1, SeqCst);
+    let _ = ctx.bind_to_thread();
+    loop {
+        let job = {
+            let mut g = q.0.lock();
+            loop {
+                if let Some(j) = g.jobs.pop_front() {
+                    break Some(j);
+                }
+                if g.stop {
+                    break None;
+                }
+                g = q.1.wait(g);
+            }
+        };
+        let Some((ev, fence)) = job else { break };
+        let r = catch_unwind(AssertUnwindSafe(|| ev.synchronize()));
+        let r = match r {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(Error::backend("cuda", format!("device work failed: {e:?}"))),
+            Err(p) => Err(Error::Panic { op: "cuda", msg: panic_msg(p).into() }),
+        };
+        fence.signal(r);
+        drop(ev);
+    }
+    stats::THREADS_LIVE.fetch_sub(1, SeqCst);
+    let mut g = q.0.lock();
+    g.exited = true;
+    drop(g);
+    q.1.notify_all();
+}
+
+impl DeviceState {
+    /// Hands a batch's event and fence to the completion worker. When the worker is
+    /// stopped (shutdown), waits for the event here instead.
+    pub(crate) fn complete_later(&self, ev: Arc<Ev>, fence: Arc<Fence>) {
+        let q = &self.worker.q;
+        {
+            let mut g = q.0.lock();
+            if !g.stop {
+                g.jobs.push_back((ev, fence));
+                drop(g);
+                q.1.notify_all();
+                return;
+            }
+        }
+        let r = ev.synchronize().map_err(|e| Error::backend("cuda", format!("device work failed: {e:?}")));
+        fence.signal(r);
+    }
+}
+
+/// Stops the completion workers and joins them within `bound`; true when all exited.
+pub(crate) fn shutdown(bound: Duration) -> bool {
+    let devices: Vec<Arc<DeviceState>> = DEVICES.lock().iter().flatten().cloned().collect();
+    for d in &devices {
+        d.worker.q.0.lock().stop = true;
+        d.worker.q.1.notify_all();
+    }
+    let deadline = Instant::now() + bound;
+    let mut all = true;
+    for d in &devices {
+        let q = &d.worker.q;
+        let mut g = q.0.lock();
+        while !g.exited {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            g = q.1.wait_timeout(g, deadline - now).0;
+        }
+        let exited = g.exited;
+        drop(g);
+        if exited {
+            if let Some(h) = d.worker.handle.lock().take() {
+                let _ = h.join();
+            }
+        } else {
+            // Left behind: it finishes on its own once the GPU answers.
+            all = false;
+        }
+    }
+    all
+}
+
+/// Returns the memory cached by every device's memory pool to the driver.
+pub(crate) fn clear_cache() {
+    if lifecycle::is_shutting_down() {
+        return;
+    }
+    let devices: Vec<Arc<DeviceState>> = DEVICES.lock().iter().flatten().cloned().collect();
+    for d in devices {
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            let _ = d.ctx.bind_to_thread();
+            let _ = d.transfer.synchronize();
+            let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+            // SAFETY: driver calls on a live context.
+            unsafe {
+                if sys::cuDeviceGetDefaultMemPool(&mut pool, d.ctx.cu_device()) == sys::CUresult::CUDA_SUCCESS {
+                    let _ = sys::cuMemPoolTrimTo(pool, 0);
+                }
+            }
+        }));
+    }
+    let _ = Relaxed;
+}

@@ -1,0 +1,229 @@
+//! Running batches on a GPU stream, and copies to the host.
+//!
+//! `execute_batch` walks the batch's nodes in order. Each node's inputs come from the
+//! batch itself (a local map: those nodes are completed only at the end) or from nodes
+//! completed earlier; the CUDA stream first waits (on the GPU) for the producer events of
+//! inputs made on other streams, host inputs are uploaded, and the node's kernel is
+//! enqueued. Errors and panics poison only the node and its dependants. After the batch
+//! one event is recorded; it becomes the producer event of every buffer the batch made
+//! and the last-use event of buffers of other streams it read; one fence is attached to
+//! every output, the nodes are completed, and (event, fence) go to the device's
+//! completion worker.
+
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::Ordering::SeqCst;
+
+use crate::array::Array;
+use crate::backend::{Buffer, Fence, Storage};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::primitives::Primitive;
+use crate::runtime::stream::Stream;
+use crate::runtime::{lifecycle, stats};
+use crate::sync::Arc;
+
+use super::buffer::{cuda_of, download, upload};
+use super::handles::{CudaStreamHandle, Ev};
+use super::{elementwise as ew, matmul, reduce};
+
+fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// Runs one batch of nodes (all on the GPU stream `stream`) in order.
+pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
+    let Some(cs) = stream.inner.cuda.as_ref() else {
+        for a in nodes {
+            stats::NODES_COMPUTED.fetch_add(1, SeqCst);
+            a.node.complete(Err(Error::backend("cuda", "a GPU stream without a CUDA stream")));
+            stats::IN_FLIGHT.fetch_sub(1, SeqCst);
+        }
+        return;
+    };
+    let mut local: HashMap<u64, Result<Storage>> = HashMap::new();
+    let mut waited: Vec<usize> = Vec::new();
+    // Every device storage read by the batch, kept alive until its last-use event is set.
+    let mut read: Vec<Storage> = Vec::new();
+    let mut any_ok = false;
+    for a in nodes {
+        let node = &a.node;
+        let inputs: Vec<Array> = node.state.lock().inputs.clone();
+        let mut storages = Vec::with_capacity(inputs.len());
+        let mut failed = None;
+        for i in &inputs {
+            let s = match local.get(&i.node.id) {
+                Some(r) => r.clone(),
+                None => i.node.storage(),
+            };
+            match s {
+                Ok(s) => storages.push(s),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        drop(inputs);
+        let result = match failed {
+            Some(e) => Err(e),
+            None if lifecycle::backend_call_forbidden() => Err(Error::ShutDown),
+            None => catch_unwind(AssertUnwindSafe(|| {
+                prepare_inputs(cs, &storages, &mut waited)?;
+                eval(cs, &node.prim, &node.shape, node.dtype, &storages)
+            }))
+            .unwrap_or_else(|p| Err(Error::Panic { op: node.prim.name(), msg: panic_text(p).into() })),
+        };
+        stats::NODES_COMPUTED.fetch_add(1, SeqCst);
+        any_ok |= result.is_ok();
+        read.extend(storages.into_iter().filter(|s| cuda_of(s).is_some()));
+        local.insert(node.id, result);
+    }
+    let fence = Fence::new();
+    let ev = if any_ok {
+        match Ev::record(cs.stream()) {
+            Ok(ev) => Some(Arc::new(ev)),
+            Err(e) => {
+                let err = super::backend_err("cuda", format!("recording the batch event: {e:?}"));
+                for r in local.values_mut() {
+                    if r.is_ok() {
+                        *r = Err(err.clone());
+                    }
+                }
+                None
+            }
+        }
+    } else {
+        None
+    };
+    if let Some(ev) = &ev {
+        for r in local.values().flatten() {
+            if let Some(b) = cuda_of(r) {
+                if b.event.get().is_none() {
+                    let _ = b.event.set(ev.clone());
+                    let _ = b.producer.set(cs.id);
+                }
+            }
+        }
+        for s in &read {
+            if let Some(b) = cuda_of(s) {
+                b.add_user(cs.id, ev);
+            }
+        }
+    }
+    drop(read);
+    for a in nodes {
+        let r = local.remove(&a.node.id).unwrap_or_else(|| Err(Error::backend("cuda", "node result missing")));
+        let r = r.map(|s| Storage { fence: Some(fence.clone()), ..s });
+        a.node.complete(r);
+        stats::IN_FLIGHT.fetch_sub(1, SeqCst);
+    }
+    match ev {
+        Some(ev) => cs.dev.complete_later(ev, fence),
+        None => fence.signal(Ok(())),
+    }
+}
+
+/// Makes `cs` wait (on the GPU) for inputs produced on other streams.
+fn prepare_inputs(cs: &CudaStreamHandle, inputs: &[Storage], waited: &mut Vec<usize>) -> Result<()> {
+    for s in inputs {
+        let Some(b) = cuda_of(s) else { continue };
+        if b.ordinal != cs.dev.ordinal {
+            continue; // only ToDevice reads another device's buffer (through the host)
+        }
+        let Some(ev) = b.event.get() else { continue }; // made earlier in this batch
+        if b.producer.get() == Some(&cs.id) || waited.contains(&ev.raw()) {
+            continue;
+        }
+        ev.wait_on(cs.stream()).map_err(|e| super::backend_err("cuda", e))?;
+        waited.push(ev.raw());
+    }
+    Ok(())
+}
+
+/// The device storage of an input: uploaded when it lives on the host.
+fn on_gpu(cs: &CudaStreamHandle, s: &Storage) -> Result<Storage> {
+    match &*s.buffer {
+        Buffer::Cpu(_) => upload(cs, s),
+        Buffer::Cuda(b) if b.ordinal != cs.dev.ordinal => upload(cs, &to_host(s)?),
+        Buffer::Cuda(_) => Ok(s.clone()),
+    }
+}
+
+/// Computes one primitive on the GPU stream `cs` (inputs converted by the ops layer).
+fn eval(cs: &CudaStreamHandle, prim: &Primitive, shape: &[usize], dtype: DType, raw: &[Storage]) -> Result<Storage> {
+    use Primitive::*;
+    if let ToDevice = prim {
+        return on_gpu(cs, &raw[0]);
+    }
+    if let Host { f, name } = prim {
+        // The inputs may be produced earlier in this batch: finish the stream first.
+        cs.synchronize()?;
+        let host: Vec<Storage> = raw.iter().map(host_copy).collect::<Result<_>>()?;
+        let out = crate::backend::cpu::eval(&Host { f: f.clone(), name }, shape, dtype, &host)?;
+        return upload(cs, &out);
+    }
+    let inputs: Vec<Storage> = raw.iter().map(|s| on_gpu(cs, s)).collect::<Result<_>>()?;
+    let x = || &inputs[0];
+    match prim {
+        Constant => Err(Error::invalid("constant", "a constant has no kernel")),
+        Full { value } => ew::full(cs, shape, dtype, *value),
+        Arange { start, step } => ew::arange(cs, shape, dtype, *start, *step),
+        Eye { k } => ew::eye(cs, shape, dtype, *k),
+        Random { .. } => Err(super::unsupported("random", "threefry random numbers have no CUDA kernel yet")),
+        Cast => ew::cast(cs, x(), dtype),
+        Unary(op) => ew::unary(cs, *op, x(), dtype),
+        Binary(op) => ew::binary(cs, *op, x(), &inputs[1], shape, dtype),
+        Where => ew::where_(cs, x(), &inputs[1], &inputs[2], shape, dtype),
+        Reduce { op, axes } => reduce::reduce(cs, *op, x(), axes, shape),
+        ArgReduce { op, axis } => reduce::arg_reduce(cs, *op, x(), *axis, shape),
+        Cumsum { axis, reverse, exclusive } => reduce::cumsum(cs, x(), *axis, *reverse, *exclusive),
+        Softmax { axis, log } => reduce::softmax(cs, x(), *axis, *log),
+        LayerNorm { eps, has_weight, has_bias } => reduce::layer_norm(cs, &inputs, *eps, *has_weight, *has_bias),
+        RmsNorm { eps, has_weight } => reduce::rms_norm(cs, &inputs, *eps, *has_weight),
+        Matmul => matmul::matmul(cs, x(), &inputs[1], shape, dtype),
+        Reshape => match x().layout.reshape(shape) {
+            Some(l) => Ok(x().with_layout(l)),
+            None => Ok(ew::copy(cs, x())?.with_layout(crate::shape::Layout::contiguous(shape))),
+        },
+        Permute(perm) => Ok(x().with_layout(x().layout.permute(perm))),
+        BroadcastTo => Ok(x().with_layout(x().layout.broadcast_to(shape))),
+        Slice { start, step } => Ok(crate::backend::cpu::movement::slice_view(x(), start, step, shape)),
+        Contiguous => ew::copy(cs, x()),
+        Take { .. } => Err(super::unsupported("take", "no CUDA kernel yet")),
+        Concatenate { .. } => Err(super::unsupported("concatenate", "no CUDA kernel yet")),
+        Pad { .. } => Err(super::unsupported("pad", "no CUDA kernel yet")),
+        ToDevice | Host { .. } => Err(Error::invalid(prim.name(), "handled above")),
+    }
+}
+
+/// A host copy of a storage (device storages are waited for and downloaded).
+fn host_copy(s: &Storage) -> Result<Storage> {
+    match &*s.buffer {
+        Buffer::Cpu(_) => Ok(s.clone()),
+        Buffer::Cuda(_) => to_host(s),
+    }
+}
+
+/// Waits until a device storage's data is complete and copies it into a contiguous host
+/// storage of the same shape and dtype.
+pub(crate) fn to_host(s: &Storage) -> Result<Storage> {
+    let Some(b) = cuda_of(s) else { return crate::backend::cpu::movement::make_contiguous(s) };
+    if lifecycle::backend_call_forbidden() {
+        return Err(Error::ShutDown);
+    }
+    match &s.fence {
+        Some(f) => f.wait()?,
+        None => {
+            if let Some(ev) = b.event.get() {
+                ev.synchronize().map_err(|e| super::backend_err("to_host", e))?;
+            }
+        }
+    }
+    let dev = super::device::device(b.ordinal)?;
+    catch_unwind(AssertUnwindSafe(|| download(&dev.transfer, s)))
+        .unwrap_or_else(|p| Err(Error::Panic { op: "to_host", msg: panic_text(p).into() }))
+}

@@ -1,0 +1,132 @@
+//! CUDA events, streams and cuBLAS handles wrapped so that their `Drop` never panics and
+//! never calls the driver once shutdown has begun (they are leaked on purpose then).
+
+use std::mem::ManuallyDrop;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use cudarc::driver::{CudaContext, CudaStream, DriverError, sys};
+
+use crate::error::Result;
+use crate::runtime::lifecycle;
+use crate::sync::{Arc, Mutex};
+
+use super::device::{self, DeviceState};
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A CUDA event (blocking-sync, no timing), owned by rill.
+pub(crate) struct Ev {
+    ev: sys::CUevent,
+    ctx: Arc<CudaContext>,
+}
+// SAFETY: CUDA events may be used from any thread.
+unsafe impl Send for Ev {}
+// SAFETY: as above; every use goes through the driver, which is thread safe.
+unsafe impl Sync for Ev {}
+
+const EVENT_FLAGS: u32 =
+    sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32 | sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32;
+
+impl Ev {
+    /// Records the current end of `stream` into a new event.
+    pub fn record(stream: &CudaStream) -> std::result::Result<Ev, DriverError> {
+        let ctx = stream.context().clone();
+        ctx.bind_to_thread()?;
+        let mut ev: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: valid flags, a live context bound to this thread.
+        unsafe { sys::cuEventCreate(&mut ev, EVENT_FLAGS).result()? };
+        let e = Ev { ev, ctx };
+        // SAFETY: both handles are live.
+        unsafe { sys::cuEventRecord(e.ev, stream.cu_stream()).result()? };
+        Ok(e)
+    }
+    /// Blocks the calling thread until the recorded work has finished.
+    pub fn synchronize(&self) -> std::result::Result<(), DriverError> {
+        self.ctx.bind_to_thread()?;
+        // SAFETY: a live event.
+        unsafe { sys::cuEventSynchronize(self.ev).result() }
+    }
+    /// Makes `stream` wait (on the GPU) for the recorded work.
+    pub fn wait_on(&self, stream: &CudaStream) -> std::result::Result<(), DriverError> {
+        self.ctx.bind_to_thread()?;
+        // SAFETY: live handles of the same context.
+        unsafe { sys::cuStreamWaitEvent(stream.cu_stream(), self.ev, 0).result() }
+    }
+    /// The raw handle (identity only).
+    pub fn raw(&self) -> usize {
+        self.ev as usize
+    }
+}
+
+impl Drop for Ev {
+    fn drop(&mut self) {
+        if lifecycle::is_shutting_down() {
+            return; // leaked on purpose
+        }
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            let _ = self.ctx.bind_to_thread();
+            // SAFETY: destroyed exactly once, here.
+            let _ = unsafe { sys::cuEventDestroy_v2(self.ev) };
+        }));
+    }
+}
+
+/// A cuBLAS handle bound to one stream, destroyed by hand.
+pub(crate) struct Blas(pub cudarc::cublas::sys::cublasHandle_t);
+// SAFETY: a cuBLAS handle may be used from any thread, one at a time (guarded by a mutex).
+unsafe impl Send for Blas {}
+
+/// The CUDA side of a GPU [`crate::Stream`]: a non-blocking CUDA stream of one device.
+pub(crate) struct CudaStreamHandle {
+    pub id: u64,
+    pub dev: Arc<DeviceState>,
+    stream: ManuallyDrop<Arc<CudaStream>>,
+    /// Created on the first matmul on this stream.
+    pub blas: Mutex<Option<Blas>>,
+}
+
+/// Creates a non-blocking CUDA stream on GPU `ordinal` (never the legacy default stream).
+pub(crate) fn new_stream(ordinal: usize) -> Result<CudaStreamHandle> {
+    let dev = device::device(ordinal)?;
+    let s = dev.ctx.new_stream().map_err(|e| super::backend_err("new_stream", e))?;
+    Ok(CudaStreamHandle {
+        id: NEXT_ID.fetch_add(1, Relaxed),
+        dev,
+        stream: ManuallyDrop::new(s),
+        blas: Mutex::new(None),
+    })
+}
+
+impl CudaStreamHandle {
+    /// The cudarc stream.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+    /// Blocks until all work enqueued on this stream has finished.
+    pub fn synchronize(&self) -> Result<()> {
+        if lifecycle::backend_call_forbidden() {
+            return Ok(());
+        }
+        self.stream.synchronize().map_err(|e| super::backend_err("synchronize", e))
+    }
+}
+
+impl Drop for CudaStreamHandle {
+    fn drop(&mut self) {
+        let blas = self.blas.get_mut().take();
+        if lifecycle::is_shutting_down() {
+            return; // the stream and the cuBLAS handle (a raw pointer) are leaked on purpose
+        }
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            if let Some(Blas(h)) = blas {
+                let _ = self.dev.ctx.bind_to_thread();
+                // SAFETY: the handle was created by us and is destroyed once.
+                let _ = unsafe { cudarc::cublas::result::destroy_handle(h) };
+            }
+            // SAFETY: dropped exactly once, here. Buffers allocated on this stream keep
+            // their own reference, so the CUDA stream lives until the last one is freed.
+            unsafe { ManuallyDrop::drop(&mut self.stream) };
+        }));
+    }
+}

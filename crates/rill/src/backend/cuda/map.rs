@@ -1,0 +1,231 @@
+//! The generic elementwise launcher: `out[i] = fop(in0[..], in1[..], in2[..])` over a
+//! row-major output, with inputs broadcast to the output shape.
+//!
+//! Three kernels are generated per (function, dtypes): `k_vec` when every input is
+//! contiguous and 16-byte vectors line up (one aligned vector load/store per operand per
+//! step: float4 for f32, 8 halves for f16/bf16), `k_contig` when every input is contiguous
+//! or a broadcast scalar, and `k_strided` (shape/strides passed by value, after merging
+//! axes that are contiguous for every operand) otherwise.
+
+use cudarc::driver::{DeviceRepr, PushKernelArg};
+
+use crate::backend::Storage;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::shape::Layout;
+
+use super::buffer::{cuda_of, new_storage};
+use super::handles::CudaStreamHandle;
+use super::nvrtc::{self, grid_for};
+use super::source::{MAX_DIMS, PRELUDE};
+
+/// The strided-layout kernel parameter (mirrors `struct Lay` in the prelude).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct Lay {
+    shape: [i64; MAX_DIMS],
+    st: [[i64; MAX_DIMS]; 3],
+    off: [i64; 3],
+    ndim: i32,
+    pad: i32,
+}
+// SAFETY: plain `repr(C)` data with the same layout as the C struct.
+unsafe impl DeviceRepr for Lay {}
+
+/// Merges the axes of `shape` for operands with `strides`: size-1 axes are dropped and
+/// neighbours that are contiguous for every operand are fused. Returns (dims, strides).
+pub(crate) fn merge_dims(shape: &[usize], strides: &[Vec<isize>]) -> (Vec<usize>, Vec<Vec<isize>>) {
+    let k = strides.len();
+    let mut dims: Vec<usize> = Vec::new();
+    let mut st: Vec<Vec<isize>> = vec![Vec::new(); k];
+    for (i, &d) in shape.iter().enumerate() {
+        if d == 1 {
+            continue;
+        }
+        if let Some(last) = dims.last_mut() {
+            if (0..k).all(|o| st[o][st[o].len() - 1] == strides[o][i] * d as isize) {
+                *last *= d;
+                for o in 0..k {
+                    let l = st[o].len() - 1;
+                    st[o][l] = strides[o][i];
+                }
+                continue;
+            }
+        }
+        dims.push(d);
+        for o in 0..k {
+            st[o].push(strides[o][i]);
+        }
+    }
+    (dims, st)
+}
+
+/// One input of a map: a storage and the C type its kernel parameter has.
+pub(crate) struct In<'a> {
+    pub s: &'a Storage,
+    pub ctype: &'static str,
+    pub size: usize,
+}
+
+impl<'a> In<'a> {
+    pub fn new(s: &'a Storage, ctype: &'static str) -> In<'a> {
+        In { s, ctype, size: s.dtype.size() }
+    }
+}
+
+fn kernel_source(fsrc: &str, out_t: &str, ins: &[&str], vec: usize) -> String {
+    let k = ins.len();
+    let params: String = ins.iter().enumerate().map(|(i, t)| format!(", const {t}* __restrict__ a{i}")).collect();
+    let sparams: String = (0..k).map(|i| format!(", i64 s{i}")).collect();
+    let call = |f: &dyn Fn(usize) -> String| (0..k).map(f).collect::<Vec<_>>().join(", ");
+    let contig_call = call(&|i| format!("a{i}[i * s{i}]"));
+    let strided_off: String = (0..k).map(|i| format!("o{i} += c * lay.st[{i}][d]; ")).collect();
+    let strided_init: String = (0..k).map(|i| format!("i64 o{i} = lay.off[{i}]; ")).collect();
+    let strided_call = call(&|i| format!("a{i}[o{i}]"));
+    let vec_loads: String =
+        ins.iter().enumerate().map(|(i, t)| format!("V<{t}, VN> x{i} = ((const V<{t}, VN>*)a{i})[t]; ")).collect();
+    let vec_call = call(&|i| format!("x{i}.v[j]"));
+    let tail_call = call(&|i| format!("a{i}[r]"));
+    format!(
+        r#"{PRELUDE}
+{fsrc}
+#define VN {vec}
+template <typename T, int N> struct alignas(sizeof(T) * N) V {{ T v[N]; }};
+extern "C" __global__ void k_contig({out_t}* __restrict__ out{params}{sparams}, i64 n) {{
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+        out[i] = fop({contig_call});
+}}
+extern "C" __global__ void k_strided({out_t}* __restrict__ out{params}, Lay lay, i64 n) {{
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {{
+        i64 r = i; {strided_init}
+        for (int d = lay.ndim - 1; d >= 0; --d) {{
+            i64 s = lay.shape[d]; i64 q = r / s; i64 c = r - q * s; r = q; {strided_off}
+        }}
+        out[i] = fop({strided_call});
+    }}
+}}
+extern "C" __global__ void k_vec({out_t}* __restrict__ out{params}, i64 n) {{
+    i64 nv = n / VN;
+    i64 gid = blockIdx.x * (i64)blockDim.x + threadIdx.x;
+    for (i64 t = gid; t < nv; t += (i64)gridDim.x * blockDim.x) {{
+        {vec_loads}
+        V<{out_t}, VN> o;
+#pragma unroll
+        for (int j = 0; j < VN; ++j) o.v[j] = fop({vec_call});
+        ((V<{out_t}, VN>*)out)[t] = o;
+    }}
+    i64 r = nv * VN + gid;
+    if (r < n) out[r] = fop({tail_call});
+}}
+"#
+    )
+}
+
+/// Runs `fop` (defined by `fsrc`, with the parameter types of `ins`) over `shape`,
+/// writing a new contiguous storage of `out_dtype`. `key` names the function and dtypes.
+pub(crate) fn map(
+    cs: &CudaStreamHandle,
+    key: &str,
+    fsrc: impl FnOnce() -> String,
+    out_dtype: DType,
+    ins: &[In<'_>],
+    shape: &[usize],
+) -> Result<Storage> {
+    let out = new_storage(cs, out_dtype, shape)?;
+    let n: usize = shape.iter().product();
+    if n == 0 {
+        return Ok(out);
+    }
+    let out_t = super::source::ctype(out_dtype);
+    let out_ptr = cuda_of(&out).map(|b| b.ptr()).unwrap_or(0);
+    let lays: Vec<Layout> = ins.iter().map(|i| i.s.layout.broadcast_to(shape)).collect();
+    let bases: Vec<u64> = ins.iter().map(|i| cuda_of(i.s).map(|b| b.ptr()).unwrap_or(0)).collect();
+    let strides: Vec<Vec<isize>> = lays.iter().map(|l| l.strides.clone()).collect();
+    let (dims, mst) = merge_dims(shape, &strides);
+    let max_size = ins.iter().map(|i| i.size).chain([out_dtype.size()]).max().unwrap_or(1);
+    let vec = (16 / max_size).max(1);
+    let types: Vec<&str> = ins.iter().map(|i| i.ctype).collect();
+    let full_key = format!("{key}|{out_t}|{}", types.join(","));
+    let dev = &cs.dev;
+    let mut fsrc = Some(fsrc);
+    let mut get = |name: &str| {
+        nvrtc::function(dev, &full_key, name, || {
+            let f = fsrc.take().map(|f| f()).unwrap_or_default();
+            kernel_source(&f, out_t, &types, vec)
+        })
+    };
+    // Per-operand run stride when the merged view is one contiguous run or a scalar.
+    let run: Option<Vec<i64>> = (0..ins.len())
+        .map(|o| match dims.len() {
+            0 => Some(0),
+            1 if mst[o][0] == 1 || mst[o][0] == 0 => Some(mst[o][0] as i64),
+            _ if mst[o].iter().all(|&s| s == 0) => Some(0),
+            _ => None,
+        })
+        .collect();
+    let stream = cs.stream();
+    let _ = dev.ctx.bind_to_thread();
+    let n64 = n as i64;
+    let ptrs: Vec<u64> = (0..ins.len()).map(|o| bases[o] + (lays[o].offset * ins[o].size) as u64).collect();
+    let launch_err = |e| super::backend_err("launch", e);
+    if let Some(run) = run {
+        let aligned = run.iter().all(|&s| s == 1)
+            && ptrs.iter().zip(ins).all(|(p, i)| p % (i.size * vec) as u64 == 0)
+            && out_ptr % (out_dtype.size() * vec) as u64 == 0
+            && vec > 1;
+        if aligned {
+            let f = get("k_vec")?;
+            let mut b = stream.launch_builder(&f);
+            b.arg(&out_ptr);
+            for p in &ptrs {
+                b.arg(p);
+            }
+            b.arg(&n64);
+            // SAFETY: the arguments match the generated signature; every pointer covers n
+            // elements (vector-aligned, checked above).
+            unsafe { b.launch(grid_for(dev, n / vec)) }.map_err(launch_err)?;
+        } else {
+            let f = get("k_contig")?;
+            let mut b = stream.launch_builder(&f);
+            b.arg(&out_ptr);
+            for p in &ptrs {
+                b.arg(p);
+            }
+            for s in &run {
+                b.arg(s);
+            }
+            b.arg(&n64);
+            // SAFETY: as above; a stride-0 operand reads its one element.
+            unsafe { b.launch(grid_for(dev, n)) }.map_err(launch_err)?;
+        }
+        return Ok(out);
+    }
+    if dims.len() > MAX_DIMS {
+        return Err(super::unsupported(
+            "elementwise",
+            format!("strided inputs of rank {} after merging axes (at most {MAX_DIMS})", dims.len()),
+        ));
+    }
+    let mut lay = Lay { shape: [1; MAX_DIMS], st: [[0; MAX_DIMS]; 3], off: [0; 3], ndim: dims.len() as i32, pad: 0 };
+    for (d, &s) in dims.iter().enumerate() {
+        lay.shape[d] = s as i64;
+        for o in 0..ins.len() {
+            lay.st[o][d] = mst[o][d] as i64;
+        }
+    }
+    for o in 0..ins.len() {
+        lay.off[o] = lays[o].offset as i64;
+    }
+    let f = get("k_strided")?;
+    let mut b = stream.launch_builder(&f);
+    b.arg(&out_ptr);
+    for p in &bases {
+        b.arg(p);
+    }
+    b.arg(&lay);
+    b.arg(&n64);
+    // SAFETY: the arguments match the generated signature; every offset the layout
+    // produces lies inside its buffer (views are checked by the op layer).
+    unsafe { b.launch(grid_for(dev, n)) }.map_err(launch_err)?;
+    Ok(out)
+}

@@ -1,0 +1,100 @@
+//! NVRTC compilation for the device's architecture and the process-wide kernel cache,
+//! keyed by (device, kernel key). Programs are created and destroyed by hand so that no
+//! cudarc `Drop` can panic.
+
+use std::collections::HashMap;
+use std::ffi::{CStr, CString};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig};
+use cudarc::nvrtc::{Ptx, result as nv, sys as nvsys};
+
+use crate::error::{Error, Result};
+use crate::sync::{Arc, Mutex};
+
+use super::device::DeviceState;
+
+type ModuleMap = HashMap<(usize, String), Arc<CudaModule>>;
+static CACHE: Mutex<Option<ModuleMap>> = Mutex::new(None);
+
+/// Threads per block of the elementwise kernels.
+pub(crate) const BLOCK: u32 = 256;
+
+/// A grid-stride launch over `n` items.
+pub(crate) fn grid_for(dev: &DeviceState, n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(BLOCK as usize).clamp(1, (dev.sms as usize) * 32);
+    LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// The function `name` of the module cached under `key`, compiling `src()` on a miss.
+pub(crate) fn function(dev: &DeviceState, key: &str, name: &str, src: impl FnOnce() -> String) -> Result<CudaFunction> {
+    let module = {
+        let mut g = CACHE.lock();
+        let map = g.get_or_insert_with(HashMap::new);
+        match map.get(&(dev.ordinal, key.to_string())) {
+            Some(m) => m.clone(),
+            None => {
+                let image = compile(dev, key, &src())?;
+                let m = dev
+                    .ctx
+                    .load_module(image)
+                    .map_err(|e| Error::backend("cuda", format!("loading kernel {key}: {e:?}")))?;
+                map.insert((dev.ordinal, key.to_string()), m.clone());
+                m
+            }
+        }
+    };
+    module.load_function(name).map_err(|e| Error::backend("cuda", format!("kernel {key}::{name}: {e:?}")))
+}
+
+fn compile(dev: &DeviceState, key: &str, src: &str) -> Result<Ptx> {
+    let r = catch_unwind(AssertUnwindSafe(|| compile_inner(dev, key, src)));
+    r.unwrap_or_else(|_| {
+        Err(super::unsupported("compile", "NVRTC (libnvrtc) could not be loaded; install the CUDA toolkit's NVRTC"))
+    })
+}
+
+fn compile_inner(dev: &DeviceState, key: &str, src: &str) -> Result<Ptx> {
+    // SAFETY: only tries to open the library.
+    if !unsafe { nvsys::is_culib_present() } {
+        return Err(super::unsupported("compile", "NVRTC (libnvrtc) was not found"));
+    }
+    let csrc = CString::new(src).map_err(|e| Error::backend("compile", e))?;
+    let cname = CString::new(format!("{key}.cu")).map_err(|e| Error::backend("compile", e))?;
+    let prog = nv::create_program(&csrc, Some(&cname)).map_err(|e| Error::backend("compile", format!("{e:?}")))?;
+    let opts =
+        vec![format!("--gpu-architecture={}", dev.arch), "--std=c++17".to_string(), "-default-device".to_string()];
+    // SAFETY: `prog` is live until destroyed at the end of this function.
+    let out = unsafe {
+        match nv::compile_program(prog, &opts) {
+            Ok(()) => cubin(prog).or_else(|_| nv::get_ptx(prog).map(|p| Ptx::from_src(c_chars_to_string(&p)))),
+            Err(e) => {
+                let log = nv::get_program_log(prog).map(|l| c_chars_to_string(&l)).unwrap_or_default();
+                let _ = nv::destroy_program(prog);
+                return Err(Error::backend("compile", format!("NVRTC failed on kernel {key} ({e:?}): {log}")));
+            }
+        }
+    };
+    // SAFETY: destroyed once.
+    let _ = unsafe { nv::destroy_program(prog) };
+    out.map_err(|e| Error::backend("compile", format!("{e:?}")))
+}
+
+/// The CUBIN of a program compiled for a real architecture.
+unsafe fn cubin(prog: nvsys::nvrtcProgram) -> std::result::Result<Ptx, nv::NvrtcError> {
+    let mut size = 0usize;
+    // SAFETY: `prog` is a compiled program (caller).
+    unsafe {
+        nvsys::nvrtcGetCUBINSize(prog, &mut size).result()?;
+        let mut buf = vec![0 as std::ffi::c_char; size];
+        nvsys::nvrtcGetCUBIN(prog, buf.as_mut_ptr()).result()?;
+        Ok(Ptx::from_binary(buf.into_iter().map(|c| c as u8).collect()))
+    }
+}
+
+fn c_chars_to_string(v: &[std::ffi::c_char]) -> String {
+    let bytes: Vec<u8> = v.iter().map(|&c| c as u8).take_while(|&b| b != 0).collect();
+    CStr::from_bytes_until_nul(&[bytes.as_slice(), &[0]].concat())
+        .map(|c| c.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}

@@ -1,0 +1,143 @@
+//! The CUDA C prelude shared by every generated kernel: fixed-width types, f16/bf16
+//! conversions written out (no CUDA headers needed, and bit-identical to the `half`
+//! crate's rounding), saturating float→integer conversions (Rust `as` semantics), and
+//! the strided-layout parameter.
+
+use crate::dtype::DType;
+
+/// Largest rank the strided kernels accept after merging axes.
+pub(crate) const MAX_DIMS: usize = 8;
+
+pub(crate) const PRELUDE: &str = r#"
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef int i32;
+typedef long long i64;
+typedef unsigned long long u64;
+#define MAXD 8
+struct Lay { i64 shape[MAXD]; i64 st[3][MAXD]; i64 off[3]; i32 ndim; i32 pad; };
+
+__device__ __forceinline__ float ld_f16(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ u16 st_f16(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ u16 st_f16_d(double d) { u16 h; asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h) : "d"(d)); return h; }
+__device__ __forceinline__ float ld_bf16(u16 b) {
+    u32 u = ((u32)b) << 16;
+    if ((b & 0x7fffu) > 0x7f80u) u |= 0x400000u;
+    return __uint_as_float(u);
+}
+__device__ __forceinline__ u16 st_bf16(float f) {
+    u32 x = __float_as_uint(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (u16)((x >> 16) | 0x40u);
+    if ((x & 0x8000u) != 0u && (x & (3u * 0x8000u - 1u)) != 0u) return (u16)((x >> 16) + 1u);
+    return (u16)(x >> 16);
+}
+__device__ __forceinline__ u16 st_bf16_d(double d) {
+    u64 v = (u64)__double_as_longlong(d);
+    u32 x = (u32)(v >> 32);
+    u32 sign = x & 0x80000000u, ex = x & 0x7ff00000u, man = x & 0x000fffffu;
+    if (ex == 0x7ff00000u) {
+        u32 nan_bit = (man == 0u && (u32)v == 0u) ? 0u : 0x40u;
+        return (u16)((sign >> 16) | 0x7f80u | nan_bit | (man >> 13));
+    }
+    u32 hs = sign >> 16;
+    i64 he = (i64)(ex >> 20) - 1023 + 127;
+    if (he >= 0xff) return (u16)(hs | 0x7f80u);
+    if (he <= 0) {
+        if (7 - he > 21) return (u16)hs;
+        u32 m = man | 0x00100000u;
+        u32 hm = m >> (14 - he);
+        u32 rb = 1u << (13 - he);
+        if ((m & rb) != 0u && (m & (3u * rb - 1u)) != 0u) hm += 1u;
+        return (u16)(hs | hm);
+    }
+    u32 hexp = ((u32)he) << 7;
+    u32 hm = man >> 13;
+    u32 rb = 0x1000u;
+    if ((man & rb) != 0u && (man & (3u * rb - 1u)) != 0u) return (u16)((hs | hexp | hm) + 1u);
+    return (u16)(hs | hexp | hm);
+}
+__device__ __forceinline__ u8 sat_u8(double d) { if (d != d) return 0; if (d <= 0.0) return 0; if (d >= 255.0) return 255; return (u8)d; }
+__device__ __forceinline__ u32 sat_u32(double d) { if (d != d) return 0; if (d <= 0.0) return 0u; if (d >= 4294967295.0) return 4294967295u; return (u32)d; }
+__device__ __forceinline__ i32 sat_i32(double d) { if (d != d) return 0; if (d <= -2147483648.0) return (i32)0x80000000u; if (d >= 2147483647.0) return 2147483647; return (i32)d; }
+__device__ __forceinline__ i64 sat_i64(double d) { if (d != d) return 0; if (d <= -9223372036854775808.0) return (i64)0x8000000000000000ull; if (d >= 9223372036854775807.0) return 9223372036854775807ll; return (i64)d; }
+"#;
+
+/// The C type a dtype is stored as.
+pub(crate) fn ctype(d: DType) -> &'static str {
+    match d {
+        DType::Bool | DType::U8 => "u8",
+        DType::U32 => "u32",
+        DType::I32 => "i32",
+        DType::I64 => "i64",
+        DType::F16 | DType::BF16 => "u16",
+        DType::F32 => "float",
+        DType::F64 => "double",
+    }
+}
+
+/// The unsigned C type of the same width (wrapping integer arithmetic).
+pub(crate) fn utype(d: DType) -> &'static str {
+    match d {
+        DType::Bool | DType::U8 => "u8",
+        DType::U32 | DType::I32 => "u32",
+        DType::I64 => "u64",
+        DType::F16 | DType::BF16 => "u16",
+        DType::F32 => "u32",
+        DType::F64 => "u64",
+    }
+}
+
+/// The C type floats of this dtype compute in (f16/bf16 compute in float).
+pub(crate) fn ftype(d: DType) -> &'static str {
+    if d == DType::F64 { "double" } else { "float" }
+}
+
+/// An expression converting a stored value `e` of `d` to its compute type.
+pub(crate) fn load(d: DType, e: &str) -> String {
+    match d {
+        DType::F16 => format!("ld_f16({e})"),
+        DType::BF16 => format!("ld_bf16({e})"),
+        _ => e.to_string(),
+    }
+}
+
+/// An expression storing a float-typed (`float`, or `double` when `wide`) value `e` as `d`
+/// with Rust `as`/`half` semantics.
+pub(crate) fn store_float(d: DType, e: &str, wide: bool) -> String {
+    match (d, wide) {
+        (DType::F16, false) => format!("st_f16({e})"),
+        (DType::F16, true) => format!("st_f16_d({e})"),
+        (DType::BF16, false) => format!("st_bf16({e})"),
+        (DType::BF16, true) => format!("st_bf16_d({e})"),
+        (DType::F32, _) => format!("(float)({e})"),
+        (DType::F64, _) => format!("(double)({e})"),
+        (DType::Bool, _) => format!("(u8)(({e}) != 0)"),
+        (DType::U8, _) => format!("sat_u8((double)({e}))"),
+        (DType::U32, _) => format!("sat_u32((double)({e}))"),
+        (DType::I32, _) => format!("sat_i32((double)({e}))"),
+        (DType::I64, _) => format!("sat_i64((double)({e}))"),
+    }
+}
+
+/// The bit pattern of `value` converted to `dtype` on the host (Rust semantics), as u64.
+pub(crate) fn host_bits(dtype: DType, value: f64) -> u64 {
+    use crate::dtype::Element;
+    let v = if dtype == DType::Bool { (value != 0.0) as u8 as f64 } else { value };
+    crate::with_dtype!(dtype, T => {
+        let x = T::from_f64(v);
+        let mut bytes = [0u8; 8];
+        bytes[..std::mem::size_of::<T>()].copy_from_slice(bytemuck::bytes_of(&x));
+        u64::from_le_bytes(bytes)
+    })
+}
+
+/// The unsigned C type of an element size (for copies that only move bits).
+pub(crate) fn bits_type(size: usize) -> &'static str {
+    match size {
+        1 => "u8",
+        2 => "u16",
+        4 => "u32",
+        _ => "u64",
+    }
+}

@@ -1,0 +1,173 @@
+//! Elementwise ops on GPU 0 against the CPU and float64 references (skipped without a GPU;
+//! `RILL_REQUIRE_GPU=1` makes a missing GPU a failure).
+
+mod common;
+
+use common::{Rng, assert_close, tol};
+use rill::{Array, DType, Device};
+
+fn gpu() -> Option<Device> {
+    match Device::gpu(0) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            assert!(std::env::var("RILL_REQUIRE_GPU").as_deref() != Ok("1"), "RILL_REQUIRE_GPU=1 but no GPU: {e}");
+            eprintln!("skipped: no GPU ({e})");
+            None
+        }
+    }
+}
+
+const FLOATS: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
+const SHAPES: [&[usize]; 5] = [&[], &[7], &[3, 5], &[2, 0, 3], &[4, 33, 9]];
+
+fn unary_ref(name: &str, x: f64) -> f64 {
+    match name {
+        "exp" => x.exp(),
+        "tanh" => x.tanh(),
+        "sigmoid" => 1.0 / (1.0 + (-x).exp()),
+        "relu" => x.max(0.0),
+        "round" => x.round_ties_even(),
+        "sqrt_abs" => x.abs().sqrt(),
+        "gelu_tanh" => 0.5 * x * (1.0 + (0.797_884_560_802_865_4 * (x + 0.044715 * x * x * x)).tanh()),
+        _ => unreachable!(),
+    }
+}
+
+fn unary_op(name: &str, a: &Array) -> Array {
+    match name {
+        "exp" => a.exp(),
+        "tanh" => a.tanh(),
+        "sigmoid" => a.sigmoid(),
+        "relu" => a.relu(),
+        "round" => a.round(),
+        "sqrt_abs" => a.abs().unwrap().sqrt(),
+        "gelu_tanh" => a.gelu_tanh(),
+        _ => unreachable!(),
+    }
+    .unwrap()
+}
+
+#[test]
+fn gpu_unary_matches_f64_and_cpu() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(1);
+    for dt in FLOATS {
+        for shape in SHAPES {
+            let n: usize = shape.iter().product();
+            let vals = rng.vec(n, -3.0, 3.0);
+            for name in ["exp", "tanh", "sigmoid", "relu", "round", "sqrt_abs", "gelu_tanh"] {
+                let (cpu_x, exact) = common::on(Device::cpu(), || common::array_of(&vals, shape, dt));
+                let want: Vec<f64> = exact.iter().map(|&x| unary_ref(name, x)).collect();
+                let got = common::on(g, || {
+                    let x = Array::from_slice(&exact, shape).unwrap().astype(dt).unwrap();
+                    assert_eq!(x.device(), g);
+                    unary_op(name, &x).to_f64_vec().unwrap()
+                });
+                let cpu = unary_op(name, &cpu_x).to_f64_vec().unwrap();
+                let what = format!("{name} {dt} {shape:?}");
+                assert_close(&got, &want, tol(dt) * 4.0, &what);
+                assert_close(&got, &cpu, tol(dt) * 4.0, &what);
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_binary_broadcast_and_views() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(2);
+    for dt in [DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8] {
+        let (lo, hi) = if dt.is_float() { (-4.0, 4.0) } else { (0.0, 9.0) };
+        let a_v =
+            rng.vec(4 * 6, lo, hi).into_iter().map(|v| if dt.is_float() { v } else { v.floor() }).collect::<Vec<_>>();
+        let b_v = rng.vec(6, lo, hi).into_iter().map(|v| if dt.is_float() { v } else { v.floor() }).collect::<Vec<_>>();
+        for (name, f) in [
+            ("add", (|x: f64, y: f64| x + y) as fn(f64, f64) -> f64),
+            ("mul", |x, y| x * y),
+            ("maximum", |x: f64, y: f64| x.max(y)),
+            ("lt", |x, y| (x < y) as u8 as f64),
+        ] {
+            let run = |dev: Device| {
+                common::on(dev, || {
+                    let a = Array::from_slice(&a_v, &[4, 6]).unwrap().astype(dt).unwrap();
+                    let b = Array::from_slice(&b_v, &[6]).unwrap().astype(dt).unwrap();
+                    let op = |x: &Array, y: &Array| {
+                        match name {
+                            "add" => x.add(y),
+                            "mul" => x.mul(y),
+                            "maximum" => x.maximum(y),
+                            _ => x.lt(y),
+                        }
+                        .unwrap()
+                    };
+                    let r1 = op(&a, &b).to_f64_vec().unwrap();
+                    let r2 = op(&b, &a).to_f64_vec().unwrap();
+                    let r3 = op(&a, &Array::scalar(2.0f32).unwrap().astype(dt).unwrap()).to_f64_vec().unwrap();
+                    (r1, r2, r3)
+                })
+            };
+            let (g1, g2, g3) = run(g);
+            let (c1, c2, c3) = run(Device::cpu());
+            let what = format!("{name} {dt}");
+            let a_exact = common::on(Device::cpu(), || common::array_of(&a_v, &[4, 6], dt).1);
+            let b_exact = common::on(Device::cpu(), || common::array_of(&b_v, &[6], dt).1);
+            let want1: Vec<f64> = (0..24).map(|i| f(a_exact[i], b_exact[i % 6])).collect();
+            let t = if name == "mul" && !dt.is_float() { 0.0 } else { tol(dt) * 2.0 };
+            if !(dt == DType::U8 && name == "mul") {
+                assert_close(&g1, &want1, t, &what);
+            }
+            assert_close(&g1, &c1, t, &what);
+            assert_close(&g2, &c2, t, &what);
+            assert_close(&g3, &c3, t, &what);
+        }
+    }
+}
+
+#[test]
+fn gpu_casts_and_where_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let vals = [-3.7, -0.5, 0.5, 1.5, 2.5, 1e10, -1e10, 300.0, f64::NAN, 0.0];
+    let all =
+        [DType::Bool, DType::U8, DType::U32, DType::I32, DType::I64, DType::F16, DType::BF16, DType::F32, DType::F64];
+    for from in [DType::F64, DType::F32, DType::F16, DType::I64] {
+        for to in all {
+            let run = |dev| {
+                common::on(dev, || {
+                    Array::from_slice(&vals, &[10])
+                        .unwrap()
+                        .astype(from)
+                        .unwrap()
+                        .astype(to)
+                        .unwrap()
+                        .to_f64_vec()
+                        .unwrap()
+                })
+            };
+            let (gv, cv) = (run(g), run(Device::cpu()));
+            assert_close(&gv, &cv, 0.0, &format!("cast {from} -> {to}"));
+        }
+    }
+    let run = |dev| {
+        common::on(dev, || {
+            let x = Array::from_slice(&[1.0f32, -2.0, 3.0, -4.0], &[4]).unwrap();
+            rill::where_(&x.gt(0.0).unwrap(), &x, 0.5).unwrap().to_f64_vec().unwrap()
+        })
+    };
+    assert_eq!(run(g), run(Device::cpu()));
+    assert_eq!(run(g), vec![1.0, 0.5, 3.0, 0.5]);
+}
+
+#[test]
+fn gpu_sources_match_cpu() {
+    let Some(g) = gpu() else { return };
+    for dt in [DType::F32, DType::F16, DType::I32, DType::Bool, DType::F64] {
+        let run = |dev| {
+            common::on(dev, || {
+                let f = Array::full(&[3, 4], 2.5, dt).unwrap().to_f64_vec().unwrap();
+                let z = Array::zeros(&[0, 2], dt).unwrap().to_f64_vec().unwrap();
+                (f, z)
+            })
+        };
+        assert_eq!(run(g), run(Device::cpu()), "{dt}");
+    }
+}
