@@ -124,9 +124,8 @@ impl Recorder<'_> {
                  different compiled call's tracing)",
             ));
         }
-        let g = a.node.state.lock();
-        match &g.status {
-            Status::Failed(Error::InvalidArgument { op: "placeholder", .. }) => Err(Error::invalid(
+        if let Some(Err(Error::InvalidArgument { op: "placeholder", .. })) = a.node.result.get() {
+            return Err(Error::invalid(
                 "compile",
                 format!(
                     "the traced function evaluated an array ({}, shape {:?}) that depends on its inputs; \
@@ -134,8 +133,11 @@ impl Recorder<'_> {
                     a.primitive().name(),
                     a.shape()
                 ),
-            )),
-            Status::Ready(_) | Status::Failed(_) => Ok(Vec::new()),
+            ));
+        }
+        let g = a.node.state.lock();
+        match g.status {
+            Status::Done => Ok(Vec::new()),
             Status::Pending | Status::Scheduled => Ok(g.inputs.clone()),
         }
     }

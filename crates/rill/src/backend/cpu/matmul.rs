@@ -158,7 +158,8 @@ fn gemm_batches<T: Element>(a: &Storage, b: &Storage, d: Dims, out: &mut [T], ze
 fn int_batches<T: Element>(a: &Storage, b: &Storage, d: Dims, out: &mut [T]) {
     let (oa, ob) = (operand(a), operand(b));
     let (sa, sb) = (strided::buffer::<T>(a), strided::buffer::<T>(b));
-    let at = |base: usize, i: usize, j: usize, o: &Operand| (base as isize + i as isize * o.rs + j as isize * o.cs) as usize;
+    let at =
+        |base: usize, i: usize, j: usize, o: &Operand| (base as isize + i as isize * o.rs + j as isize * o.cs) as usize;
     out.par_chunks_mut(d.n.max(1)).enumerate().for_each(|(row, o)| {
         let (batch, i) = (row / d.m, row % d.m);
         let mut acc = vec![0i64; d.n];

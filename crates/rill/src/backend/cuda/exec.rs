@@ -196,6 +196,8 @@ fn eval(cs: &CudaStreamHandle, prim: &Primitive, shape: &[usize], dtype: DType, 
         Take { .. } => Err(super::unsupported("take", "no CUDA kernel yet")),
         Concatenate { .. } => Err(super::unsupported("concatenate", "no CUDA kernel yet")),
         Pad { .. } => Err(super::unsupported("pad", "no CUDA kernel yet")),
+        Placeholder { .. } => Err(Error::invalid("placeholder", "a compile placeholder cannot be evaluated")),
+        Fused(_) => Err(super::unsupported("fused", "fused kernels are not compiled for CUDA yet")),
         ToDevice | Host { .. } => Err(Error::invalid(prim.name(), "handled above")),
     }
 }
