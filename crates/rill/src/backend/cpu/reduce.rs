@@ -164,7 +164,7 @@ mod tests {
 
     fn storage_f64(vals: &[f64], layout: Layout) -> Storage {
         let buf = CpuBuffer::from_slice(vals).unwrap();
-        Storage { buffer: std::sync::Arc::new(Buffer::Cpu(buf)), dtype: DType::F64, layout }
+        Storage { buffer: std::sync::Arc::new(Buffer::Cpu(buf)), dtype: DType::F64, layout, fence: None }
     }
 
     /// Reference reduction by multi-index walk.
