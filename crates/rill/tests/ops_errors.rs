@@ -50,7 +50,7 @@ fn bool_arithmetic_is_an_error() {
             }
             // The same ops with a number on either side are fine.
             assert_eq!(a.sub(1).unwrap().dtype(), DType::I32);
-            assert_eq!(a.div(&b.astype(DType::F16).unwrap()).unwrap().dtype(), DType::F16);
+            assert_eq!(a.div(b.astype(DType::F16).unwrap()).unwrap().dtype(), DType::F16);
         });
     }
 }

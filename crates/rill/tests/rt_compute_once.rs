@@ -37,7 +37,7 @@ fn elementwise_graphs_are_lazy_and_computed_once() {
             let t = x.astype(DType::F32).unwrap().mul(&y).unwrap().tanh().unwrap();
             let a = t.add(1.0).unwrap().sqrt().unwrap();
             let b = t.gt(0.0).unwrap();
-            let c = rill::where_(&b, &a, &t.exp().unwrap()).unwrap();
+            let c = rill::where_(&b, &a, t.exp().unwrap()).unwrap();
             let d = c.astype(DType::BF16).unwrap().sub(0.5).unwrap();
             (x, y, vec![a, c, d])
         });
