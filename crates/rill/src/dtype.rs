@@ -221,22 +221,35 @@ macro_rules! element_prim {
 }
 element_prim!(f32 => F32, f64 => F64, i32 => I32, i64 => I64, u32 => U32, u8 => U8);
 
+/// f64 to bf16 rounded once to nearest even. `bf16::from_f64` goes through f32 with two
+/// round-to-nearest steps, which is wrong just above a bf16 midpoint (56960.003 gives
+/// 56832, not 57088). Rounding to f32 *to odd* first keeps the sticky information, so the
+/// second rounding is exact (f32 has more than 8 + 2 significant bits).
+fn bf16_from_f64(v: f64) -> bf16 {
+    let a = v.abs();
+    let mut t = a as f32;
+    if t.is_finite() && t as f64 != a && t.to_bits() & 1 == 0 {
+        t = f32::from_bits(if t as f64 > a { t.to_bits() - 1 } else { t.to_bits() + 1 });
+    }
+    bf16::from_f32(if v.is_sign_negative() { -t } else { t })
+}
+
 macro_rules! element_half {
-    ($($t:ty => $d:ident),*) => {$(
+    ($($t:ty => $d:ident, $from_f64:path),*) => {$(
         impl Element for $t {
             const DTYPE: DType = DType::$d;
             #[inline(always)] fn to_f64(self) -> f64 { <$t>::to_f64(self) }
-            #[inline(always)] fn from_f64(v: f64) -> Self { <$t>::from_f64(v) }
+            #[inline(always)] fn from_f64(v: f64) -> Self { $from_f64(v) }
             #[inline(always)] fn to_f32(self) -> f32 { <$t>::to_f32(self) }
             #[inline(always)] fn from_f32(v: f32) -> Self { <$t>::from_f32(v) }
             #[inline(always)] fn to_i64(self) -> i64 { <$t>::to_f64(self) as i64 }
-            #[inline(always)] fn from_i64(v: i64) -> Self { <$t>::from_f64(v as f64) }
+            #[inline(always)] fn from_i64(v: i64) -> Self { $from_f64(v as f64) }
             #[inline(always)] fn zero() -> Self { <$t>::ZERO }
             #[inline(always)] fn one() -> Self { <$t>::ONE }
         }
     )*};
 }
-element_half!(f16 => F16, bf16 => BF16);
+element_half!(f16 => F16, f16::from_f64, bf16 => BF16, bf16_from_f64);
 
 /// Runs `$body` with `$T` bound to the storage type of `$dtype` (bool is `u8`).
 #[macro_export]
@@ -297,6 +310,26 @@ mod tests {
         assert_eq!(promote(DType::F16, DType::BF16), DType::F32);
         assert_eq!(promote(DType::I64, DType::F16), DType::F16);
         assert_eq!(promote(DType::Bool, DType::U8), DType::U8);
+    }
+    #[test]
+    fn bf16_from_f64_rounds_once_to_nearest_even() {
+        let mut x = 0x1234_5678_9abc_def0u64;
+        let mut values = vec![56960.002790807746, 1_077_936_129.0, -1_077_936_129.0, 1e-40, 3.3e38];
+        for _ in 0..200_000 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+            values.push((u - 0.5) * 2f64.powi((x % 64) as i32 - 32));
+        }
+        for v in values {
+            let b = <bf16 as Element>::from_f64(v);
+            let g = b.to_f64();
+            for n in [bf16::from_bits(b.to_bits().wrapping_add(1)), bf16::from_bits(b.to_bits().wrapping_sub(1))] {
+                let (dg, dn) = ((g - v).abs(), (n.to_f64() - v).abs());
+                assert!(dg < dn || (dg == dn && b.to_bits() & 1 == 0) || n.is_nan(), "{v:e}: got {g:e}, {n} is nearer");
+            }
+        }
+        assert_eq!(<bf16 as Element>::from_f64(-3.5e38), bf16::NEG_INFINITY);
+        assert!(<bf16 as Element>::from_f64(f64::NAN).is_nan());
     }
     #[test]
     fn scalars_do_not_widen() {

@@ -6,11 +6,41 @@
 //! operands `add`/`maximum` are logical or and `mul`/`minimum` logical and.
 
 use crate::array::Array;
-use crate::dtype::{DType, promote, promote_scalar};
+use crate::backend::cpu::CpuBuffer;
+use crate::backend::{Buffer, Storage};
+use crate::dtype::{DType, Scalar, promote, promote_scalar};
 use crate::error::{Error, Result};
-use crate::ops::{IntoOperand, Operand, prepare, scalar_on, target_stream};
+use crate::ops::{IntoOperand, Operand, on_device, prepare, scalar_on, target_stream};
 use crate::primitives::{BinaryOp, Primitive, UnaryOp};
+use crate::runtime::device::Device;
+use crate::runtime::stream::Stream;
 use crate::shape::broadcast_shapes;
+
+/// A weakly typed Rust scalar as a 0-d operand of `dtype` on `stream`.
+///
+/// Integer scalars wrap into integer dtypes (`u8` array + 300 adds 44), as integer
+/// arithmetic wraps; a `Full` node would saturate them instead. `Full` holds an f64, so an
+/// i64 scalar beyond 2^53 is recorded as an exact host constant.
+fn weak_scalar(s: Scalar, dtype: DType, stream: &Stream) -> Result<Array> {
+    let Scalar::Int(i) = s else {
+        return Ok(scalar_on(s, dtype, stream));
+    };
+    let wrapped = match dtype {
+        DType::U8 => i as u8 as f64,
+        DType::U32 => i as u32 as f64,
+        DType::I32 => i as i32 as f64,
+        DType::I64 if i.unsigned_abs() > 1u64 << 53 => {
+            let buf = CpuBuffer::from_slice(&[i])?;
+            let host = Array::from_storage(
+                Storage::contiguous(Buffer::Cpu(buf), DType::I64, &[]),
+                Device::cpu().default_stream()?,
+            );
+            return Ok(on_device(&host, stream));
+        }
+        _ => return Ok(scalar_on(s, dtype, stream)),
+    };
+    Ok(scalar_on(Scalar::Float(wrapped), dtype, stream))
+}
 
 fn unary(x: &Array, op: UnaryOp) -> Result<Array> {
     let stream = target_stream(&[x])?;
@@ -57,7 +87,7 @@ fn binary(a: &Array, b: Operand, op: BinaryOp) -> Result<Array> {
     let lhs = prepare(a, compute, &stream);
     let rhs = match b {
         Operand::Array(b) => prepare(&b, compute, &stream),
-        Operand::Scalar(s) => scalar_on(s, compute, &stream),
+        Operand::Scalar(s) => weak_scalar(s, compute, &stream)?,
     };
     Ok(Array::from_op(Primitive::Binary(op), vec![lhs, rhs], shape, out_dtype, stream))
 }
@@ -190,9 +220,9 @@ pub fn where_(cond: &Array, x: impl IntoOperand, y: impl IntoOperand) -> Result<
     let stream = target_stream(&[cond])?;
     let c = prepare(cond, DType::Bool, &stream);
     let conv = |o: Operand| match o {
-        Operand::Array(a) => prepare(&a, dtype, &stream),
-        Operand::Scalar(s) => scalar_on(s, dtype, &stream),
+        Operand::Array(a) => Ok(prepare(&a, dtype, &stream)),
+        Operand::Scalar(s) => weak_scalar(s, dtype, &stream),
     };
-    let (xa, ya) = (conv(x), conv(y));
+    let (xa, ya) = (conv(x)?, conv(y)?);
     Ok(Array::from_op(Primitive::Where, vec![c, xa, ya], shape, dtype, stream))
 }

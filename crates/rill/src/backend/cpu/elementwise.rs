@@ -185,15 +185,21 @@ fn map3<A: Element, B: Element, C: Element, O: Element, F: Fn(A, B, C) -> O + Sy
 pub(crate) fn cast(x: &Storage, to: DType) -> Result<Storage> {
     let shape = x.layout.shape.clone();
     let from = x.dtype;
+    // f32 holds every value of the other sources exactly; u32/i32/i64 going to f16/bf16
+    // take the f64 path, which is exact for them, so that they are rounded only once.
+    let via_f32 = from != DType::F64
+        && to != DType::F64
+        && (to == DType::F32 || !matches!(from, DType::U32 | DType::I32 | DType::I64));
     crate::with_dtype!(from, A => crate::with_dtype!(to, B => {
         if to == DType::Bool {
             map1::<A, B, _>(x, &shape, to, |v: A| B::from_i64((v.to_f64() != 0.0) as i64))
         } else if !from.is_float() && !to.is_float() {
             map1::<A, B, _>(x, &shape, to, |v: A| B::from_i64(v.to_i64()))
-        } else if from != DType::F64 && to != DType::F64 {
+        } else if via_f32 {
             map1::<A, B, _>(x, &shape, to, |v: A| B::from_f32(v.to_f32()))
         } else {
-            map1::<A, B, _>(x, &shape, to, |v: A| B::from_f64(v.to_f64()))
+            // `Element::from_f64`, not the inherent `bf16::from_f64`, which rounds twice.
+            map1::<A, B, _>(x, &shape, to, |v: A| <B as Element>::from_f64(v.to_f64()))
         }
     }))
 }
@@ -407,4 +413,108 @@ pub(crate) fn binary(op: BinaryOp, a: &Storage, b: &Storage, shape: &[usize], dt
 
 pub(crate) fn where_(c: &Storage, x: &Storage, y: &Storage, shape: &[usize], dtype: DType) -> Result<Storage> {
     crate::with_dtype!(dtype, T => map3::<u8, T, T, T, _>(c, x, y, shape, dtype, |c, x, y| if c != 0 { x } else { y }))
+}
+
+#[cfg(test)]
+mod tests {
+    //! Strided kernels on permuted, reversed and broadcast layouts, against references
+    //! indexed by hand (the op layer cannot make such inputs yet).
+    use super::*;
+    use crate::backend::cpu::to_f64_vec;
+
+    fn storage(v: &[f32], shape: &[usize]) -> Storage {
+        Storage::contiguous(Buffer::Cpu(CpuBuffer::from_slice(v).unwrap()), DType::F32, shape)
+    }
+
+    /// Values of a [d0, d1] row-major array read transposed, as a [d1, d0] array.
+    fn transposed(v: &[f32], d0: usize, d1: usize) -> Vec<f64> {
+        (0..d1).flat_map(|j| (0..d0).map(move |i| v[i * d1 + j] as f64)).collect()
+    }
+
+    fn values(n: usize) -> Vec<f32> {
+        (0..n).map(|k| ((k * 7919) % 1000) as f32 / 100.0 - 5.0).collect()
+    }
+
+    #[test]
+    fn map1_and_unary_read_permuted_layouts() {
+        // small (single-threaded) and large enough for the parallel strided path
+        for (d0, d1) in [(3, 5), (300, 257)] {
+            let v = values(d0 * d1);
+            let s = storage(&v, &[d0, d1]);
+            let t = s.with_layout(s.layout.permute(&[1, 0]));
+            assert!(!t.layout.is_contiguous());
+            let want = transposed(&v, d0, d1);
+            let out = map1::<f32, f32, _>(&t, &[d1, d0], DType::F32, |x| 2.0 * x + 1.0).unwrap();
+            let got = to_f64_vec(&out);
+            assert!(got.iter().zip(&want).all(|(g, w)| *g == 2.0 * w + 1.0));
+            let out = unary(UnaryOp::Exp, &t, DType::F32).unwrap();
+            for (g, w) in to_f64_vec(&out).iter().zip(&want) {
+                assert!((g - w.exp()).abs() <= 1e-6 * w.exp(), "{g} vs {}", w.exp());
+            }
+            let out = cast(&t, DType::I32).unwrap();
+            assert_eq!(out.dtype, DType::I32);
+            assert!(to_f64_vec(&out).iter().zip(&want).all(|(g, w)| *g == w.trunc()));
+        }
+    }
+
+    #[test]
+    fn reversed_and_offset_layouts() {
+        let v = values(10);
+        let s = storage(&v, &[10]);
+        // elements 8, 6, 4, 2: offset 8, stride -2
+        let r = s.with_layout(Layout { shape: vec![4], strides: vec![-2], offset: 8 });
+        let out = unary(UnaryOp::Neg, &r, DType::F32).unwrap();
+        let want: Vec<f64> = [8, 6, 4, 2].iter().map(|&k| -(v[k] as f64)).collect();
+        assert_eq!(to_f64_vec(&out), want);
+        let out = binary(BinaryOp::Sub, &r, &s.with_layout(Layout::contiguous(&[4])), &[4], DType::F32).unwrap();
+        let want: Vec<f64> = [8, 6, 4, 2].iter().enumerate().map(|(i, &k)| v[k] as f64 - v[i] as f64).collect();
+        assert_eq!(to_f64_vec(&out), want);
+    }
+
+    #[test]
+    fn binary_and_where_mix_permuted_and_broadcast() {
+        for (d0, d1) in [(4, 6), (260, 300)] {
+            let v = values(d0 * d1);
+            let s = storage(&v, &[d0, d1]);
+            let t = s.with_layout(s.layout.permute(&[1, 0])); // [d1, d0], strides [1, d1]
+            let c = storage(&values(d0 * d1), &[d1, d0]); // contiguous
+            let row = storage(&values(d0), &[d0]); // broadcast along axis 0
+            let tv = transposed(&v, d0, d1);
+            let cv: Vec<f64> = values(d0 * d1).iter().map(|&x| x as f64).collect();
+            let rv: Vec<f64> = values(d0).iter().map(|&x| x as f64).collect();
+            let shape = [d1, d0];
+            let out = binary(BinaryOp::Mul, &t, &c, &shape, DType::F32).unwrap();
+            let want: Vec<f64> = tv.iter().zip(&cv).map(|(a, b)| ((a * b) as f32) as f64).collect();
+            assert_eq!(to_f64_vec(&out), want);
+            let out = binary(BinaryOp::Maximum, &row, &t, &shape, DType::F32).unwrap();
+            let want: Vec<f64> = (0..d0 * d1).map(|k| rv[k % d0].max(tv[k])).collect();
+            assert_eq!(to_f64_vec(&out), want);
+            let out = binary(BinaryOp::Less, &t, &row, &shape, DType::Bool).unwrap();
+            assert_eq!(out.dtype, DType::Bool);
+            let want: Vec<f64> = (0..d0 * d1).map(|k| (tv[k] < rv[k % d0]) as u8 as f64).collect();
+            assert_eq!(to_f64_vec(&out), want);
+            // inner runs with strides (1, 0), (0, 1) and (1, 1) against a broadcast column/row
+            let col = storage(&values(d1), &[d1, 1]);
+            let colv: Vec<f64> = values(d1).iter().map(|&x| x as f64).collect();
+            let out = binary(BinaryOp::Sub, &c, &col, &shape, DType::F32).unwrap();
+            let want: Vec<f64> = (0..d0 * d1).map(|k| ((cv[k] - colv[k / d0]) as f32) as f64).collect();
+            assert_eq!(to_f64_vec(&out), want);
+            let out = binary(BinaryOp::Sub, &col, &c, &shape, DType::F32).unwrap();
+            let want: Vec<f64> = (0..d0 * d1).map(|k| ((colv[k / d0] - cv[k]) as f32) as f64).collect();
+            assert_eq!(to_f64_vec(&out), want);
+            let out = binary(BinaryOp::Sub, &row, &c, &shape, DType::F32).unwrap();
+            let want: Vec<f64> = (0..d0 * d1).map(|k| ((rv[k % d0] - cv[k]) as f32) as f64).collect();
+            assert_eq!(to_f64_vec(&out), want);
+            let cond = cast(&t, DType::Bool).unwrap();
+            let out = where_(&cond, &row, &c, &shape, DType::F32).unwrap();
+            let want: Vec<f64> = (0..d0 * d1).map(|k| if tv[k] != 0.0 { rv[k % d0] } else { cv[k] }).collect();
+            assert_eq!(to_f64_vec(&out), want);
+            // a permuted condition too
+            let cs = cast(&s, DType::Bool).unwrap();
+            let ct = cs.with_layout(cs.layout.permute(&[1, 0]));
+            let out = where_(&ct, &t, &row, &shape, DType::F32).unwrap();
+            let want: Vec<f64> = (0..d0 * d1).map(|k| if tv[k] != 0.0 { tv[k] } else { rv[k % d0] }).collect();
+            assert_eq!(to_f64_vec(&out), want);
+        }
+    }
 }
