@@ -37,15 +37,17 @@ pub(crate) fn reshape(s: &Storage, shape: &[usize]) -> Result<Storage> {
 /// A strided view: `start[i]` is the first index taken on axis i, `step[i]` the step.
 pub(crate) fn slice_view(s: &Storage, start: &[usize], step: &[isize], shape: &[usize]) -> Storage {
     let l = &s.layout;
+    if shape.contains(&0) {
+        // An empty view reads nothing; offset 0 is within every buffer.
+        return s.with_layout(Layout { shape: shape.to_vec(), strides: contiguous_strides(shape), offset: 0 });
+    }
     let mut offset = l.offset as isize;
     let mut strides = l.strides.clone();
     for i in 0..shape.len() {
-        if shape[i] > 0 {
-            offset += start[i] as isize * l.strides[i];
-        }
+        offset += start[i] as isize * l.strides[i];
         strides[i] = l.strides[i] * step[i];
     }
-    s.with_layout(Layout { shape: shape.to_vec(), strides, offset: offset.max(0) as usize })
+    s.with_layout(Layout { shape: shape.to_vec(), strides, offset: offset as usize })
 }
 
 /// Buffer offsets of the elements `[o_0, .., o_{k-1}, 0, .., 0]` of `l` for every
