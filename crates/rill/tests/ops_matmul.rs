@@ -114,7 +114,8 @@ fn matmul_promotes_and_handles_bool() {
     for dev in devices() {
         on(dev, || {
             let mut rng = Rng::new(21);
-            let (a, av) = array_of(&rng.vec(6, -3.0, 3.0).iter().map(|v| v.floor()).collect::<Vec<_>>(), &[2, 3], DType::I32);
+            let (a, av) =
+                array_of(&rng.vec(6, -3.0, 3.0).iter().map(|v| v.floor()).collect::<Vec<_>>(), &[2, 3], DType::I32);
             let (b, bv) = array_of(&rng.vec(12, -1.0, 1.0), &[3, 4], DType::F32);
             let c = a.matmul(&b).unwrap();
             assert_eq!(c.dtype(), DType::F32);

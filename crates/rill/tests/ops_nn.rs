@@ -112,14 +112,8 @@ fn layer_norm_and_rms_norm_match_reference() {
                         for (wo, bo) in cases {
                             let y = x.layer_norm(wo, bo, eps).unwrap();
                             assert_eq!((y.shape(), y.dtype()), (shape, dt));
-                            let want = ref_norm(
-                                &xv,
-                                d,
-                                wo.map(|_| wv.as_slice()),
-                                bo.map(|_| bv.as_slice()),
-                                eps,
-                                false,
-                            );
+                            let want =
+                                ref_norm(&xv, d, wo.map(|_| wv.as_slice()), bo.map(|_| bv.as_slice()), eps, false);
                             let t = if dt == DType::F32 { 1e-4 } else { 4.0 * tol(dt) };
                             assert_close(&y.to_f64_vec().unwrap(), &want, t, &format!("layer_norm {what}"));
                         }

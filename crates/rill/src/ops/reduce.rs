@@ -214,4 +214,3 @@ impl Array {
         Ok(Array::from_op(prim, vec![x], self.shape().to_vec(), dtype, stream))
     }
 }
-
