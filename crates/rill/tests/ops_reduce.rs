@@ -123,8 +123,7 @@ fn sum_prod_max_min_mean_match_reference() {
 
                             let m = x.mean(&axes, keep).unwrap();
                             assert_eq!(m.dtype(), dt.to_float(), "mean {what}");
-                            let want: Vec<f64> =
-                                gs.iter().map(|g| g.iter().sum::<f64>() / g.len() as f64).collect();
+                            let want: Vec<f64> = gs.iter().map(|g| g.iter().sum::<f64>() / g.len() as f64).collect();
                             let t = if dt.is_float() { tol(dt) } else { tol(DType::F32) };
                             assert_close(&m.to_f64_vec().unwrap(), &want, t, &format!("mean {what}"));
 

@@ -174,3 +174,77 @@ fn int_batches<T: Element>(a: &Storage, b: &Storage, d: Dims, out: &mut [T]) {
         }
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn storage<T: Element>(vals: &[T], layout: Layout) -> Storage {
+        let buf = CpuBuffer::from_slice(vals).unwrap();
+        Storage { buffer: std::sync::Arc::new(Buffer::Cpu(buf)), dtype: T::DTYPE, layout }
+    }
+
+    fn reference(a: &[f64], la: &Layout, b: &[f64], lb: &Layout) -> Vec<f64> {
+        let nd = la.shape.len();
+        let (m, k, n) = (la.shape[nd - 2], la.shape[nd - 1], lb.shape[nd - 1]);
+        let batch: usize = la.shape[..nd - 2].iter().product();
+        let mut out = Vec::new();
+        for bi in 0..batch {
+            let mut idx = vec![0; nd - 2];
+            let mut r = bi;
+            for i in (0..nd - 2).rev() {
+                idx[i] = r % la.shape[i];
+                r /= la.shape[i];
+            }
+            for i in 0..m {
+                for j in 0..n {
+                    let mut s = 0.0;
+                    for p in 0..k {
+                        let ia: Vec<usize> = idx.iter().copied().chain([i, p]).collect();
+                        let ib: Vec<usize> = idx.iter().copied().chain([p, j]).collect();
+                        s += a[la.offset_of(&ia)] * b[lb.offset_of(&ib)];
+                    }
+                    out.push(s);
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn strided_operands_need_no_copy_and_match() {
+        let av: Vec<f64> = (0..60).map(|i| ((i * 7) % 13) as f64 - 6.0).collect();
+        let bv: Vec<f64> = (0..60).map(|i| ((i * 5) % 11) as f64 - 5.0).collect();
+        let cases = [
+            // a transposed [2, 5, 6] -> [2, 6, 5]; b plain [2, 5, 3]
+            (Layout::contiguous(&[2, 5, 6]).permute(&[0, 2, 1]), Layout::contiguous(&[2, 5, 3])),
+            // b transposed per batch, batch axis swapped with rows
+            (Layout::contiguous(&[3, 4, 5]), Layout::contiguous(&[5, 3, 4]).permute(&[1, 0, 2])),
+            // a broadcast over batch and rows (zero strides), b with a negative row stride
+            (
+                Layout::contiguous(&[4]).broadcast_to(&[2, 3, 4]),
+                Layout { shape: vec![2, 4, 5], strides: vec![20, -5, 1], offset: 15 },
+            ),
+        ];
+        for (la, lb) in cases {
+            let nd = la.shape.len();
+            let mut shape = la.shape[..nd - 1].to_vec();
+            shape.push(lb.shape[nd - 1]);
+            let want = reference(&av, &la, &bv, &lb);
+            let a64 = storage(&av, la.clone());
+            let b64 = storage(&bv, lb.clone());
+            let got = crate::backend::cpu::to_f64_vec(&matmul(&a64, &b64, &shape, DType::F64).unwrap());
+            assert_eq!(got, want, "f64 {la:?} {lb:?}");
+            let a32: Vec<f32> = av.iter().map(|&v| v as f32).collect();
+            let b32: Vec<f32> = bv.iter().map(|&v| v as f32).collect();
+            let (a32, b32) = (storage(&a32, la.clone()), storage(&b32, lb.clone()));
+            let got = crate::backend::cpu::to_f64_vec(&matmul(&a32, &b32, &shape, DType::F32).unwrap());
+            assert_eq!(got, want, "f32 {la:?} {lb:?}");
+            let ai: Vec<i32> = av.iter().map(|&v| v as i32).collect();
+            let bi: Vec<i32> = bv.iter().map(|&v| v as i32).collect();
+            let (ai, bi) = (storage(&ai, la.clone()), storage(&bi, lb.clone()));
+            let got = crate::backend::cpu::to_f64_vec(&matmul(&ai, &bi, &shape, DType::I32).unwrap());
+            assert_eq!(got, want, "i32 {la:?} {lb:?}");
+        }
+    }
+}

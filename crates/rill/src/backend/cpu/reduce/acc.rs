@@ -37,7 +37,7 @@ impl Acc for f32 {
     }
     #[inline(always)]
     fn is_nan(self) -> bool {
-        self != self
+        f32::is_nan(self)
     }
 }
 
@@ -56,7 +56,7 @@ impl Acc for f64 {
     }
     #[inline(always)]
     fn is_nan(self) -> bool {
-        self != self
+        f64::is_nan(self)
     }
 }
 

@@ -1,0 +1,165 @@
+//! matmul against float64 references.
+
+mod common;
+
+use common::{Rng, array_of, assert_close, devices, on, tol};
+use rill::{Array, DType};
+
+/// Reference `[.., M, K] @ [.., K, N]` with NumPy broadcasting and 1-D promotion.
+fn ref_matmul(a: &[f64], sa: &[usize], b: &[f64], sb: &[usize]) -> (Vec<f64>, Vec<usize>) {
+    let a_sh: Vec<usize> = if sa.len() == 1 { vec![1, sa[0]] } else { sa.to_vec() };
+    let b_sh: Vec<usize> = if sb.len() == 1 { vec![sb[0], 1] } else { sb.to_vec() };
+    let (na, nb) = (a_sh.len(), b_sh.len());
+    let (m, k, n) = (a_sh[na - 2], a_sh[na - 1], b_sh[nb - 1]);
+    let nbatch = (na - 2).max(nb - 2);
+    let pad = |s: &[usize]| {
+        let mut v = vec![1; nbatch - (s.len() - 2)];
+        v.extend_from_slice(&s[..s.len() - 2]);
+        v
+    };
+    let (ba, bb) = (pad(&a_sh), pad(&b_sh));
+    let batch: Vec<usize> = ba.iter().zip(&bb).map(|(&x, &y)| if x == 1 { y } else { x }).collect();
+    let count: usize = batch.iter().product();
+    let mut out = Vec::with_capacity(count * m * n);
+    for bi in 0..count {
+        let (mut r, mut ia, mut ib) = (bi, 0, 0);
+        let (mut sa_, mut sb_) = (1, 1);
+        for i in (0..nbatch).rev() {
+            let idx = r % batch[i];
+            r /= batch[i];
+            ia += if ba[i] == 1 { 0 } else { idx * sa_ };
+            ib += if bb[i] == 1 { 0 } else { idx * sb_ };
+            sa_ *= ba[i];
+            sb_ *= bb[i];
+        }
+        for i in 0..m {
+            for j in 0..n {
+                let mut s = 0.0;
+                for p in 0..k {
+                    s += a[ia * m * k + i * k + p] * b[ib * k * n + p * n + j];
+                }
+                out.push(s);
+            }
+        }
+    }
+    let mut shape = batch;
+    if sa.len() > 1 {
+        shape.push(m);
+    }
+    if sb.len() > 1 {
+        shape.push(n);
+    }
+    (out, shape)
+}
+
+const CASES: &[(&[usize], &[usize])] = &[
+    (&[3, 4], &[4, 5]),
+    (&[1, 1], &[1, 1]),
+    (&[4], &[4, 3]),
+    (&[2, 4], &[4]),
+    (&[6], &[6]),
+    (&[2, 3, 4], &[2, 4, 5]),
+    (&[2, 1, 3, 4], &[5, 4, 2]),
+    (&[3, 4], &[2, 4, 5]),
+    (&[7], &[3, 7, 2]),
+    (&[3, 2, 5], &[5]),
+    (&[0, 4], &[4, 3]),
+    (&[3, 0], &[0, 5]),
+    (&[3, 4], &[4, 0]),
+    (&[0, 2, 3], &[3, 4]),
+    (&[2, 0], &[0]),
+    (&[33, 70], &[70, 65]),
+    (&[130, 200], &[200, 90]),
+];
+
+#[test]
+fn matmul_matches_reference_for_every_dtype() {
+    for dev in devices() {
+        on(dev, || {
+            let mut rng = Rng::new(20);
+            let dtypes =
+                [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64, DType::U8, DType::U32];
+            for &(sa, sb) in CASES {
+                let (na, nb) = (sa.iter().product::<usize>(), sb.iter().product::<usize>());
+                for dt in dtypes {
+                    let make = |rng: &mut Rng, n| -> Vec<f64> {
+                        if dt.is_float() {
+                            rng.vec(n, -1.0, 1.0)
+                        } else if dt == DType::U8 || dt == DType::U32 {
+                            rng.vec(n, 0.0, 4.0).iter().map(|v| v.floor()).collect()
+                        } else {
+                            rng.vec(n, -3.0, 4.0).iter().map(|v| v.floor()).collect()
+                        }
+                    };
+                    if dt == DType::U8 && sa.iter().any(|&d| d > 10) {
+                        continue; // u8 products of long rows overflow (wrapping) by design
+                    }
+                    let (a, av) = array_of(&make(&mut rng, na), sa, dt);
+                    let (b, bv) = array_of(&make(&mut rng, nb), sb, dt);
+                    let c = a.matmul(&b).unwrap();
+                    let (want, shape) = ref_matmul(&av, sa, &bv, sb);
+                    let what = format!("{dt} {sa:?} @ {sb:?}");
+                    assert_eq!((c.shape(), c.dtype()), (shape.as_slice(), dt), "{what}");
+                    let k = if sa.len() == 1 { sa[0] } else { sa[sa.len() - 1] };
+                    let t = tol(dt) * (k as f64).sqrt().max(1.0);
+                    assert_close(&c.to_f64_vec().unwrap(), &want, t, &what);
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn matmul_promotes_and_handles_bool() {
+    for dev in devices() {
+        on(dev, || {
+            let mut rng = Rng::new(21);
+            let (a, av) =
+                array_of(&rng.vec(6, -3.0, 3.0).iter().map(|v| v.floor()).collect::<Vec<_>>(), &[2, 3], DType::I32);
+            let (b, bv) = array_of(&rng.vec(12, -1.0, 1.0), &[3, 4], DType::F32);
+            let c = a.matmul(&b).unwrap();
+            assert_eq!(c.dtype(), DType::F32);
+            let (want, _) = ref_matmul(&av, &[2, 3], &bv, &[3, 4]);
+            assert_close(&c.to_f64_vec().unwrap(), &want, tol(DType::F32), "i32 @ f32");
+            let (h, hv) = array_of(&rng.vec(12, -1.0, 1.0), &[3, 4], DType::F16);
+            let (g, gv) = array_of(&rng.vec(12, -1.0, 1.0), &[4, 3], DType::BF16);
+            let c = h.matmul(&g).unwrap();
+            assert_eq!(c.dtype(), DType::F32);
+            let (want, _) = ref_matmul(&hv, &[3, 4], &gv, &[4, 3]);
+            assert_close(&c.to_f64_vec().unwrap(), &want, tol(DType::F32), "f16 @ bf16");
+            let p = Array::from_bools(&[true, false, true, true, true, false], &[2, 3]).unwrap();
+            let q = Array::from_bools(&[true, true, false, true, true, true], &[3, 2]).unwrap();
+            let c = p.matmul(&q).unwrap();
+            assert_eq!(c.dtype(), DType::I32);
+            let pv = p.to_f64_vec().unwrap();
+            let qv = q.to_f64_vec().unwrap();
+            let (want, _) = ref_matmul(&pv, &[2, 3], &qv, &[3, 2]);
+            assert_close(&c.to_f64_vec().unwrap(), &want, 0.0, "bool @ bool");
+            // k = 0 gives zeros.
+            let z = Array::zeros(&[3, 0], DType::F32).unwrap().matmul(&Array::zeros(&[0, 2], DType::F32).unwrap());
+            assert_eq!(z.unwrap().to_vec::<f32>().unwrap(), vec![0.0; 6]);
+        });
+    }
+}
+
+#[test]
+fn matmul_errors_name_shapes() {
+    for dev in devices() {
+        on(dev, || {
+            let a = Array::zeros(&[2, 3], DType::F32).unwrap();
+            let b = Array::zeros(&[4, 5], DType::F32).unwrap();
+            let e = a.matmul(&b).unwrap_err().to_string();
+            assert!(e.contains("[2, 3]") && e.contains("[4, 5]"), "{e}");
+            let v = Array::zeros(&[4], DType::F32).unwrap();
+            let e = a.matmul(&v).unwrap_err().to_string();
+            assert!(e.contains("[2, 3]") && e.contains("[4]"), "{e}");
+            let s = Array::scalar(1.0f32).unwrap();
+            let e = s.matmul(&a).unwrap_err().to_string();
+            assert!(e.contains("[]") && e.contains("[2, 3]"), "{e}");
+            let x = Array::zeros(&[2, 2, 3], DType::F32).unwrap();
+            let y = Array::zeros(&[3, 3, 4], DType::F32).unwrap();
+            let e = x.matmul(&y).unwrap_err().to_string();
+            assert!(e.contains("[2, 2, 3]") && e.contains("[3, 3, 4]"), "{e}");
+        });
+    }
+}

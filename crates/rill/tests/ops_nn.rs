@@ -1,0 +1,161 @@
+//! softmax, log_softmax, layer_norm and rms_norm against float64 references.
+
+mod common;
+
+use common::{Rng, array_of, assert_close, devices, on, tol};
+use rill::{Array, DType};
+
+const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+
+/// Calls `f(indices of one lane)` for every lane along `axis` of a row-major `shape`.
+fn lanes(shape: &[usize], axis: usize, mut f: impl FnMut(Vec<usize>)) {
+    let len = shape[axis];
+    let inner: usize = shape[axis + 1..].iter().product();
+    let outer: usize = shape[..axis].iter().product();
+    for o in 0..outer {
+        for j in 0..inner {
+            f((0..len).map(|r| o * len * inner + r * inner + j).collect());
+        }
+    }
+}
+
+fn ref_softmax(x: &[f64], shape: &[usize], axis: usize, log: bool) -> Vec<f64> {
+    let mut out = vec![0.0; x.len()];
+    lanes(shape, axis, |idx| {
+        let m = idx.iter().map(|&i| x[i]).fold(f64::NEG_INFINITY, f64::max);
+        let s: f64 = idx.iter().map(|&i| (x[i] - m).exp()).sum();
+        for &i in &idx {
+            out[i] = if log { x[i] - m - s.ln() } else { (x[i] - m).exp() / s };
+        }
+    });
+    out
+}
+
+#[test]
+fn softmax_and_log_softmax_match_reference() {
+    for dev in devices() {
+        on(dev, || {
+            let mut rng = Rng::new(10);
+            for shape in [&[5usize][..], &[3, 7], &[2, 3, 4], &[2, 1, 6, 3], &[0, 4], &[3, 0], &[64, 1100]] {
+                let n: usize = shape.iter().product();
+                let nd = shape.len() as isize;
+                for dt in FLOATS {
+                    let (x, xv) = array_of(&rng.vec(n, -4.0, 4.0), shape, dt);
+                    for axis in -nd..nd {
+                        let a = if axis < 0 { (axis + nd) as usize } else { axis as usize };
+                        for log in [false, true] {
+                            let y = if log { x.log_softmax(axis) } else { x.softmax(axis) }.unwrap();
+                            assert_eq!((y.shape(), y.dtype()), (shape, dt));
+                            let what = format!("softmax log={log} {dt} {shape:?} axis {axis}");
+                            let want = ref_softmax(&xv, shape, a, log);
+                            assert_close(&y.to_f64_vec().unwrap(), &want, 2.0 * tol(dt), &what);
+                        }
+                    }
+                }
+            }
+            // Large magnitudes are stable; integers compute in f32.
+            let (x, xv) = array_of(&[1000.0, 1001.0, 1002.0, -1000.0, -1001.0, -1003.0], &[2, 3], DType::F32);
+            let want = ref_softmax(&xv, &[2, 3], 1, false);
+            assert_close(&x.softmax(-1).unwrap().to_f64_vec().unwrap(), &want, tol(DType::F32), "stable");
+            let (i, iv) = array_of(&[1.0, 2.0, 3.0, 4.0], &[2, 2], DType::I32);
+            let y = i.log_softmax(0).unwrap();
+            assert_eq!(y.dtype(), DType::F32);
+            assert_close(&y.to_f64_vec().unwrap(), &ref_softmax(&iv, &[2, 2], 0, true), tol(DType::F32), "int");
+        });
+    }
+}
+
+fn ref_norm(x: &[f64], d: usize, w: Option<&[f64]>, b: Option<&[f64]>, eps: f64, rms: bool) -> Vec<f64> {
+    let mut out = vec![0.0; x.len()];
+    if d == 0 {
+        return out;
+    }
+    for (r, row) in x.chunks(d).enumerate() {
+        let n = d as f64;
+        let (mean, denom) = if rms {
+            (0.0, (row.iter().map(|v| v * v).sum::<f64>() / n + eps).sqrt())
+        } else {
+            let m = row.iter().sum::<f64>() / n;
+            (m, (row.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / n + eps).sqrt())
+        };
+        for j in 0..d {
+            let mut y = (row[j] - mean) / denom;
+            if let Some(w) = w {
+                y *= w[j];
+            }
+            if let Some(b) = b {
+                y += b[j];
+            }
+            out[r * d + j] = y;
+        }
+    }
+    out
+}
+
+#[test]
+fn layer_norm_and_rms_norm_match_reference() {
+    for dev in devices() {
+        on(dev, || {
+            let mut rng = Rng::new(11);
+            for shape in [&[6usize][..], &[3, 8], &[2, 3, 5], &[4, 1], &[0, 4], &[3, 0], &[200, 400]] {
+                let n: usize = shape.iter().product();
+                let d = *shape.last().unwrap();
+                for dt in FLOATS {
+                    // A large offset checks the variance is computed without cancellation.
+                    let (x, xv) = array_of(&rng.vec(n, 2.0, 6.0), shape, dt);
+                    let (w, wv) = array_of(&rng.vec(d, 0.5, 1.5), &[d], dt);
+                    let (b, bv) = array_of(&rng.vec(d, -1.0, 1.0), &[d], dt);
+                    for eps in [1e-5, 0.1] {
+                        let what = format!("{dt} {shape:?} eps {eps}");
+                        let cases: [(Option<&Array>, Option<&Array>); 4] =
+                            [(None, None), (Some(&w), None), (None, Some(&b)), (Some(&w), Some(&b))];
+                        for (wo, bo) in cases {
+                            let y = x.layer_norm(wo, bo, eps).unwrap();
+                            assert_eq!((y.shape(), y.dtype()), (shape, dt));
+                            let want =
+                                ref_norm(&xv, d, wo.map(|_| wv.as_slice()), bo.map(|_| bv.as_slice()), eps, false);
+                            let t = if dt == DType::F32 { 1e-4 } else { 4.0 * tol(dt) };
+                            assert_close(&y.to_f64_vec().unwrap(), &want, t, &format!("layer_norm {what}"));
+                        }
+                        for wo in [None, Some(&w)] {
+                            let y = x.rms_norm(wo, eps).unwrap();
+                            let want = ref_norm(&xv, d, wo.map(|_| wv.as_slice()), None, eps, true);
+                            assert_close(&y.to_f64_vec().unwrap(), &want, 2.0 * tol(dt), &format!("rms_norm {what}"));
+                        }
+                    }
+                }
+            }
+            // Integer input is normalised in f32; f32 weight with f16 input is converted.
+            let (x, xv) = array_of(&[1.0, 2.0, 4.0, 8.0], &[2, 2], DType::I32);
+            let y = x.layer_norm(None, None, 1e-5).unwrap();
+            assert_eq!(y.dtype(), DType::F32);
+            assert_close(&y.to_f64_vec().unwrap(), &ref_norm(&xv, 2, None, None, 1e-5, false), 1e-4, "int");
+        });
+    }
+}
+
+#[test]
+fn nn_errors_name_shapes_and_axes() {
+    for dev in devices() {
+        on(dev, || {
+            let x = Array::zeros(&[2, 3], DType::F32).unwrap();
+            let w = Array::ones(&[4], DType::F32).unwrap();
+            let e = x.layer_norm(Some(&w), None, 1e-5).unwrap_err().to_string();
+            assert!(e.contains("[4]") && e.contains("[2, 3]") && e.contains("weight"), "{e}");
+            let e = x.layer_norm(None, Some(&w), 1e-5).unwrap_err().to_string();
+            assert!(e.contains("[4]") && e.contains("[2, 3]") && e.contains("bias"), "{e}");
+            let w2 = Array::ones(&[1, 3], DType::F32).unwrap();
+            let e = x.rms_norm(Some(&w2), 1e-5).unwrap_err().to_string();
+            assert!(e.contains("[1, 3]") && e.contains("[2, 3]"), "{e}");
+            let s = Array::scalar(1.0f32).unwrap();
+            let e = s.layer_norm(None, None, 1e-5).unwrap_err().to_string();
+            assert!(e.contains("[]"), "{e}");
+            assert!(s.rms_norm(None, 1e-5).is_err());
+            let e = x.softmax(2).unwrap_err().to_string();
+            assert!(e.contains('2') && e.contains("rank 2"), "{e}");
+            let e = x.log_softmax(-3).unwrap_err().to_string();
+            assert!(e.contains("-3") && e.contains("rank 2"), "{e}");
+            assert!(s.softmax(0).is_err());
+        });
+    }
+}
