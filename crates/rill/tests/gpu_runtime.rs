@@ -1,7 +1,7 @@
 //! GPU runtime behaviour: cross-stream dependencies, buffers freed on other threads after
 //! their stream is gone, async_eval, errors isolated per node.
 
-use rill::{Array, DType, Device, Stream};
+use rill::{Array, Device, Stream};
 
 fn gpu() -> Option<Device> {
     match Device::gpu(0) {
@@ -35,24 +35,6 @@ fn gpu_cross_stream_dependency() {
     for (i, v) in got.iter().enumerate() {
         assert_eq!(*v, ((i % 97) as f32 + 50.0) * 2.0, "element {i}");
     }
-}
-
-#[test]
-fn gpu_buffer_freed_on_another_thread_after_its_stream_is_dropped() {
-    let Some(g) = gpu() else { return };
-    let before = rill::runtime::active_memory();
-    let x = {
-        let s = Stream::new(&g).unwrap();
-        let x = rill::with_stream(&s, || Array::ones(&[1024, 256], DType::F32).unwrap().mul(3.0).unwrap());
-        x.eval().unwrap();
-        x
-    }; // the stream handle is gone; the buffer keeps the CUDA stream alive
-    let y = rill::with_stream(&g.default_stream().unwrap(), || x.add(1.0).unwrap());
-    std::thread::spawn(move || drop(x)).join().unwrap();
-    assert_eq!(y.to_vec::<f32>().unwrap()[..3], [4.0, 4.0, 4.0]);
-    drop(y);
-    rill::synchronize_all().unwrap();
-    assert!(rill::runtime::active_memory() <= before + (1 << 20), "memory not released");
 }
 
 #[test]

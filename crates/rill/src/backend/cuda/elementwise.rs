@@ -224,7 +224,8 @@ fn index_kernel(
         return Ok(out);
     }
     let t = ctype(dtype);
-    let full_key = format!("{key}|{t}");
+    // Keyed by dtype, not C type: f16/bf16 (and bool/u8) share a C type but not code.
+    let full_key = format!("{key}|{}", dtype.name());
     let f = nvrtc::function(&cs.dev, &full_key, "k_index", || {
         format!(
             "{PRELUDE}\nextern \"C\" __global__ void k_index({t}* __restrict__ out, i64 n, double a, double b, i64 m, u64 bits) {{\n\

@@ -145,7 +145,9 @@ pub(crate) fn map(
     let max_size = ins.iter().map(|i| i.size).chain([out_dtype.size()]).max().unwrap_or(1);
     let vec = (16 / max_size).max(1);
     let types: Vec<&str> = ins.iter().map(|i| i.ctype).collect();
-    let full_key = format!("{key}|{out_t}|{}", types.join(","));
+    // Keyed by dtype, not C type: f16/bf16 (and bool/u8) share a C type but not code.
+    let dtypes: Vec<&str> = ins.iter().map(|i| i.s.dtype.name()).collect();
+    let full_key = format!("{key}|{}|{}|{}", out_dtype.name(), types.join(","), dtypes.join(","));
     let dev = &cs.dev;
     let mut fsrc = Some(fsrc);
     let mut get = |name: &str| {
