@@ -17,11 +17,18 @@ pub(crate) mod sync;
 #[path = "../../rill/src/runtime/completion.rs"]
 mod completion_src;
 
-/// Mirrors rill's module path, `runtime::completion`.
+#[path = "../../rill/src/runtime/serial.rs"]
+mod serial_src;
+
+/// Mirrors rill's module paths, `runtime::completion` and `runtime::serial`.
 pub(crate) mod runtime {
     #[allow(unused_imports)]
     pub(crate) use crate::completion_src as completion;
+    #[allow(unused_imports)]
+    pub(crate) use crate::serial_src as serial;
 }
 
 #[cfg(all(test, loom))]
 mod loom_completion;
+#[cfg(all(test, loom))]
+mod loom_serial;

@@ -113,14 +113,14 @@ impl Node {
     }
     /// Records the outcome, wakes everything waiting, and drops the inputs.
     pub fn complete(&self, result: Result<Storage>) {
-        if self.result.complete(result) {
-            let inputs = {
-                let mut g = self.state.lock();
-                g.status = Status::Done;
-                std::mem::take(&mut g.inputs)
-            };
-            drop(inputs);
-        }
+        // Inputs go first, so that whoever wakes up sees an evaluated node without them.
+        let inputs = {
+            let mut g = self.state.lock();
+            g.status = Status::Done;
+            std::mem::take(&mut g.inputs)
+        };
+        self.result.complete(result);
+        drop(inputs);
     }
     /// The storage of a computed node.
     pub fn storage(&self) -> Result<Storage> {

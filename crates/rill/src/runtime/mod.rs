@@ -18,6 +18,7 @@ pub(crate) mod memory;
 pub(crate) mod pool;
 pub(crate) mod scheduler;
 pub(crate) mod scope;
+pub(crate) mod serial;
 pub(crate) mod stats;
 pub(crate) mod stream;
 

@@ -30,7 +30,8 @@ use std::time::Instant;
 use crate::array::{Array, Node, Status};
 use crate::backend;
 use crate::error::{Error, Result};
-use crate::runtime::stream::{Batch, MAX_BATCH_NODES, MAX_QUEUED_NODES, Run, Stream};
+use crate::runtime::serial::Take;
+use crate::runtime::stream::{Batch, MAX_BATCH_NODES, MAX_QUEUED_NODES, Stream};
 use crate::runtime::{lifecycle, memory, pool, stats};
 use crate::sync::{Arc, Condvar, Mutex};
 
@@ -189,11 +190,7 @@ impl Plan {
             stats::IN_FLIGHT.fetch_add(nodes.len(), SeqCst);
             q.queued_nodes += nodes.len();
             q.last = nodes.last().map(|a| Arc::downgrade(&a.node));
-            q.batches.push_back(Batch { nodes, deps });
-            let spawn = q.run == Run::Idle;
-            if spawn {
-                q.run = Run::Scheduled;
-            }
+            let spawn = q.serial.push(Batch { nodes, deps });
             drop(q);
             if spawn {
                 spawn_stream(stream);
@@ -303,10 +300,8 @@ fn spawn_stream(stream: Stream) {
 }
 
 fn reschedule(stream: Stream) {
-    let mut q = stream.inner.queue.lock();
-    if q.run == Run::Parked {
-        q.run = Run::Scheduled;
-        drop(q);
+    let spawn = stream.inner.queue.lock().serial.unpark();
+    if spawn {
         spawn_stream(stream);
     }
 }
@@ -314,38 +309,30 @@ fn reschedule(stream: Stream) {
 fn run_stream(stream: Stream) {
     let batch = {
         let mut q = stream.inner.queue.lock();
-        let Some(head) = q.batches.front() else {
-            q.run = Run::Idle;
-            return;
-        };
-        if let Some(dep) = head.deps.iter().find(|d| !d.node.is_done()).cloned() {
-            q.run = Run::Parked;
-            drop(q);
-            let s = stream.clone();
-            dep.node.on_done(Box::new(move || reschedule(s)));
-            return;
-        }
-        let Some(b) = q.batches.pop_front() else { return };
-        q.queued_nodes -= b.nodes.len();
-        q.run = Run::Running;
-        if !q.space_wakers.is_empty() {
-            for w in q.space_wakers.drain(..) {
-                w.wake();
+        match q.serial.take(|head| head.deps.iter().find(|d| !d.node.is_done()).cloned()) {
+            Take::Idle => return,
+            Take::Park(dep) => {
+                drop(q);
+                let s = stream.clone();
+                dep.node.on_done(Box::new(move || reschedule(s)));
+                return;
+            }
+            Take::Run(b) => {
+                q.queued_nodes -= b.nodes.len();
+                for w in q.space_wakers.drain(..) {
+                    w.wake();
+                }
+                drop(q);
+                stream.inner.space.notify_all();
+                b
             }
         }
-        drop(q);
-        stream.inner.space.notify_all();
-        b
     };
     backend::execute_batch(&stream, &batch.nodes);
     drop(batch);
     notify_completion();
-    let mut q = stream.inner.queue.lock();
-    if q.batches.is_empty() {
-        q.run = Run::Idle;
-    } else {
-        q.run = Run::Scheduled;
-        drop(q);
+    let spawn = stream.inner.queue.lock().serial.finish();
+    if spawn {
         spawn_stream(stream);
     }
 }
@@ -420,13 +407,10 @@ pub(crate) fn cancel_queued(streams: &[Stream]) {
         let batches = {
             let mut q = s.inner.queue.lock();
             q.queued_nodes = 0;
-            if q.run != Run::Running {
-                q.run = Run::Idle;
-            }
             for w in q.space_wakers.drain(..) {
                 w.wake();
             }
-            std::mem::take(&mut q.batches)
+            q.serial.cancel()
         };
         s.inner.space.notify_all();
         for b in batches {

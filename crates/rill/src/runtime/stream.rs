@@ -10,14 +10,13 @@
 //!
 //! | field | written by | under |
 //! |---|---|---|
-//! | `batches`, `queued_nodes` | submitters (push), the worker running the stream (pop) | queue lock |
-//! | `run` | submitters (Idle→Scheduled), worker (→Running/Parked/Idle), completion callbacks (Parked→Scheduled) | queue lock |
+//! | `serial` (batches + run state, see `serial.rs`) | submitters (`push`), the stream's job (`take`, `finish`), dependency callbacks (`unpark`), shutdown (`cancel`) | queue lock |
+//! | `queued_nodes` | submitters (+), the stream's job (−) | queue lock |
 //! | `last` | submitters | queue lock |
 //!
 //! Lock order: a node's state lock may be taken while holding a queue lock, never the
 //! reverse.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::task::Waker;
@@ -25,6 +24,7 @@ use std::task::Waker;
 use crate::array::{Array, Node};
 use crate::error::{Error, Result};
 use crate::runtime::device::Device;
+use crate::runtime::serial::Serial;
 use crate::runtime::{lifecycle, pool, stats};
 use crate::sync::{Arc, Condvar, Mutex, Weak};
 
@@ -35,27 +35,15 @@ pub(crate) const MAX_BATCH_NODES: usize = 512;
 
 static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Run {
-    /// No batch queued or running.
-    Idle,
-    /// A pool job will run the head batch.
-    Scheduled,
-    /// A batch is running.
-    Running,
-    /// The head batch waits for a dependency; its completion reschedules the stream.
-    Parked,
-}
-
 pub(crate) struct Batch {
     pub nodes: Vec<Array>,
     pub deps: Vec<Array>,
 }
 
 pub(crate) struct Queue {
-    pub batches: VecDeque<Batch>,
+    /// The batches and the run state (see `serial.rs`).
+    pub serial: Serial<Batch>,
     pub queued_nodes: usize,
-    pub run: Run,
     /// The last node pushed, to let `synchronize` wait for everything before it.
     pub last: Option<std::sync::Weak<Node>>,
     pub space_wakers: Vec<Waker>,
@@ -104,13 +92,7 @@ impl Stream {
         let inner = Arc::new(StreamInner {
             id: NEXT_STREAM_ID.fetch_add(1, Relaxed),
             device: *device,
-            queue: Mutex::new(Queue {
-                batches: VecDeque::new(),
-                queued_nodes: 0,
-                run: Run::Idle,
-                last: None,
-                space_wakers: Vec::new(),
-            }),
+            queue: Mutex::new(Queue { serial: Serial::new(), queued_nodes: 0, last: None, space_wakers: Vec::new() }),
             space: Condvar::new(),
             #[cfg(feature = "cuda")]
             cuda,
