@@ -104,7 +104,8 @@ pub fn live_entries() -> usize {
 
 /// True when `device`'s backend can run `Fused` nodes.
 pub(crate) fn fused_supported(device: Device) -> bool {
-    !device.is_gpu()
+    // The CPU interprets programs; the CUDA backend compiles them with NVRTC.
+    !device.is_gpu() || cfg!(feature = "cuda")
 }
 
 /// How [`compile_with_options`] compiles.

@@ -25,7 +25,7 @@ use crate::sync::Arc;
 
 use super::buffer::{cuda_of, download, upload};
 use super::handles::{CudaStreamHandle, Ev};
-use super::{elementwise as ew, matmul, reduce};
+use super::{copy, elementwise as ew, fused, matmul, norm, random, reduce, scan};
 
 fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<&str>()
@@ -173,17 +173,17 @@ fn eval(cs: &CudaStreamHandle, prim: &Primitive, shape: &[usize], dtype: DType, 
         Full { value } => ew::full(cs, shape, dtype, *value),
         Arange { start, step } => ew::arange(cs, shape, dtype, *start, *step),
         Eye { k } => ew::eye(cs, shape, dtype, *k),
-        Random { .. } => Err(super::unsupported("random", "threefry random numbers have no CUDA kernel yet")),
+        Random { key, dist } => random::random(cs, shape, dtype, *key, *dist),
         Cast => ew::cast(cs, x(), dtype),
         Unary(op) => ew::unary(cs, *op, x(), dtype),
         Binary(op) => ew::binary(cs, *op, x(), &inputs[1], shape, dtype),
         Where => ew::where_(cs, x(), &inputs[1], &inputs[2], shape, dtype),
         Reduce { op, axes } => reduce::reduce(cs, *op, x(), axes, shape),
-        ArgReduce { op, axis } => reduce::arg_reduce(cs, *op, x(), *axis, shape),
-        Cumsum { axis, reverse, exclusive } => reduce::cumsum(cs, x(), *axis, *reverse, *exclusive),
+        ArgReduce { op, axis } => scan::arg_reduce(cs, *op, x(), *axis, shape),
+        Cumsum { axis, reverse, exclusive } => scan::cumsum(cs, x(), *axis, *reverse, *exclusive),
         Softmax { axis, log } => reduce::softmax(cs, x(), *axis, *log),
-        LayerNorm { eps, has_weight, has_bias } => reduce::layer_norm(cs, &inputs, *eps, *has_weight, *has_bias),
-        RmsNorm { eps, has_weight } => reduce::rms_norm(cs, &inputs, *eps, *has_weight),
+        LayerNorm { eps, has_weight, has_bias } => norm::layer_norm(cs, &inputs, *eps, *has_weight, *has_bias),
+        RmsNorm { eps, has_weight } => norm::rms_norm(cs, &inputs, *eps, *has_weight),
         Matmul => matmul::matmul(cs, x(), &inputs[1], shape, dtype),
         Reshape => match x().layout.reshape(shape) {
             Some(l) => Ok(x().with_layout(l)),
@@ -193,11 +193,11 @@ fn eval(cs: &CudaStreamHandle, prim: &Primitive, shape: &[usize], dtype: DType, 
         BroadcastTo => Ok(x().with_layout(x().layout.broadcast_to(shape))),
         Slice { start, step } => Ok(crate::backend::cpu::movement::slice_view(x(), start, step, shape)),
         Contiguous => ew::copy(cs, x()),
-        Take { .. } => Err(super::unsupported("take", "no CUDA kernel yet")),
-        Concatenate { .. } => Err(super::unsupported("concatenate", "no CUDA kernel yet")),
-        Pad { .. } => Err(super::unsupported("pad", "no CUDA kernel yet")),
+        Take { axis } => copy::take(cs, x(), &inputs[1], *axis, shape),
+        Concatenate { axis } => copy::concatenate(cs, &inputs, *axis, shape),
+        Pad { widths, value } => copy::pad(cs, x(), widths, *value, shape),
         Placeholder { .. } => Err(Error::invalid("placeholder", "a compile placeholder cannot be evaluated")),
-        Fused(_) => Err(super::unsupported("fused", "fused kernels are not compiled for CUDA yet")),
+        Fused(p) => fused::fused(cs, p, &inputs, shape, dtype),
         ToDevice | Host { .. } => Err(Error::invalid(prim.name(), "handled above")),
     }
 }

@@ -10,8 +10,13 @@
 //! | NVRTC compilation and the kernel cache | `nvrtc.rs` | loaded modules |
 //! | CUDA C prelude (dtypes, conversions) | `source.rs` | nothing |
 //! | elementwise kernels, copies and sources | `elementwise.rs`, `map.rs` | nothing |
-//! | reductions, softmax, norms | `reduce.rs` | nothing |
+//! | reductions, softmax | `reduce.rs` | nothing |
+//! | layer/RMS norm | `norm.rs` | nothing |
+//! | argmax/argmin, cumsum | `scan.rs` | nothing |
+//! | take (checked indices), concatenate, pad | `copy.rs` | nothing |
+//! | threefry random arrays (the CPU's values) | `random.rs` | nothing |
 //! | matmul | `matmul.rs` | nothing |
+//! | fused elementwise programs (`rill::compile`) | `fused.rs` | nothing |
 //!
 //! Synchronisation model: a storage exists once its kernel is enqueued. Work on the same
 //! stream is ordered by the stream; another stream that reads a buffer first makes its
@@ -25,14 +30,19 @@
 //! only while the runtime is running, and leaked on purpose during shutdown.
 
 mod buffer;
+mod copy;
 mod device;
 mod elementwise;
 mod exec;
+mod fused;
 mod handles;
 mod map;
 mod matmul;
+mod norm;
 mod nvrtc;
+mod random;
 mod reduce;
+mod scan;
 mod source;
 
 pub(crate) use buffer::CudaBuffer;

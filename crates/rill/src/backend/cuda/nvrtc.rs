@@ -60,10 +60,13 @@ fn compile_inner(dev: &DeviceState, key: &str, src: &str) -> Result<Ptx> {
         return Err(super::unsupported("compile", "NVRTC (libnvrtc) was not found"));
     }
     let csrc = CString::new(src).map_err(|e| Error::backend("compile", e))?;
-    let cname = CString::new(format!("{key}.cu")).map_err(|e| Error::backend("compile", e))?;
+    // The program name only appears in NVRTC's messages: a short, printable prefix of the key.
+    let short: String = key.chars().filter(|c| c.is_ascii_alphanumeric() || ":_|,".contains(*c)).take(48).collect();
+    let cname = CString::new(format!("{short}.cu")).map_err(|e| Error::backend("compile", e))?;
     let prog = nv::create_program(&csrc, Some(&cname)).map_err(|e| Error::backend("compile", format!("{e:?}")))?;
-    let opts =
+    let mut opts =
         vec![format!("--gpu-architecture={}", dev.arch), "--std=c++17".to_string(), "-default-device".to_string()];
+    opts.extend(include_dirs().into_iter().map(|d| format!("--include-path={d}")));
     // SAFETY: `prog` is live until destroyed at the end of this function.
     let out = unsafe {
         match nv::compile_program(prog, &opts) {
@@ -78,6 +81,23 @@ fn compile_inner(dev: &DeviceState, key: &str, src: &str) -> Result<Ptx> {
     // SAFETY: destroyed once.
     let _ = unsafe { nv::destroy_program(prog) };
     out.map_err(|e| Error::backend("compile", format!("{e:?}")))
+}
+
+/// Directories holding the CUDA headers (`cuda_fp16.h`, `cuda_bf16.h`) that fused kernels
+/// include: `$CUDA_PATH`/`$CUDA_HOME` and `/usr/local/cuda`, those that exist.
+fn include_dirs() -> Vec<String> {
+    let mut roots: Vec<String> = ["CUDA_PATH", "CUDA_HOME"].iter().filter_map(|v| std::env::var(v).ok()).collect();
+    roots.push("/usr/local/cuda".to_string());
+    let mut dirs = Vec::new();
+    for r in roots {
+        for sub in ["include", "targets/x86_64-linux/include", "targets/sbsa-linux/include"] {
+            let d = format!("{r}/{sub}");
+            if std::path::Path::new(&d).is_dir() && !dirs.contains(&d) {
+                dirs.push(d);
+            }
+        }
+    }
+    dirs
 }
 
 /// The CUBIN of a program compiled for a real architecture.

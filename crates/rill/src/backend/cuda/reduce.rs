@@ -9,17 +9,16 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use crate::backend::Storage;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::primitives::{ArgReduceOp, ReduceOp};
+use crate::primitives::ReduceOp;
 use crate::shape::Layout;
 
 use super::buffer::{cuda_of, new_storage};
 use super::handles::CudaStreamHandle;
 use super::nvrtc::{self, BLOCK};
 use super::source::{PRELUDE, ctype, ftype, load, store_float, utype};
-use super::unsupported;
 
 /// `x` with `axes` moved last, as a contiguous storage: (storage, rows, cols).
-fn rows_last(cs: &CudaStreamHandle, x: &Storage, axes: &[usize]) -> Result<(Storage, usize, usize)> {
+pub(crate) fn rows_last(cs: &CudaStreamHandle, x: &Storage, axes: &[usize]) -> Result<(Storage, usize, usize)> {
     let nd = x.layout.shape.len();
     let mut perm: Vec<usize> = (0..nd).filter(|a| !axes.contains(a)).collect();
     perm.extend_from_slice(axes);
@@ -30,7 +29,8 @@ fn rows_last(cs: &CudaStreamHandle, x: &Storage, axes: &[usize]) -> Result<(Stor
     Ok((v, rows, cols))
 }
 
-fn launch_rows(
+/// Launches `k_rows(out, x, rows, cols)` of the module `key` with one block per row.
+pub(crate) fn launch_rows(
     cs: &CudaStreamHandle,
     key: &str,
     src: impl FnOnce() -> String,
@@ -196,39 +196,4 @@ extern "C" __global__ void k_rows({t}* out, const {t}* x, i64 rows, i64 cols) {{
     }
     let l = Layout::contiguous(&out.layout.shape).permute(&inv);
     Ok(out.with_layout(l))
-}
-
-pub(crate) fn arg_reduce(
-    _cs: &CudaStreamHandle,
-    op: ArgReduceOp,
-    _x: &Storage,
-    _axis: usize,
-    _shape: &[usize],
-) -> Result<Storage> {
-    let name = if op == ArgReduceOp::ArgMax { "argmax" } else { "argmin" };
-    Err(unsupported(name, "no CUDA kernel yet"))
-}
-
-pub(crate) fn cumsum(
-    _cs: &CudaStreamHandle,
-    _x: &Storage,
-    _axis: usize,
-    _reverse: bool,
-    _exclusive: bool,
-) -> Result<Storage> {
-    Err(unsupported("cumsum", "no CUDA kernel yet"))
-}
-
-pub(crate) fn layer_norm(
-    _cs: &CudaStreamHandle,
-    _inputs: &[Storage],
-    _eps: f64,
-    _w: bool,
-    _b: bool,
-) -> Result<Storage> {
-    Err(unsupported("layer_norm", "no CUDA kernel yet"))
-}
-
-pub(crate) fn rms_norm(_cs: &CudaStreamHandle, _inputs: &[Storage], _eps: f64, _w: bool) -> Result<Storage> {
-    Err(unsupported("rms_norm", "no CUDA kernel yet"))
 }
