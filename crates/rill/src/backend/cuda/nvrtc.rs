@@ -84,13 +84,20 @@ fn compile_inner(dev: &DeviceState, key: &str, src: &str) -> Result<Ptx> {
 }
 
 /// Directories holding the CUDA headers (`cuda_fp16.h`, `cuda_bf16.h`) that fused kernels
-/// include: `$CUDA_PATH`/`$CUDA_HOME` and `/usr/local/cuda`, those that exist.
+/// include: under `$CUDA_PATH`/`$CUDA_HOME` and `/usr/local/cuda`, those that exist (CUDA 13
+/// keeps the CCCL headers the fp16/bf16 headers may need in `include/cccl`).
 fn include_dirs() -> Vec<String> {
     let mut roots: Vec<String> = ["CUDA_PATH", "CUDA_HOME"].iter().filter_map(|v| std::env::var(v).ok()).collect();
     roots.push("/usr/local/cuda".to_string());
     let mut dirs = Vec::new();
     for r in roots {
-        for sub in ["include", "targets/x86_64-linux/include", "targets/sbsa-linux/include"] {
+        for sub in [
+            "include",
+            "include/cccl",
+            "targets/x86_64-linux/include",
+            "targets/x86_64-linux/include/cccl",
+            "targets/sbsa-linux/include",
+        ] {
             let d = format!("{r}/{sub}");
             if std::path::Path::new(&d).is_dir() && !dirs.contains(&d) {
                 dirs.push(d);
