@@ -63,6 +63,34 @@ pub fn run(device: Device, names: &[String]) -> Result<()> {
         let t = time(2, 10, || a.matmul(&b)?.eval())?;
         println!("matmul   {dt} {n}^3: {:8.3} ms  {:7.1} GFLOP/s", t * 1e3, 2.0 * (n as f64).powi(3) / t / 1e9);
     }
+    if want("fused") {
+        // The 8-op chain, compiled (one fused kernel) and not compiled.
+        let n = if gpu { 1usize << 28 } else { 1 << 24 };
+        let (a, b) = (filled(&[n], DType::F32, 9)?, filled(&[n], DType::F32, 10)?);
+        let chain = |x: &[Array]| -> Result<Vec<Array>> {
+            let (a, b) = (&x[0], &x[1]);
+            let y = a.mul(b)?.add(1.0)?;
+            let y = y.tanh()?.mul(0.5)?.add(a)?;
+            let y = y.mul(&y)?.sub(b)?;
+            Ok(vec![y.sigmoid()?])
+        };
+        let eager = time(2, 10, || chain(&[a.clone(), b.clone()])?[0].eval())?;
+        let compiled = rill::compile(chain);
+        let t = time(2, 10, || compiled.call(&[a.clone(), b.clone()])?[0].eval())?;
+        println!(
+            "chain8   f32 n=2^{}: eager {:8.3} ms, compiled {:8.3} ms ({:6.1} GB/s)",
+            n.trailing_zeros(),
+            eager * 1e3,
+            t * 1e3,
+            12.0 * n as f64 / t / 1e9
+        );
+        let (r, c) = if gpu { (8192, 4096) } else { (1024, 4096) };
+        let (h, bias, res) =
+            (filled(&[r, c], DType::F32, 11)?, filled(&[c], DType::F32, 12)?, filled(&[r, c], DType::F32, 13)?);
+        let block = rill::compile(|x: &[Array]| Ok(vec![x[0].add(&x[1])?.gelu()?.add(&x[2])?]));
+        let t = time(2, 10, || block.call(&[h.clone(), bias.clone(), res.clone()])?[0].eval())?;
+        println!("bias_gelu_residual compiled {r}x{c}: {:8.3} ms", t * 1e3);
+    }
     if want("record") {
         let x = filled(&[4], DType::F32, 7)?;
         let n = 100_000;
