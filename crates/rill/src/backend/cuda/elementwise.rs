@@ -169,14 +169,17 @@ pub(crate) fn where_(
     shape: &[usize],
     dtype: DType,
 ) -> Result<Storage> {
-    let t = bits_type(dtype.size());
+    // The dtype's own C type, which is also what `map` writes to `out`.
+    let t = ctype(dtype);
     let fsrc = move || format!("__device__ __forceinline__ {t} fop(u8 c, {t} x, {t} y) {{ return c != 0 ? x : y; }}");
     map(cs, "where", fsrc, dtype, &[In::new(c, "u8"), In::new(x, t), In::new(y, t)], shape)
 }
 
 /// A row-major copy of any layout (bits only).
 pub(crate) fn copy(cs: &CudaStreamHandle, x: &Storage) -> Result<Storage> {
-    let t = bits_type(x.dtype.size());
+    // The storage's own C type on both sides: map writes `out` as ctype(x.dtype), so a
+    // raw-bits type here would convert bits to numbers.
+    let t = ctype(x.dtype);
     let fsrc = move || format!("__device__ __forceinline__ {t} fop({t} x) {{ return x; }}");
     let shape = x.layout.shape.clone();
     map(cs, "copy", fsrc, x.dtype, &[In::new(x, t)], &shape)

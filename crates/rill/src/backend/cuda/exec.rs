@@ -159,6 +159,14 @@ fn eval(cs: &CudaStreamHandle, prim: &Primitive, shape: &[usize], dtype: DType, 
     if let ToDevice = prim {
         return on_gpu(cs, &raw[0]);
     }
+    if matches!(prim, Matmul) && !dtype.is_float() {
+        // cuBLAS has no integer GEMM here: integer (and bool-as-i32) matmul runs on the
+        // host, after the stream has produced its inputs (a host wait, documented).
+        cs.synchronize()?;
+        let host: Vec<Storage> = raw.iter().map(host_copy).collect::<Result<_>>()?;
+        let out = crate::backend::cpu::eval(prim, shape, dtype, &host)?;
+        return upload(cs, &out);
+    }
     if let Host { f, name } = prim {
         // The inputs may be produced earlier in this batch: finish the stream first.
         cs.synchronize()?;
