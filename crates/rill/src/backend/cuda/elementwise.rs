@@ -196,7 +196,9 @@ pub(crate) fn cast(cs: &CudaStreamHandle, x: &Storage, to: DType) -> Result<Stor
         format!("return (u8)(({v}) != 0);")
     } else if !from.is_float() && !to.is_float() {
         format!("return ({tt})(i64)a;")
-    } else if from != DType::F64 && to != DType::F64 {
+    } else if from.is_float() && from != DType::F64 && to != DType::F64 {
+        // Float to float through f32 (exact for f16/bf16/f32 sources). Integers take the
+        // f64 path below so that they round once, like the CPU.
         let v = if from.is_float() { load(from, "a") } else { "(float)a".into() };
         format!("float v = {v}; return {};", store_float(to, "v", false))
     } else {

@@ -48,13 +48,14 @@ __device__ __forceinline__ u16 st_bf16_d(double d) {
         u32 m = man | 0x00100000u;
         u32 hm = m >> (14 - he);
         u32 rb = 1u << (13 - he);
-        if ((m & rb) != 0u && (m & (3u * rb - 1u)) != 0u) hm += 1u;
+        if ((m & rb) != 0u && (((m & (3u * rb - 1u)) | (u32)v) != 0u)) hm += 1u;
         return (u16)(hs | hm);
     }
     u32 hexp = ((u32)he) << 7;
     u32 hm = man >> 13;
     u32 rb = 0x1000u;
-    if ((man & rb) != 0u && (man & (3u * rb - 1u)) != 0u) return (u16)((hs | hexp | hm) + 1u);
+    // Sticky bits include the low word of the double: ignoring it rounds ties wrongly.
+    if ((man & rb) != 0u && (((man & (3u * rb - 1u)) | (u32)v) != 0u)) return (u16)((hs | hexp | hm) + 1u);
     return (u16)(hs | hexp | hm);
 }
 __device__ __forceinline__ u8 sat_u8(double d) { if (d != d) return 0; if (d <= 0.0) return 0; if (d >= 255.0) return 255; return (u8)d; }
