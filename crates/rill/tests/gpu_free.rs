@@ -1,18 +1,11 @@
 //! A GPU buffer freed from another thread after its stream was dropped. In its own test
 //! binary, because it checks the process-wide memory counter.
 
-use rill::{Array, DType, Device, Stream};
+mod common;
 
-fn gpu() -> Option<Device> {
-    match Device::gpu(0) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            assert!(std::env::var("RILL_REQUIRE_GPU").as_deref() != Ok("1"), "RILL_REQUIRE_GPU=1 but no GPU: {e}");
-            eprintln!("skipped: no GPU ({e})");
-            None
-        }
-    }
-}
+use common::gpu;
+
+use rill::{Array, DType, Stream};
 
 #[test]
 fn gpu_buffer_freed_on_another_thread_after_its_stream_is_dropped() {

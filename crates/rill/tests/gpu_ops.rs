@@ -4,20 +4,9 @@
 
 mod common;
 
-use common::{Rng, assert_close, tol};
+use common::{Rng, assert_close, gpu, tol};
 use rill::random::Key;
 use rill::{Array, DType, Device};
-
-fn gpu() -> Option<Device> {
-    match Device::gpu(0) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            assert!(std::env::var("RILL_REQUIRE_GPU").as_deref() != Ok("1"), "RILL_REQUIRE_GPU=1 but no GPU: {e}");
-            eprintln!("skipped: no GPU ({e})");
-            None
-        }
-    }
-}
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
 

@@ -1,18 +1,11 @@
 //! GPU runtime behaviour: cross-stream dependencies, buffers freed on other threads after
 //! their stream is gone, async_eval, errors isolated per node.
 
-use rill::{Array, Device, Stream};
+mod common;
 
-fn gpu() -> Option<Device> {
-    match Device::gpu(0) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            assert!(std::env::var("RILL_REQUIRE_GPU").as_deref() != Ok("1"), "RILL_REQUIRE_GPU=1 but no GPU: {e}");
-            eprintln!("skipped: no GPU ({e})");
-            None
-        }
-    }
-}
+use common::gpu;
+
+use rill::{Array, Device, Stream};
 
 #[test]
 fn gpu_cross_stream_dependency() {

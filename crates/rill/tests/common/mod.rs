@@ -20,6 +20,19 @@ pub fn devices() -> Vec<Device> {
     v
 }
 
+/// GPU 0, or `None` (printing "skipped: no GPU") when there is none. With
+/// `RILL_REQUIRE_GPU=1` a missing GPU is a failure.
+pub fn gpu() -> Option<Device> {
+    match Device::gpu(0) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            assert!(std::env::var("RILL_REQUIRE_GPU").as_deref() != Ok("1"), "RILL_REQUIRE_GPU=1 but no GPU: {e}");
+            eprintln!("skipped: no GPU ({e})");
+            None
+        }
+    }
+}
+
 /// Runs `f` with every op built inside it targeting `device`'s default stream.
 pub fn on<R>(device: Device, f: impl FnOnce() -> R) -> R {
     let s = device.default_stream().expect("default stream");
