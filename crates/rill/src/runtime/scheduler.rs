@@ -42,9 +42,13 @@ static COMPLETION: Mutex<(u64, Vec<Waker>)> = Mutex::new((0, Vec::new()));
 static COMPLETION_CV: Condvar = Condvar::new();
 
 fn notify_completion() {
-    if COMPLETION_WAITERS.load(SeqCst) == 0 {
-        return;
+    if COMPLETION_WAITERS.load(SeqCst) > 0 {
+        wake_completion_waiters();
     }
+}
+
+/// Bumps the completion epoch and wakes every thread and future waiting for it.
+fn wake_completion_waiters() {
     let wakers = {
         let mut g = COMPLETION.lock();
         g.0 += 1;
@@ -420,13 +424,5 @@ pub(crate) fn cancel_queued(streams: &[Stream]) {
             }
         }
     }
-    let wakers = {
-        let mut g = COMPLETION.lock();
-        g.0 += 1;
-        std::mem::take(&mut g.1)
-    };
-    COMPLETION_CV.notify_all();
-    for w in wakers {
-        w.wake();
-    }
+    wake_completion_waiters();
 }
