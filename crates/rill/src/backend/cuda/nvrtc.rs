@@ -48,13 +48,18 @@ pub(crate) fn function(dev: &DeviceState, key: &str, name: &str, src: impl FnOnc
 }
 
 fn compile(dev: &DeviceState, key: &str, src: &str) -> Result<Ptx> {
-    let r = catch_unwind(AssertUnwindSafe(|| compile_inner(dev, key, src)));
+    compile_for(&dev.arch, key, src)
+}
+
+/// Compiles `src` for the architecture `arch` (`sm_90`); needs NVRTC, not a GPU.
+pub(crate) fn compile_for(arch: &str, key: &str, src: &str) -> Result<Ptx> {
+    let r = catch_unwind(AssertUnwindSafe(|| compile_inner(arch, key, src)));
     r.unwrap_or_else(|_| {
         Err(super::unsupported("compile", "NVRTC (libnvrtc) could not be loaded; install the CUDA toolkit's NVRTC"))
     })
 }
 
-fn compile_inner(dev: &DeviceState, key: &str, src: &str) -> Result<Ptx> {
+fn compile_inner(arch: &str, key: &str, src: &str) -> Result<Ptx> {
     // SAFETY: only tries to open the library.
     if !unsafe { nvsys::is_culib_present() } {
         return Err(super::unsupported("compile", "NVRTC (libnvrtc) was not found"));
@@ -64,8 +69,7 @@ fn compile_inner(dev: &DeviceState, key: &str, src: &str) -> Result<Ptx> {
     let short: String = key.chars().filter(|c| c.is_ascii_alphanumeric() || ":_|,".contains(*c)).take(48).collect();
     let cname = CString::new(format!("{short}.cu")).map_err(|e| Error::backend("compile", e))?;
     let prog = nv::create_program(&csrc, Some(&cname)).map_err(|e| Error::backend("compile", format!("{e:?}")))?;
-    let mut opts =
-        vec![format!("--gpu-architecture={}", dev.arch), "--std=c++17".to_string(), "-default-device".to_string()];
+    let mut opts = vec![format!("--gpu-architecture={arch}"), "--std=c++17".to_string(), "-default-device".to_string()];
     opts.extend(include_dirs().into_iter().map(|d| format!("--include-path={d}")));
     // SAFETY: `prog` is live until destroyed at the end of this function.
     let out = unsafe {
@@ -124,4 +128,33 @@ fn c_chars_to_string(v: &[std::ffi::c_char]) -> String {
     CStr::from_bytes_until_nul(&[bytes.as_slice(), &[0]].concat())
         .map(|c| c.to_string_lossy().into_owned())
         .unwrap_or_default()
+}
+
+/// Test support: compiles generated kernel sources with NVRTC for sm_90 when the library
+/// can be loaded (no GPU needed), so that kernel text is checked on machines without one.
+/// Returns false (after printing a skip line) when NVRTC is absent.
+#[cfg(test)]
+pub(crate) fn check_compiles(key: &str, src: &str) -> bool {
+    // SAFETY: only tries to open the library.
+    let present = catch_unwind(|| unsafe { nvsys::is_culib_present() }).unwrap_or(false);
+    if !present {
+        println!("skipped: no NVRTC ({key})");
+        return false;
+    }
+    if let Err(e) = compile_for("sm_90", key, src) {
+        panic!("kernel {key} does not compile: {e}");
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn prelude_compiles_for_sm90() {
+        let src = format!(
+            "{}\nextern \"C\" __global__ void k(float* o, const u16* a, const u16* b) {{ o[0] = ld_f16(a[0]) + ld_bf16(b[0]); }}\n",
+            super::super::source::PRELUDE
+        );
+        super::check_compiles("test:prelude", &src);
+    }
 }
