@@ -20,15 +20,22 @@ mod completion_src;
 #[path = "../../rill/src/runtime/serial.rs"]
 mod serial_src;
 
-/// Mirrors rill's module paths, `runtime::completion` and `runtime::serial`.
+#[path = "../../rill/src/runtime/gate.rs"]
+mod gate_src;
+
+/// Mirrors rill's module paths, `runtime::completion`, `runtime::serial` and `runtime::gate`.
 pub(crate) mod runtime {
     #[allow(unused_imports)]
     pub(crate) use crate::completion_src as completion;
+    #[allow(unused_imports)]
+    pub(crate) use crate::gate_src as gate;
     #[allow(unused_imports)]
     pub(crate) use crate::serial_src as serial;
 }
 
 #[cfg(all(test, loom))]
 mod loom_completion;
+#[cfg(all(test, loom))]
+mod loom_gate;
 #[cfg(all(test, loom))]
 mod loom_serial;

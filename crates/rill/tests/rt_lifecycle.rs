@@ -99,5 +99,6 @@ fn lifecycle_from_any_thread_then_shutdown_under_load() {
     let st = runtime::stats();
     assert_eq!(st.backend_calls_after_shutdown, 0, "{st:?}");
     assert_eq!(st.threads_live, 0, "{st:?}");
+    assert_eq!(st.threads_in_backend, 0, "{st:?}");
     assert_eq!(st.in_flight, 0, "{st:?}");
 }

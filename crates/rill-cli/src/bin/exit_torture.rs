@@ -122,7 +122,32 @@ fn blocked_waiter(device: Device) {
     let _ = x.eval();
 }
 
+/// Diagnostics for a crashing child (`RILL_TORTURE_TRACE=1`): prints the signal, the
+/// thread and a backtrace, then dies of the same signal. Not async-signal-safe; used only
+/// to find where a crash happens.
+extern "C" fn on_fatal_signal(sig: libc::c_int) {
+    let name = std::thread::current().name().map(str::to_owned).unwrap_or_else(|| "?".into());
+    let bt = std::backtrace::Backtrace::force_capture();
+    eprintln!("exit_torture: fatal signal {sig} on thread '{name}'\n{bt}");
+    // SAFETY: restores the default action and re-raises, so the status shows the signal.
+    unsafe {
+        libc::signal(sig, libc::SIG_DFL);
+        libc::raise(sig);
+    }
+}
+
+fn trace_fatal_signals() {
+    if std::env::var("RILL_TORTURE_TRACE").as_deref() != Ok("1") {
+        return;
+    }
+    for sig in [libc::SIGSEGV, libc::SIGBUS, libc::SIGABRT, libc::SIGILL] {
+        // SAFETY: installs a plain handler function.
+        unsafe { libc::signal(sig, on_fatal_signal as *const () as libc::sighandler_t) };
+    }
+}
+
 fn child(args: &[String]) {
+    trace_fatal_signals();
     let seed: u64 = arg(args, "--seed").and_then(|s| s.parse().ok()).unwrap_or(1);
     let ending = arg(args, "--ending").unwrap_or_else(|| "return".into());
     let device = match arg(args, "--device").as_deref() {

@@ -10,15 +10,20 @@
 //! 2. *Drain with a bound*: wait until nothing is in flight, at most `drain`.
 //! 3. *Cancel*: queued batches that did not start fail with `Error::ShutDown`, which wakes
 //!    every blocked `eval` and every pending `async_eval` future.
-//! 4. *Stop workers*: the device completion workers and the CPU pool are stopped and
+//! 4. *Close the backend gate* ([`crate::runtime::gate`]): no thread may enter a backend
+//!    library (CUDA driver, NVRTC, cuBLAS) any more, and shutdown waits, with a bound,
+//!    until every thread already inside (a readback, a free, a launch, a compile) is out.
+//!    This is what makes the process's teardown of the driver after the exit hook safe.
+//! 5. *Stop workers*: the device completion workers and the CPU pool are stopped and
 //!    joined, each with a bound; a worker stuck past it is left behind, never waited on
 //!    forever.
-//! 5. The state becomes `Down`.
+//! 6. The state becomes `Down`.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
+use crate::runtime::gate::{Gate, Pass};
 use crate::runtime::{pool, scheduler, stats, stream};
 
 const RUNNING: u8 = 0;
@@ -30,6 +35,20 @@ const DOWN: u8 = 3;
 
 static STATE: AtomicU8 = AtomicU8::new(RUNNING);
 static HOOK: AtomicBool = AtomicBool::new(false);
+/// Every backend-library call happens while holding a pass of this gate.
+static GATE: Gate = Gate::new();
+
+/// A pass into the backend libraries, or `None` once shutdown has closed the gate (the
+/// caller then skips the call: returns `Error::ShutDown`, or leaks in a `Drop`). Hold it
+/// across the whole call, including any blocking wait inside the driver.
+pub(crate) fn enter_backend() -> Option<Pass<'static>> {
+    GATE.enter()
+}
+
+/// Threads inside a backend library right now.
+pub(crate) fn threads_in_backend() -> usize {
+    GATE.inside()
+}
 
 /// True once the runtime is fully shut down (workers stopped).
 pub fn is_down() -> bool {
@@ -44,6 +63,11 @@ pub fn is_shutting_down() -> bool {
 /// `Err(Error::ShutDown)` once shutdown has begun.
 pub(crate) fn check_running() -> Result<()> {
     if is_shutting_down() { Err(Error::ShutDown) } else { Ok(()) }
+}
+
+/// True once the drain is over: queued work is cancelled and the backend gate is closed.
+pub(crate) fn is_cancelled() -> bool {
+    STATE.load(SeqCst) >= CANCELLED
 }
 
 /// Counts a backend call attempted after shutdown (a bug if it ever happens) and returns
@@ -64,7 +88,8 @@ pub struct ShutdownReport {
     pub performed: bool,
     /// Nodes still in flight when the drain bound expired (0 when everything finished).
     pub abandoned: usize,
-    /// True when every runtime thread exited within its bound.
+    /// True when every runtime thread exited within its bound and no thread was left
+    /// inside a backend library when the gate's bound expired.
     pub threads_joined: bool,
 }
 
@@ -83,8 +108,12 @@ pub fn shutdown_timeout(drain: Duration) -> ShutdownReport {
     let abandoned = scheduler::drain_until(deadline);
     STATE.store(CANCELLED, SeqCst);
     scheduler::cancel_queued(&stream::live_streams());
+    // From here no thread enters a backend library; wait for those inside to leave. The
+    // bound is the drain bound again (at least 1 s): a thread stuck in the driver longer
+    // than that is left behind, and reported as not joined.
+    let gate_clear = GATE.close_and_wait(drain.max(Duration::from_secs(1)));
     drop(stream::forget_defaults());
-    let mut joined = true;
+    let mut joined = gate_clear;
     #[cfg(feature = "cuda")]
     {
         joined &= crate::backend::cuda::shutdown(Duration::from_secs(2));

@@ -9,10 +9,12 @@
 //! | scoped stream override | `scope.rs` | a `Weak` per thread, set by guards |
 //! | memory counters and limit | `memory.rs` | counters |
 //! | shutdown and exit hook | `lifecycle.rs` | the process state |
+//! | the door into backend libraries that shutdown closes | `gate.rs` | a counter of threads inside |
 //! | counters | `stats.rs` | counters |
 
 pub(crate) mod completion;
 pub(crate) mod device;
+pub(crate) mod gate;
 pub(crate) mod lifecycle;
 pub(crate) mod memory;
 pub(crate) mod pool;

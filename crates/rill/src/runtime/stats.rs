@@ -9,6 +9,7 @@
 //! | `in_flight` | the scheduler (claim +1, completion -1) | nodes submitted and not finished |
 //! | `nodes_computed` | the executor | nodes whose kernel ran |
 //! | `backend_calls_after_shutdown` | every backend entry point | must stay 0 |
+//! | `threads_in_backend` | the backend gate (`gate.rs`) | threads inside a backend library now; 0 after shutdown |
 //! | `memory_waits`, `queue_waits` | the scheduler | times a submitter waited (memory limit, full queue) |
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -46,6 +47,9 @@ pub struct Stats {
     pub bytes_cached: usize,
     /// Backend calls attempted after shutdown began (always 0 unless rill has a bug).
     pub backend_calls_after_shutdown: u64,
+    /// Threads inside a backend library (CUDA driver, NVRTC, cuBLAS) right now; after a
+    /// shutdown whose report says `threads_joined`, always 0.
+    pub threads_in_backend: usize,
     /// Times a submitter waited because memory was over the limit.
     pub memory_waits: u64,
     /// Times a submitter waited because a stream's queue was full (backpressure).
@@ -65,6 +69,7 @@ pub fn stats() -> Stats {
         bytes_peak: super::memory::peak_memory(),
         bytes_cached: super::memory::cached_memory(),
         backend_calls_after_shutdown: BACKEND_CALLS_AFTER_SHUTDOWN.load(Relaxed),
+        threads_in_backend: super::lifecycle::threads_in_backend(),
         memory_waits: MEMORY_WAITS.load(Relaxed),
         queue_waits: QUEUE_WAITS.load(Relaxed),
     }

@@ -88,6 +88,7 @@ impl Drop for CudaBuffer {
         if lifecycle::is_shutting_down() {
             return; // the memory (and the stream reference) are leaked on purpose
         }
+        let Some(_pass) = lifecycle::enter_backend() else { return };
         let users = std::mem::take(self.users.get_mut());
         let _ = catch_unwind(AssertUnwindSafe(|| {
             for (_, ev) in &users {

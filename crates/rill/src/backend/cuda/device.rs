@@ -59,6 +59,9 @@ fn panic_msg(p: Box<dyn std::any::Any + Send>) -> String {
 fn probe() -> std::result::Result<usize, String> {
     PROBE
         .get_or_init(|| {
+            let Some(_pass) = lifecycle::enter_backend() else {
+                return Err("the rill runtime is shut down".to_string());
+            };
             let r = catch_unwind(|| {
                 // SAFETY: only tries to open the driver library.
                 if !unsafe { sys::is_culib_present() } {
@@ -97,6 +100,7 @@ pub(crate) fn device(ordinal: usize) -> Result<Arc<DeviceState>> {
         return Ok(d.clone());
     }
     lifecycle::check_running()?;
+    let _pass = lifecycle::enter_backend().ok_or(Error::ShutDown)?;
     let d = catch_unwind(AssertUnwindSafe(|| init(ordinal)))
         .unwrap_or_else(|p| Err(unavailable(ordinal, format!("initialisation panicked: {}", panic_msg(p)))))?;
     if table.len() <= ordinal {
@@ -175,11 +179,14 @@ fn worker_main(ctx: Arc<CudaContext>, q: Arc<(Mutex<WorkerQueue>, Condvar)>) {
             }
         };
         let Some((ev, fence)) = job else { break };
-        let r = catch_unwind(AssertUnwindSafe(|| ev.synchronize()));
-        let r = match r {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(Error::backend("cuda", format!("device work failed: {e:?}"))),
-            Err(p) => Err(Error::Panic { op: "cuda", msg: panic_msg(p).into() }),
+        // Once shutdown has closed the backend gate, pending batches report ShutDown.
+        let r = match lifecycle::enter_backend() {
+            None => Err(Error::ShutDown),
+            Some(_pass) => match catch_unwind(AssertUnwindSafe(|| ev.synchronize())) {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(Error::backend("cuda", format!("device work failed: {e:?}"))),
+                Err(p) => Err(Error::Panic { op: "cuda", msg: panic_msg(p).into() }),
+            },
         };
         fence.signal(r);
         drop(ev);
@@ -248,6 +255,7 @@ pub(crate) fn clear_cache() {
     if lifecycle::is_shutting_down() {
         return;
     }
+    let Some(_pass) = lifecycle::enter_backend() else { return };
     let devices: Vec<Arc<DeviceState>> = DEVICES.lock().iter().flatten().cloned().collect();
     for d in devices {
         let _ = catch_unwind(AssertUnwindSafe(|| {

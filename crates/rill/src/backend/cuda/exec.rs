@@ -44,6 +44,17 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
         }
         return;
     };
+    // The whole batch runs inside the backend gate: shutdown waits for it to finish
+    // before the process may tear the driver down.
+    let Some(_pass) = lifecycle::enter_backend() else {
+        let _ = lifecycle::backend_call_forbidden(); // counted: a batch ran after the gate closed
+        for a in nodes {
+            stats::NODES_COMPUTED.fetch_add(1, SeqCst);
+            a.node.complete(Err(Error::ShutDown));
+            stats::IN_FLIGHT.fetch_sub(1, SeqCst);
+        }
+        return;
+    };
     let mut local: HashMap<u64, Result<Storage>> = HashMap::new();
     let mut waited: Vec<usize> = Vec::new();
     // Every device storage read by the batch, kept alive until its last-use event is set.
@@ -70,7 +81,8 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
         drop(inputs);
         let result = match failed {
             Some(e) => Err(e),
-            None if lifecycle::backend_call_forbidden() => Err(Error::ShutDown),
+            // Shutdown's drain ended while this batch ran: stop early, the closer waits.
+            None if lifecycle::is_cancelled() => Err(Error::ShutDown),
             None => catch_unwind(AssertUnwindSafe(|| {
                 prepare_inputs(cs, &storages, &mut waited)?;
                 eval(cs, &node.prim, &node.shape, node.dtype, &storages)
@@ -222,15 +234,14 @@ fn host_copy(s: &Storage) -> Result<Storage> {
 /// storage of the same shape and dtype.
 pub(crate) fn to_host(s: &Storage) -> Result<Storage> {
     let Some(b) = cuda_of(s) else { return crate::backend::cpu::movement::make_contiguous(s) };
-    if lifecycle::backend_call_forbidden() {
-        return Err(Error::ShutDown);
+    if let Some(f) = &s.fence {
+        f.wait()?; // signalled by the completion worker; not a driver call
     }
-    match &s.fence {
-        Some(f) => f.wait()?,
-        None => {
-            if let Some(ev) = b.event.get() {
-                ev.synchronize().map_err(|e| super::backend_err("to_host", e))?;
-            }
+    // The wait and the copy run inside the backend gate (after shutdown: Error::ShutDown).
+    let _pass = lifecycle::enter_backend().ok_or(Error::ShutDown)?;
+    if s.fence.is_none() {
+        if let Some(ev) = b.event.get() {
+            ev.synchronize().map_err(|e| super::backend_err("to_host", e))?;
         }
     }
     let dev = super::device::device(b.ordinal)?;

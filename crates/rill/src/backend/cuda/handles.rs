@@ -64,6 +64,7 @@ impl Drop for Ev {
         if lifecycle::is_shutting_down() {
             return; // leaked on purpose
         }
+        let Some(_pass) = lifecycle::enter_backend() else { return };
         let _ = catch_unwind(AssertUnwindSafe(|| {
             let _ = self.ctx.bind_to_thread();
             // SAFETY: destroyed exactly once, here.
@@ -89,6 +90,7 @@ pub(crate) struct CudaStreamHandle {
 /// Creates a non-blocking CUDA stream on GPU `ordinal` (never the legacy default stream).
 pub(crate) fn new_stream(ordinal: usize) -> Result<CudaStreamHandle> {
     let dev = device::device(ordinal)?;
+    let _pass = lifecycle::enter_backend().ok_or(crate::error::Error::ShutDown)?;
     let s = dev.ctx.new_stream().map_err(|e| super::backend_err("new_stream", e))?;
     Ok(CudaStreamHandle {
         id: NEXT_ID.fetch_add(1, Relaxed),
@@ -105,9 +107,8 @@ impl CudaStreamHandle {
     }
     /// Blocks until all work enqueued on this stream has finished.
     pub fn synchronize(&self) -> Result<()> {
-        if lifecycle::backend_call_forbidden() {
-            return Ok(());
-        }
+        // After shutdown every batch has finished or been cancelled: nothing to wait for.
+        let Some(_pass) = lifecycle::enter_backend() else { return Ok(()) };
         self.stream.synchronize().map_err(|e| super::backend_err("synchronize", e))
     }
 }
@@ -118,6 +119,7 @@ impl Drop for CudaStreamHandle {
         if lifecycle::is_shutting_down() {
             return; // the stream and the cuBLAS handle (a raw pointer) are leaked on purpose
         }
+        let Some(_pass) = lifecycle::enter_backend() else { return };
         let _ = catch_unwind(AssertUnwindSafe(|| {
             if let Some(Blas(h)) = blas {
                 let _ = self.dev.ctx.bind_to_thread();
