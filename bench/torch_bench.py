@@ -1,10 +1,20 @@
 """GPU peer for `rill bench --device gpu`: the same operations in PyTorch on the same card,
 same sizes, median of repeated runs (each synchronised). Run on the GPU machine:
-    python3 bench/torch_bench.py [--compile]"""
+    python3 bench/torch_bench.py [--compile] [--batched]
+--batched adds, for add/sum/softmax, the time per op when 8 are queued before one
+synchronisation (as `rill bench` prints on a GPU)."""
 import sys
 import time
 
 import torch
+
+
+def batched_time(f, k=8):
+    """Seconds per call when k calls are queued before one synchronisation."""
+    def run():
+        outs = [f() for _ in range(k)]
+        return outs
+    return median_time(run, 1, 5) / k
 
 
 def median_time(f, warm, reps):
@@ -29,11 +39,20 @@ a = torch.rand(n, device=dev) * 2 - 1
 b = torch.rand(n, device=dev) * 2 - 1
 t = median_time(lambda: a + b, 3, 20)
 print(f"add      f32 n=2^28: {t*1e3:8.3f} ms  {12*n/t/1e9:7.1f} GB/s")
+if "--batched" in sys.argv:
+    t = batched_time(lambda: a + b)
+    print(f"  batched x8: {t*1e3:8.3f} ms  {12*n/t/1e9:7.1f} GB/s per op")
 t = median_time(lambda: a.sum(), 3, 20)
 print(f"sum      f32 n=2^28: {t*1e3:8.3f} ms  {4*n/t/1e9:7.1f} GB/s")
+if "--batched" in sys.argv:
+    t = batched_time(lambda: a.sum())
+    print(f"  batched x8: {t*1e3:8.3f} ms  {4*n/t/1e9:7.1f} GB/s per op")
 x = torch.rand(65536, 4096, device=dev)
 t = median_time(lambda: torch.softmax(x, -1), 3, 20)
 print(f"softmax  f32 65536x4096: {t*1e3:8.3f} ms  {8*65536*4096/t/1e9:7.1f} GB/s")
+if "--batched" in sys.argv:
+    t = batched_time(lambda: torch.softmax(x, -1))
+    print(f"  batched x8: {t*1e3:8.3f} ms  {8*65536*4096/t/1e9:7.1f} GB/s per op")
 del x
 m1 = torch.rand(8192, 8192, device=dev, dtype=torch.bfloat16)
 m2 = torch.rand(8192, 8192, device=dev, dtype=torch.bfloat16)

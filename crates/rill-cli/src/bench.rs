@@ -33,6 +33,19 @@ fn filled(shape: &[usize], dtype: DType, seed: u64) -> Result<Array> {
     Ok(a)
 }
 
+/// Independent ops evaluated together by `batched`.
+const BATCH: usize = 8;
+
+/// Median seconds per op when `BATCH` independent copies of `op` are evaluated by one
+/// `rill::eval`: the kernel's own speed, with the fixed cost of an eval shared.
+fn batched(op: impl Fn() -> Result<Array>) -> Result<f64> {
+    let t = time(1, 5, || {
+        let outs: Vec<Array> = (0..BATCH).map(|_| op()).collect::<Result<_>>()?;
+        rill::eval(&outs)
+    })?;
+    Ok(t / BATCH as f64)
+}
+
 pub fn run(device: Device, names: &[String]) -> Result<()> {
     let s = device.default_stream()?;
     let _g = s.enter();
@@ -44,18 +57,30 @@ pub fn run(device: Device, names: &[String]) -> Result<()> {
         let (a, b) = (filled(&[n], DType::F32, 1)?, filled(&[n], DType::F32, 2)?);
         let t = time(3, 20, || a.add(&b)?.eval())?;
         println!("add      f32 n=2^{}: {:8.3} ms  {:7.1} GB/s", n.trailing_zeros(), t * 1e3, 12.0 * n as f64 / t / 1e9);
+        if gpu {
+            let t = batched(|| a.add(&b))?;
+            println!("  batched x{BATCH}: {:8.3} ms  {:7.1} GB/s per op", t * 1e3, 12.0 * n as f64 / t / 1e9);
+        }
     }
     if want("sum") {
         let n = if gpu { 1usize << 28 } else { 1 << 24 };
         let a = filled(&[n], DType::F32, 3)?;
         let t = time(3, 20, || a.sum(&[], false)?.eval())?;
         println!("sum      f32 n=2^{}: {:8.3} ms  {:7.1} GB/s", n.trailing_zeros(), t * 1e3, 4.0 * n as f64 / t / 1e9);
+        if gpu {
+            let t = batched(|| a.sum(&[], false))?;
+            println!("  batched x{BATCH}: {:8.3} ms  {:7.1} GB/s per op", t * 1e3, 4.0 * n as f64 / t / 1e9);
+        }
     }
     if want("softmax") {
         let (r, c) = if gpu { (65536, 4096) } else { (4096, 4096) };
         let a = filled(&[r, c], DType::F32, 4)?;
         let t = time(3, 20, || a.softmax(-1)?.eval())?;
         println!("softmax  f32 {r}x{c}: {:8.3} ms  {:7.1} GB/s", t * 1e3, 8.0 * (r * c) as f64 / t / 1e9);
+        if gpu {
+            let t = batched(|| a.softmax(-1))?;
+            println!("  batched x{BATCH}: {:8.3} ms  {:7.1} GB/s per op", t * 1e3, 8.0 * (r * c) as f64 / t / 1e9);
+        }
     }
     if want("matmul") {
         let (n, dt) = if gpu { (8192, DType::BF16) } else { (1024, DType::F32) };
@@ -90,6 +115,13 @@ pub fn run(device: Device, names: &[String]) -> Result<()> {
         let block = rill::compile(|x: &[Array]| Ok(vec![x[0].add(&x[1])?.gelu()?.add(&x[2])?]));
         let t = time(2, 10, || block.call(&[h.clone(), bias.clone(), res.clone()])?[0].eval())?;
         println!("bias_gelu_residual compiled {r}x{c}: {:8.3} ms", t * 1e3);
+    }
+    if want("overhead") {
+        // The fixed cost of one `eval` of one small op: recording, scheduling, launch and
+        // the completion signal.
+        let (a, b) = (filled(&[1024], DType::F32, 14)?, filled(&[1024], DType::F32, 15)?);
+        let t = time(10, 200, || a.add(&b)?.eval())?;
+        println!("overhead add f32 n=2^10, one eval: {:8.2} us", t * 1e6);
     }
     if want("record") {
         let x = filled(&[4], DType::F32, 7)?;

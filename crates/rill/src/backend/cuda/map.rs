@@ -2,12 +2,13 @@
 //! row-major output, with inputs broadcast to the output shape.
 //!
 //! Three kernels are generated per (function, dtypes): `k_vec` when every input is
-//! contiguous and 16-byte vectors line up (one aligned vector load/store per operand per
-//! step: float4 for f32, 8 halves for f16/bf16), `k_contig` when every input is contiguous
+//! contiguous and 16-byte vectors line up (aligned vector loads/stores, float4 for f32 and
+//! 8 halves for f16/bf16, `VEC_UNROLL` vectors per thread with all loads issued before
+//! the stores, one block step per block), `k_contig` when every input is contiguous
 //! or a broadcast scalar, and `k_strided` (shape/strides passed by value, after merging
 //! axes that are contiguous for every operand) otherwise.
 
-use cudarc::driver::{DeviceRepr, PushKernelArg};
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
 use crate::backend::Storage;
 use crate::dtype::DType;
@@ -16,8 +17,11 @@ use crate::shape::Layout;
 
 use super::buffer::{cuda_of, new_storage};
 use super::handles::CudaStreamHandle;
-use super::nvrtc::{self, grid_for};
+use super::nvrtc::{self, BLOCK, grid_for};
 use super::source::{MAX_DIMS, PRELUDE};
+
+/// Vectors each thread of `k_vec` handles per block step.
+const VEC_UNROLL: usize = 4;
 
 /// The strided-layout kernel parameter (mirrors `struct Lay` in the prelude).
 #[repr(C)]
@@ -82,14 +86,16 @@ fn kernel_source(fsrc: &str, out_t: &str, ins: &[&str], vec: usize) -> String {
     let strided_off: String = (0..k).map(|i| format!("o{i} += c * lay.st[{i}][d]; ")).collect();
     let strided_init: String = (0..k).map(|i| format!("i64 o{i} = lay.off[{i}]; ")).collect();
     let strided_call = call(&|i| format!("a{i}[o{i}]"));
+    let vec_decls: String = ins.iter().enumerate().map(|(i, t)| format!("V<{t}, VN> x{i}[UNR]; ")).collect();
     let vec_loads: String =
-        ins.iter().enumerate().map(|(i, t)| format!("V<{t}, VN> x{i} = ((const V<{t}, VN>*)a{i})[t]; ")).collect();
-    let vec_call = call(&|i| format!("x{i}.v[j]"));
+        ins.iter().enumerate().map(|(i, t)| format!("x{i}[u] = ((const V<{t}, VN>*)a{i})[t]; ")).collect();
+    let vec_call = call(&|i| format!("x{i}[u].v[j]"));
     let tail_call = call(&|i| format!("a{i}[r]"));
     format!(
         r#"{PRELUDE}
 {fsrc}
 #define VN {vec}
+#define UNR {VEC_UNROLL}
 template <typename T, int N> struct alignas(sizeof(T) * N) V {{ T v[N]; }};
 extern "C" __global__ void k_contig({out_t}* __restrict__ out{params}{sparams}, i64 n) {{
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
@@ -104,15 +110,29 @@ extern "C" __global__ void k_strided({out_t}* __restrict__ out{params}, Lay lay,
         out[i] = fop({strided_call});
     }}
 }}
+// Each block step covers UNR * blockDim.x consecutive vectors: every thread first issues
+// its UNR vector loads per operand, then computes and stores them.
 extern "C" __global__ void k_vec({out_t}* __restrict__ out{params}, i64 n) {{
     i64 nv = n / VN;
     i64 gid = blockIdx.x * (i64)blockDim.x + threadIdx.x;
-    for (i64 t = gid; t < nv; t += (i64)gridDim.x * blockDim.x) {{
-        {vec_loads}
-        V<{out_t}, VN> o;
+    i64 step = (i64)gridDim.x * blockDim.x * UNR;
+    for (i64 base = blockIdx.x * (i64)blockDim.x * UNR + threadIdx.x; base < nv; base += step) {{
+        {vec_decls}
 #pragma unroll
-        for (int j = 0; j < VN; ++j) o.v[j] = fop({vec_call});
-        ((V<{out_t}, VN>*)out)[t] = o;
+        for (int u = 0; u < UNR; ++u) {{
+            i64 t = base + (i64)u * blockDim.x;
+            if (t < nv) {{ {vec_loads} }}
+        }}
+#pragma unroll
+        for (int u = 0; u < UNR; ++u) {{
+            i64 t = base + (i64)u * blockDim.x;
+            if (t < nv) {{
+                V<{out_t}, VN> o;
+#pragma unroll
+                for (int j = 0; j < VN; ++j) o.v[j] = fop({vec_call});
+                ((V<{out_t}, VN>*)out)[t] = o;
+            }}
+        }}
     }}
     i64 r = nv * VN + gid;
     if (r < n) out[r] = fop({tail_call});
@@ -183,9 +203,12 @@ pub(crate) fn map(
                 b.arg(p);
             }
             b.arg(&n64);
+            // One block step per block: no grid-stride loop for any realistic size.
+            let blocks = (n / vec).div_ceil(BLOCK as usize * VEC_UNROLL).clamp(1, 1 << 30) as u32;
+            let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
             // SAFETY: the arguments match the generated signature; every pointer covers n
             // elements (vector-aligned, checked above).
-            unsafe { b.launch(grid_for(dev, n / vec)) }.map_err(launch_err)?;
+            unsafe { b.launch(cfg) }.map_err(launch_err)?;
         } else {
             let f = get("k_contig")?;
             let mut b = stream.launch_builder(&f);
@@ -230,4 +253,41 @@ pub(crate) fn map(
     // produces lies inside its buffer (views are checked by the op layer).
     unsafe { b.launch(grid_for(dev, n)) }.map_err(launch_err)?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kernel_source;
+    use crate::backend::cuda::nvrtc::check_compiles;
+
+    #[test]
+    fn map_kernels_compile() {
+        let cases: [(&str, &str, &[&str], usize); 5] = [
+            (
+                "float",
+                "__device__ __forceinline__ float fop(float p, float q) { return p + q; }",
+                &["float", "float"],
+                4,
+            ),
+            (
+                "u16",
+                "__device__ __forceinline__ u16 fop(u16 p, u16 q) { return st_bf16(ld_bf16(p) + ld_bf16(q)); }",
+                &["u16", "u16"],
+                8,
+            ),
+            ("double", "__device__ __forceinline__ double fop(double p) { return -p; }", &["double"], 2),
+            (
+                "i32",
+                "__device__ __forceinline__ i32 fop(u8 c, i32 x, i32 y) { return c ? x : y; }",
+                &["u8", "i32", "i32"],
+                4,
+            ),
+            ("u8", "__device__ __forceinline__ u8 fop(i64 x) { return (u8)(x != 0); }", &["i64"], 2),
+        ];
+        for (out_t, fsrc, ins, vec) in cases {
+            if !check_compiles(&format!("test:map:{out_t}:{}", ins.join(",")), &kernel_source(fsrc, out_t, ins, vec)) {
+                return;
+            }
+        }
+    }
 }

@@ -1,8 +1,19 @@
-//! Reductions and fused softmax: the reduced axes are moved last (a contiguous copy when
-//! needed), then one block per row reduces it (shared-memory tree). Sums and products
-//! accumulate in f32 for f16/bf16/f32 and f64 for f64, integers wrap in their own type;
-//! max/min propagate NaN. Softmax keeps an online (max, sum) pair per thread in one pass
-//! over the row, then writes the row.
+//! Reductions and fused softmax. The reduced axes are moved last (a contiguous copy when
+//! needed), so every reduction is over the rows of a row-major `rows x cols` matrix.
+//!
+//! Sums and products accumulate in f32 for f16/bf16/f32 and f64 for f64, integers wrap in
+//! their own type; max/min propagate NaN. Three launch shapes, chosen from rows/cols and
+//! the number of SMs:
+//! - short rows (`cols <= WARP_COLS`): one warp per row (`k_warp`);
+//! - many long rows: one block per row (`k_block`, 16-byte vector loads of the aligned
+//!   middle of each row, warp shuffles, one shared slot per warp);
+//! - few long rows (a full reduction): each row is split over many blocks that write
+//!   partial results to a temporary buffer, and `k_fin` combines them (one warp per row).
+//!
+//! Softmax of rows up to `1024 * 32` elements (16384 for f64) loads each row once into
+//! registers (16-byte loads when rows are aligned), reduces the maximum and the sum of
+//! exponentials across the block, and writes the row once. Longer rows use a generic
+//! kernel with an online (max, sum) pair per thread that reads the row twice.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
@@ -12,10 +23,17 @@ use crate::error::Result;
 use crate::primitives::ReduceOp;
 use crate::shape::Layout;
 
-use super::buffer::{cuda_of, new_storage};
+use super::buffer::{CudaBuffer, cuda_of, new_storage};
 use super::handles::CudaStreamHandle;
 use super::nvrtc::{self, BLOCK};
 use super::source::{PRELUDE, ctype, ftype, load, store_float, utype};
+
+/// Rows up to this many elements are reduced by one warp each.
+const WARP_COLS: usize = 1024;
+/// Threads per block of the reduction kernels.
+const RBLOCK: u32 = 256;
+/// Most elements one thread keeps in registers in the row-cached softmax.
+const SOFTMAX_REG_ELEMS: usize = 32;
 
 /// `x` with `axes` moved last, as a contiguous storage: (storage, rows, cols).
 pub(crate) fn rows_last(cs: &CudaStreamHandle, x: &Storage, axes: &[usize]) -> Result<(Storage, usize, usize)> {
@@ -27,6 +45,11 @@ pub(crate) fn rows_last(cs: &CudaStreamHandle, x: &Storage, axes: &[usize]) -> R
     let cols: usize = axes.iter().map(|&a| x.layout.shape[a]).product();
     let rows: usize = (0..nd).filter(|a| !axes.contains(a)).map(|a| x.layout.shape[a]).product();
     Ok((v, rows, cols))
+}
+
+/// The device address of a storage's first element.
+fn elem_ptr(x: &Storage) -> u64 {
+    cuda_of(x).map(|b| b.ptr()).unwrap_or(0) + (x.layout.offset * x.dtype.size()) as u64
 }
 
 /// Launches `k_rows(out, x, rows, cols)` of the module `key` with one block per row.
@@ -43,7 +66,7 @@ pub(crate) fn launch_rows(
         return Ok(());
     }
     let f = nvrtc::function(&cs.dev, key, "k_rows", src)?;
-    let px = cuda_of(x).map(|b| b.ptr()).unwrap_or(0) + (x.layout.offset * x.dtype.size()) as u64;
+    let px = elem_ptr(x);
     let (r64, c64) = (rows as i64, cols as i64);
     let grid = rows.min(cs.dev.sms as usize * 32).max(1) as u32;
     let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
@@ -55,6 +78,212 @@ pub(crate) fn launch_rows(
     Ok(())
 }
 
+/// The pieces of a reduction kernel for one (op, dtype).
+struct ReduceSpec {
+    /// Stored C type.
+    t: &'static str,
+    /// Accumulator C type.
+    acc: &'static str,
+    /// The type an accumulator is shuffled as (`int` for 1-byte accumulators).
+    shfl: &'static str,
+    init: String,
+    /// Combines accumulators `a` and `b`.
+    combine: String,
+    /// Converts a stored value `v` to an accumulator.
+    ld: String,
+    /// Stores an accumulator `a` as the output dtype.
+    st: String,
+}
+
+fn reduce_spec(op: ReduceOp, d: DType) -> ReduceSpec {
+    let t = ctype(d);
+    if d.is_float() {
+        let f = ftype(d);
+        let inf =
+            if f == "float" { "__int_as_float(0x7f800000)" } else { "__longlong_as_double(0x7ff0000000000000ll)" };
+        let (init, combine) = match op {
+            ReduceOp::Sum => ("0".to_string(), "a + b".to_string()),
+            ReduceOp::Prod => ("1".to_string(), "a * b".to_string()),
+            ReduceOp::Max => (format!("-{inf}"), "((a != a || a > b) ? a : b)".to_string()),
+            ReduceOp::Min => (inf.to_string(), "((a != a || a < b) ? a : b)".to_string()),
+        };
+        return ReduceSpec {
+            t,
+            acc: f,
+            shfl: f,
+            init,
+            combine,
+            ld: load(d, "v"),
+            st: store_float(d, "a", d == DType::F64),
+        };
+    }
+    let u = utype(d);
+    let (lo, hi) = match d {
+        DType::I32 => ("(i32)0x80000000u", "(i32)0x7fffffff"),
+        DType::I64 => ("(i64)0x8000000000000000ull", "(i64)0x7fffffffffffffffll"),
+        DType::U32 => ("(u32)0", "(u32)0xffffffffu"),
+        _ => ("(u8)0", "(u8)255"),
+    };
+    let (init, combine) = match op {
+        ReduceOp::Sum if d == DType::Bool => ("0".to_string(), "(u8)(a != 0 || b != 0)".to_string()),
+        ReduceOp::Prod if d == DType::Bool => ("1".to_string(), "(u8)(a != 0 && b != 0)".to_string()),
+        ReduceOp::Sum => ("0".to_string(), format!("({t})(({u})a + ({u})b)")),
+        ReduceOp::Prod => ("1".to_string(), format!("({t})(({u})a * ({u})b)")),
+        ReduceOp::Max => (lo.to_string(), "(a > b ? a : b)".to_string()),
+        ReduceOp::Min => (hi.to_string(), "(a < b ? a : b)".to_string()),
+    };
+    let shfl = if d.size() < 4 { "int" } else { t };
+    ReduceSpec { t, acc: t, shfl, init, combine, ld: "v".to_string(), st: "a".to_string() }
+}
+
+/// Elements of a 16-byte vector of `d`.
+fn vec_elems(d: DType) -> usize {
+    (16 / d.size()).max(1)
+}
+
+/// The reduction module: `k_warp` (a warp per row), `k_block` (a block per row chunk, to
+/// the output or to partials) and `k_fin` (a warp per row over partials).
+fn reduce_source(s: &ReduceSpec, vn: usize) -> String {
+    let ReduceSpec { t, acc, shfl, init, combine, ld, st } = s;
+    format!(
+        r#"{PRELUDE}
+#define VN {vn}
+template <typename T, int N> struct alignas(sizeof(T) * N) V {{ T v[N]; }};
+typedef {t} T;
+typedef {acc} A;
+__device__ __forceinline__ A comb(A a, A b) {{ return {combine}; }}
+__device__ __forceinline__ A ldv(T v) {{ return (A)({ld}); }}
+__device__ __forceinline__ T st(A a) {{ return {st}; }}
+__device__ __forceinline__ A warp_red(A a) {{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) a = comb(a, (A)__shfl_down_sync(0xffffffffu, ({shfl})a, o));
+    return a;
+}}
+// The block's reduction of `a`, valid in thread 0.
+__device__ __forceinline__ A block_red(A a, A* sh) {{
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    a = warp_red(a);
+    __syncthreads();
+    if (lane == 0) sh[w] = a;
+    __syncthreads();
+    if (w == 0) {{
+        int nw = (blockDim.x + 31) >> 5;
+        a = lane < nw ? sh[lane] : (A)({init});
+        a = warp_red(a);
+    }}
+    return a;
+}}
+// This thread's share of chunk `c` of `splits` of the row `p` (`cols` elements): the
+// 16-byte aligned middle of the row as vectors, split evenly; chunk 0 also takes the
+// unaligned head and the tail.
+__device__ __forceinline__ A chunk(const T* p, i64 cols, i64 c, i64 splits) {{
+    A a = (A)({init});
+    i64 head = (i64)(((16u - ((u32)(u64)p & 15u)) & 15u) / sizeof(T));
+    if (head > cols) head = cols;
+    i64 nvec = (cols - head) / VN;
+    i64 v0 = nvec * c / splits, v1 = nvec * (c + 1) / splits;
+    const V<T, VN>* pv = (const V<T, VN>*)(p + head);
+    i64 bd = blockDim.x;
+    i64 j = v0 + threadIdx.x;
+    for (; j + 3 * bd < v1; j += 4 * bd) {{
+        V<T, VN> x0 = pv[j], x1 = pv[j + bd], x2 = pv[j + 2 * bd], x3 = pv[j + 3 * bd];
+#pragma unroll
+        for (int e = 0; e < VN; ++e) a = comb(a, ldv(x0.v[e]));
+#pragma unroll
+        for (int e = 0; e < VN; ++e) a = comb(a, ldv(x1.v[e]));
+#pragma unroll
+        for (int e = 0; e < VN; ++e) a = comb(a, ldv(x2.v[e]));
+#pragma unroll
+        for (int e = 0; e < VN; ++e) a = comb(a, ldv(x3.v[e]));
+    }}
+    for (; j < v1; j += bd) {{
+        V<T, VN> x0 = pv[j];
+#pragma unroll
+        for (int e = 0; e < VN; ++e) a = comb(a, ldv(x0.v[e]));
+    }}
+    if (c == 0) {{
+        i64 t0 = head + nvec * VN;
+        i64 extra = head + (cols - t0);
+        for (i64 k = threadIdx.x; k < extra; k += bd) {{
+            T v = p[k < head ? k : t0 + (k - head)];
+            a = comb(a, ldv(v));
+        }}
+    }}
+    return a;
+}}
+// Item `it` of `rows * splits` is chunk `it % splits` of row `it / splits`. With one
+// split the result is stored in `out`, otherwise as a partial in `part`.
+extern "C" __global__ void __launch_bounds__({RBLOCK}) k_block(T* __restrict__ out, A* __restrict__ part, const T* __restrict__ x, i64 rows, i64 cols, i64 splits) {{
+    __shared__ A sh[32];
+    i64 items = rows * splits;
+    for (i64 it = blockIdx.x; it < items; it += gridDim.x) {{
+        i64 r = it / splits, c = it - r * splits;
+        A a = block_red(chunk(x + r * cols, cols, c, splits), sh);
+        if (threadIdx.x == 0) {{
+            if (splits == 1) out[r] = st(a);
+            else part[it] = a;
+        }}
+    }}
+}}
+// One warp per row (rows are warp-uniform, so the shuffles see all 32 lanes).
+extern "C" __global__ void k_warp(T* __restrict__ out, const T* __restrict__ x, i64 rows, i64 cols) {{
+    int lane = threadIdx.x & 31;
+    i64 w = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
+    i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;
+    for (i64 r = w; r < rows; r += nw) {{
+        const T* p = x + r * cols;
+        A a = (A)({init});
+#pragma unroll 4
+        for (i64 j = lane; j < cols; j += 32) {{ T v = p[j]; a = comb(a, ldv(v)); }}
+        a = warp_red(a);
+        if (lane == 0) out[r] = st(a);
+    }}
+}}
+// Combines `splits` partials per row, one warp per row.
+extern "C" __global__ void k_fin(T* __restrict__ out, const A* __restrict__ part, i64 rows, i64 splits) {{
+    int lane = threadIdx.x & 31;
+    i64 w = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
+    i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;
+    for (i64 r = w; r < rows; r += nw) {{
+        const A* p = part + r * splits;
+        A a = (A)({init});
+        for (i64 j = lane; j < splits; j += 32) a = comb(a, p[j]);
+        a = warp_red(a);
+        if (lane == 0) out[r] = st(a);
+    }}
+}}
+"#
+    )
+}
+
+/// How a `rows x cols` reduction is launched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plan {
+    /// One warp per row.
+    Warp,
+    /// Each row split into this many chunks (1: one block per row).
+    Block { splits: usize },
+}
+
+fn plan(rows: usize, cols: usize, vn: usize, sms: usize) -> Plan {
+    if cols <= WARP_COLS {
+        return Plan::Warp;
+    }
+    if rows >= 2 * sms {
+        return Plan::Block { splits: 1 };
+    }
+    // Enough blocks to fill every SM (8 resident blocks each), and chunks of at least
+    // four vectors per thread.
+    let want = (sms * 8).div_ceil(rows);
+    let most = (cols / (RBLOCK as usize * vn * 4)).max(1);
+    Plan::Block { splits: want.min(most).max(1) }
+}
+
+/// Blocks for `n` grid-stride items, capped.
+fn blocks(n: usize, cap: usize) -> u32 {
+    n.clamp(1, cap.min(i32::MAX as usize)) as u32
+}
+
 pub(crate) fn reduce(
     cs: &CudaStreamHandle,
     op: ReduceOp,
@@ -63,83 +292,181 @@ pub(crate) fn reduce(
     shape: &[usize],
 ) -> Result<Storage> {
     let d = x.dtype;
-    let t = ctype(d);
-    let (acc, init, combine, ld, st) = if d.is_float() {
-        let f = ftype(d);
-        let inf =
-            if f == "float" { "__int_as_float(0x7f800000)" } else { "__longlong_as_double(0x7ff0000000000000ll)" };
-        let (init, comb) = match op {
-            ReduceOp::Sum => ("0".to_string(), "a + b".to_string()),
-            ReduceOp::Prod => ("1".to_string(), "a * b".to_string()),
-            ReduceOp::Max => (format!("-{inf}"), "((a != a || a > b) ? a : b)".to_string()),
-            ReduceOp::Min => (inf.to_string(), "((a != a || a < b) ? a : b)".to_string()),
-        };
-        (f, init, comb, load(d, "v"), store_float(d, "a", d == DType::F64))
-    } else {
-        let u = utype(d);
-        let (lo, hi) = match d {
-            DType::I32 => ("(i32)0x80000000u", "(i32)0x7fffffff"),
-            DType::I64 => ("(i64)0x8000000000000000ull", "(i64)0x7fffffffffffffffll"),
-            DType::U32 => ("(u32)0", "(u32)0xffffffffu"),
-            _ => ("(u8)0", "(u8)255"),
-        };
-        let (init, comb) = match op {
-            ReduceOp::Sum if d == DType::Bool => ("0".to_string(), "(u8)(a != 0 || b != 0)".to_string()),
-            ReduceOp::Prod if d == DType::Bool => ("1".to_string(), "(u8)(a != 0 && b != 0)".to_string()),
-            ReduceOp::Sum => ("0".to_string(), format!("({t})(({u})a + ({u})b)")),
-            ReduceOp::Prod => ("1".to_string(), format!("({t})(({u})a * ({u})b)")),
-            ReduceOp::Max => (lo.to_string(), "(a > b ? a : b)".to_string()),
-            ReduceOp::Min => (hi.to_string(), "(a < b ? a : b)".to_string()),
-        };
-        (t, init, comb, "v".to_string(), "a".to_string())
-    };
+    let spec = reduce_spec(op, d);
     let (xs, rows, cols) = rows_last(cs, x, axes)?;
     let out = new_storage(cs, d, shape)?;
-    let key = format!("reduce:{op:?}:{t}:{}", d.name());
-    let src = move || {
-        format!(
-            r#"{PRELUDE}
-__device__ __forceinline__ {acc} comb({acc} a, {acc} b) {{ return {combine}; }}
-extern "C" __global__ void k_rows({t}* out, const {t}* x, i64 rows, i64 cols) {{
-    __shared__ {acc} sh[{BLOCK}];
-    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {{
-        const {t}* p = x + r * cols;
-        {acc} a = ({acc})({init});
-        for (i64 j = threadIdx.x; j < cols; j += blockDim.x) {{ {t} v = p[j]; a = comb(a, ({acc})({ld})); }}
-        sh[threadIdx.x] = a;
-        __syncthreads();
-        for (int s = blockDim.x / 2; s > 0; s >>= 1) {{
-            if (threadIdx.x < s) sh[threadIdx.x] = comb(sh[threadIdx.x], sh[threadIdx.x + s]);
-            __syncthreads();
-        }}
-        if (threadIdx.x == 0) {{ {acc} a = sh[0]; out[r] = {st}; }}
-        __syncthreads();
-    }}
-}}
-"#
-        )
-    };
+    if rows == 0 {
+        return Ok(out);
+    }
+    let vn = vec_elems(d);
+    let key = format!("reduce2:{op:?}:{}", d.name());
+    let dev = &cs.dev;
+    let mut src = Some(move || reduce_source(&spec, vn));
+    let mut get = |name: &str| nvrtc::function(dev, &key, name, || src.take().map(|f| f()).unwrap_or_default());
     let po = cuda_of(&out).map(|b| b.ptr()).unwrap_or(0);
-    launch_rows(cs, &key, src, po, &xs, rows, cols)?;
+    let px = elem_ptr(&xs);
+    let (r64, c64) = (rows as i64, cols as i64);
+    let sms = dev.sms as usize;
+    let launch_err = |e| super::backend_err("launch", e);
+    let cfg = |grid: u32| LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (RBLOCK, 1, 1), shared_mem_bytes: 0 };
+    let warps = RBLOCK as usize / 32;
+    let _ = dev.ctx.bind_to_thread();
+    let stream = cs.stream();
+    match plan(rows, cols, vn, sms) {
+        Plan::Warp => {
+            let f = get("k_warp")?;
+            let mut b = stream.launch_builder(&f);
+            b.arg(&po).arg(&px).arg(&r64).arg(&c64);
+            // SAFETY: `out` holds `rows` elements and `x` rows*cols contiguous ones.
+            unsafe { b.launch(cfg(blocks(rows.div_ceil(warps), sms * 64))) }.map_err(launch_err)?;
+        }
+        Plan::Block { splits: 1 } => {
+            let f = get("k_block")?;
+            let (none, one) = (0u64, 1i64);
+            let mut b = stream.launch_builder(&f);
+            b.arg(&po).arg(&none).arg(&px).arg(&r64).arg(&c64).arg(&one);
+            // SAFETY: as above; with one split the partials pointer is not read.
+            unsafe { b.launch(cfg(blocks(rows, 1 << 30))) }.map_err(launch_err)?;
+        }
+        Plan::Block { splits } => {
+            let acc_size = match d {
+                DType::F16 | DType::BF16 => 4,
+                _ => d.size(),
+            };
+            // Freed (stream-ordered, on this stream) after the two launches below.
+            let part = CudaBuffer::alloc(cs, rows * splits * acc_size)?;
+            let pp = part.ptr();
+            let s64 = splits as i64;
+            let f = get("k_block")?;
+            let mut b = stream.launch_builder(&f);
+            b.arg(&po).arg(&pp).arg(&px).arg(&r64).arg(&c64).arg(&s64);
+            // SAFETY: `part` holds rows*splits accumulators; `x` rows*cols elements.
+            unsafe { b.launch(cfg(blocks(rows * splits, 1 << 30))) }.map_err(launch_err)?;
+            let f = get("k_fin")?;
+            let mut b = stream.launch_builder(&f);
+            b.arg(&po).arg(&pp).arg(&r64).arg(&s64);
+            // SAFETY: `out` holds `rows` elements; `part` was written by the launch above.
+            unsafe { b.launch(cfg(blocks(rows.div_ceil(warps), sms * 64))) }.map_err(launch_err)?;
+            drop(part);
+        }
+    }
     Ok(out)
 }
 
-pub(crate) fn softmax(cs: &CudaStreamHandle, x: &Storage, axis: usize, log: bool) -> Result<Storage> {
-    let d = x.dtype;
-    if !d.is_float() {
-        return Err(super::unsupported("softmax", format!("dtype {d}")));
-    }
+/// The register-cached softmax module: rows of at most `NV * VN * blockDim.x` elements,
+/// each thread holding `NV` vectors of `VN` elements.
+fn softmax_reg_source(d: DType, log: bool, nv: usize) -> String {
     let (t, f) = (ctype(d), ftype(d));
     let sfx = if f == "float" { "f" } else { "" };
-    let (xs, rows, cols) = rows_last(cs, x, &[axis])?;
-    let out = new_storage(cs, d, &xs.layout.shape)?;
+    let vn = vec_elems(d);
+    let inf = if f == "float" { "__int_as_float(0x7f800000)" } else { "__longlong_as_double(0x7ff0000000000000ll)" };
+    let ld = load(d, "q");
+    let st = store_float(d, "y", d == DType::F64);
+    let keep_exp = if log { "" } else { "v[k][e] = ex;" };
+    let res = if log { "v[k][e] - m - ls" } else { "v[k][e] * inv" };
+    let fin = if log { format!("{f} ls = log{sfx}(s);") } else { format!("{f} inv = ({f})1 / s;") };
+    format!(
+        r#"{PRELUDE}
+#define VN {vn}
+#define NV {nv}
+template <typename T, int N> struct alignas(sizeof(T) * N) V {{ T v[N]; }};
+typedef {t} T;
+typedef {f} F;
+__device__ __forceinline__ F ldv(T q) {{ return {ld}; }}
+__device__ __forceinline__ T stv(F y) {{ return {st}; }}
+__device__ __forceinline__ F fmax_nan(F a, F b) {{ return (a != a || a > b) ? a : b; }}
+// The block-wide maximum (NaN if any) or sum, in every thread. `sh` holds 32 slots.
+template <bool MAX> __device__ __forceinline__ F block_all(F a, F* sh) {{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {{ F b = __shfl_xor_sync(0xffffffffu, a, o); a = MAX ? fmax_nan(a, b) : a + b; }}
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) sh[w] = a;
+    __syncthreads();
+    a = lane < nw ? sh[lane] : (MAX ? -{inf} : (F)0);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {{ F b = __shfl_xor_sync(0xffffffffu, a, o); a = MAX ? fmax_nan(a, b) : a + b; }}
+    return a;
+}}
+// One block per row; `vec` says that every row starts 16-byte aligned (cols % VN == 0).
+extern "C" __global__ void __launch_bounds__(1024) k_reg(T* __restrict__ out, const T* __restrict__ x, i64 rows, i64 cols, int vec) {{
+    __shared__ F shm[32];
+    __shared__ F shs[32];
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {{
+        const T* p = x + r * cols;
+        T* o = out + r * cols;
+        F v[NV][VN];
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {{
+            i64 j = ((i64)k * blockDim.x + threadIdx.x) * VN;
+            if (vec) {{
+                if (j < cols) {{
+                    V<T, VN> q = *(const V<T, VN>*)(p + j);
+#pragma unroll
+                    for (int e = 0; e < VN; ++e) v[k][e] = ldv(q.v[e]);
+                }} else {{
+#pragma unroll
+                    for (int e = 0; e < VN; ++e) v[k][e] = -{inf};
+                }}
+            }} else {{
+#pragma unroll
+                for (int e = 0; e < VN; ++e) v[k][e] = j + e < cols ? ldv(p[j + e]) : -{inf};
+            }}
+        }}
+        F m = -{inf};
+#pragma unroll
+        for (int k = 0; k < NV; ++k)
+#pragma unroll
+            for (int e = 0; e < VN; ++e) m = fmax_nan(m, v[k][e]);
+        m = block_all<true>(m, shm);
+        // Padding (-inf) adds exp(-inf) = 0 unless the row's maximum is -inf or NaN, in
+        // which case the sum is NaN anyway.
+        F s = 0;
+#pragma unroll
+        for (int k = 0; k < NV; ++k)
+#pragma unroll
+            for (int e = 0; e < VN; ++e) {{ F ex = exp{sfx}(v[k][e] - m); s += ex; {keep_exp} }}
+        s = block_all<false>(s, shs);
+        {fin}
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {{
+            i64 j = ((i64)k * blockDim.x + threadIdx.x) * VN;
+            if (vec) {{
+                if (j < cols) {{
+                    V<T, VN> q;
+#pragma unroll
+                    for (int e = 0; e < VN; ++e) {{ F y = {res}; q.v[e] = stv(y); }}
+                    *(V<T, VN>*)(o + j) = q;
+                }}
+            }} else {{
+#pragma unroll
+                for (int e = 0; e < VN; ++e) if (j + e < cols) {{ F y = {res}; o[j + e] = stv(y); }}
+            }}
+        }}
+    }}
+}}
+"#
+    )
+}
+
+/// Threads per block and vectors per thread of the register-cached softmax for rows of
+/// `cols` elements, or None when a row does not fit in registers.
+fn softmax_reg_plan(cols: usize, vn: usize) -> Option<(u32, usize)> {
+    let nv_max = (SOFTMAX_REG_ELEMS / vn).clamp(1, 8);
+    let vecs = cols.div_ceil(vn).max(1);
+    let threads = vecs.div_ceil(4).next_power_of_two().clamp(32, 1024);
+    let nv = vecs.div_ceil(threads);
+    (nv <= nv_max).then_some((threads as u32, nv))
+}
+
+/// The generic softmax module (`k_rows`, one block per row, any row length).
+fn softmax_generic_source(d: DType, log: bool) -> String {
+    let (t, f) = (ctype(d), ftype(d));
+    let sfx = if f == "float" { "f" } else { "" };
     let ld = load(d, "p[j]");
     let res = if log { format!("(v - m) - log{sfx}(s)") } else { format!("exp{sfx}(v - m) / s") };
     let st = store_float(d, "y", d == DType::F64);
-    let key = format!("softmax:{log}:{}", d.name());
-    let src = move || {
-        format!(
-            r#"{PRELUDE}
+    format!(
+        r#"{PRELUDE}
 __device__ __forceinline__ void merge({f}& m, {f}& s, {f} m2, {f} s2) {{
     if (s2 == ({f})0) return;
     if (s == ({f})0) {{ m = m2; s = s2; return; }}
@@ -182,10 +509,42 @@ extern "C" __global__ void k_rows({t}* out, const {t}* x, i64 rows, i64 cols) {{
     }}
 }}
 "#
-        )
-    };
+    )
+}
+
+pub(crate) fn softmax(cs: &CudaStreamHandle, x: &Storage, axis: usize, log: bool) -> Result<Storage> {
+    let d = x.dtype;
+    if !d.is_float() {
+        return Err(super::unsupported("softmax", format!("dtype {d}")));
+    }
+    let (xs, rows, cols) = rows_last(cs, x, &[axis])?;
+    let out = new_storage(cs, d, &xs.layout.shape)?;
     let po = cuda_of(&out).map(|b| b.ptr()).unwrap_or(0);
-    launch_rows(cs, &key, src, po, &xs, rows, cols)?;
+    let vn = vec_elems(d);
+    match softmax_reg_plan(cols, vn) {
+        Some((threads, nv)) if rows > 0 && cols > 0 => {
+            let key = format!("softmax_reg:{log}:{}:{nv}", d.name());
+            let f = nvrtc::function(&cs.dev, &key, "k_reg", || softmax_reg_source(d, log, nv))?;
+            let px = elem_ptr(&xs);
+            let vec = i32::from(px % 16 == 0 && (cols * d.size()) % 16 == 0);
+            let (r64, c64) = (rows as i64, cols as i64);
+            let cfg = LaunchConfig {
+                grid_dim: (blocks(rows, 1 << 30), 1, 1),
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let _ = cs.dev.ctx.bind_to_thread();
+            let mut b = cs.stream().launch_builder(&f);
+            b.arg(&po).arg(&px).arg(&r64).arg(&c64).arg(&vec);
+            // SAFETY: `out` and `x` hold rows*cols contiguous elements; `vec` is set only
+            // when every row start is 16-byte aligned.
+            unsafe { b.launch(cfg) }.map_err(|e| super::backend_err("launch", e))?;
+        }
+        _ => {
+            let key = format!("softmax:{log}:{}", d.name());
+            launch_rows(cs, &key, move || softmax_generic_source(d, log), po, &xs, rows, cols)?;
+        }
+    }
     // Back to the input's axis order (a view).
     let nd = x.layout.shape.len();
     let mut perm: Vec<usize> = (0..nd).filter(|&a| a != axis).collect();
@@ -196,4 +555,66 @@ extern "C" __global__ void k_rows({t}* out, const {t}* x, i64 rows, i64 cols) {{
     }
     let l = Layout::contiguous(&out.layout.shape).permute(&inv);
     Ok(out.with_layout(l))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::nvrtc::check_compiles;
+
+    const DTYPES: [DType; 8] =
+        [DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8, DType::Bool];
+
+    #[test]
+    fn reduction_kernels_compile() {
+        for d in DTYPES.into_iter().chain([DType::U32]) {
+            for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
+                let src = reduce_source(&reduce_spec(op, d), vec_elems(d));
+                if !check_compiles(&format!("test:reduce:{op:?}:{}", d.name()), &src) {
+                    return;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn softmax_kernels_compile() {
+        for d in [DType::F32, DType::F16, DType::BF16, DType::F64] {
+            for log in [false, true] {
+                for nv in [1, 4, 8] {
+                    if !check_compiles(
+                        &format!("test:softmax_reg:{log}:{}:{nv}", d.name()),
+                        &softmax_reg_source(d, log, nv),
+                    ) {
+                        return;
+                    }
+                }
+                check_compiles(&format!("test:softmax:{log}:{}", d.name()), &softmax_generic_source(d, log));
+            }
+        }
+    }
+
+    #[test]
+    fn reduction_plans() {
+        let sms = 132;
+        // A full reduction is split over many blocks.
+        assert_eq!(plan(1, 1 << 28, 4, sms), Plan::Block { splits: sms * 8 });
+        // Short rows: a warp each; many long rows: a block each.
+        assert_eq!(plan(1 << 20, 16, 4, sms), Plan::Warp);
+        assert_eq!(plan(65536, 4096, 4, sms), Plan::Block { splits: 1 });
+        // Few rows that are not long enough to split stay one block per row.
+        assert_eq!(plan(3, 2000, 4, sms), Plan::Block { splits: 1 });
+        assert_eq!(plan(3, 40000, 4, sms), Plan::Block { splits: 9 });
+    }
+
+    #[test]
+    fn softmax_plans() {
+        assert_eq!(softmax_reg_plan(4096, 4), Some((256, 4)));
+        assert_eq!(softmax_reg_plan(4097, 4), Some((512, 3)));
+        assert_eq!(softmax_reg_plan(32768, 4), Some((1024, 8)));
+        assert_eq!(softmax_reg_plan(32769, 4), None);
+        assert_eq!(softmax_reg_plan(16384, 2), Some((1024, 8)));
+        assert_eq!(softmax_reg_plan(16385, 2), None);
+        assert_eq!(softmax_reg_plan(7, 8), Some((32, 1)));
+    }
 }
