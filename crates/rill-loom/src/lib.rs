@@ -17,17 +17,24 @@ pub(crate) mod sync;
 #[path = "../../rill/src/runtime/completion.rs"]
 mod completion_src;
 
+#[path = "../../rill/src/runtime/claim.rs"]
+mod claim_src;
+
 #[path = "../../rill/src/runtime/serial.rs"]
 mod serial_src;
 
-/// Mirrors rill's module paths, `runtime::completion` and `runtime::serial`.
+/// Mirrors rill's module paths, `runtime::claim`, `runtime::completion` and `runtime::serial`.
 pub(crate) mod runtime {
+    #[allow(unused_imports)]
+    pub(crate) use crate::claim_src as claim;
     #[allow(unused_imports)]
     pub(crate) use crate::completion_src as completion;
     #[allow(unused_imports)]
     pub(crate) use crate::serial_src as serial;
 }
 
+#[cfg(all(test, loom))]
+mod loom_claim;
 #[cfg(all(test, loom))]
 mod loom_completion;
 #[cfg(all(test, loom))]
