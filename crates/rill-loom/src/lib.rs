@@ -17,14 +17,19 @@ pub(crate) mod sync;
 #[path = "../../rill/src/runtime/completion.rs"]
 mod completion_src;
 
+#[path = "../../rill/src/runtime/claim.rs"]
+mod claim_src;
+
 #[path = "../../rill/src/runtime/serial.rs"]
 mod serial_src;
 
 #[path = "../../rill/src/runtime/gate.rs"]
 mod gate_src;
 
-/// Mirrors rill's module paths, `runtime::completion`, `runtime::serial` and `runtime::gate`.
+/// Mirrors rill's module paths, `runtime::claim`, `runtime::completion`, `runtime::gate` and `runtime::serial`.
 pub(crate) mod runtime {
+    #[allow(unused_imports)]
+    pub(crate) use crate::claim_src as claim;
     #[allow(unused_imports)]
     pub(crate) use crate::completion_src as completion;
     #[allow(unused_imports)]
@@ -33,6 +38,8 @@ pub(crate) mod runtime {
     pub(crate) use crate::serial_src as serial;
 }
 
+#[cfg(all(test, loom))]
+mod loom_claim;
 #[cfg(all(test, loom))]
 mod loom_completion;
 #[cfg(all(test, loom))]

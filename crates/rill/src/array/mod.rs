@@ -15,6 +15,7 @@
 //! The claim `Pending → Scheduled` happens under the stream's queue lock together with the
 //! push of the batch, so every node is computed exactly once however many threads
 //! evaluate overlapping graphs, and a queued batch never waits for a node queued after it.
+//! The protocol lives in `runtime/claim.rs` (model-checked with loom in `crates/rill-loom`).
 
 mod create;
 mod readback;
@@ -27,6 +28,7 @@ use crate::backend::Storage;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::primitives::Primitive;
+use crate::runtime::claim::{self, Claimable};
 use crate::runtime::completion::Completion;
 use crate::runtime::device::Device;
 use crate::runtime::stream::Stream;
@@ -34,20 +36,11 @@ use crate::sync::{Arc, Mutex};
 
 static NEXT_NODE_ID: AtomicU64 = AtomicU64::new(1);
 
-/// Submission status; the outcome itself lives in `Node::result`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Status {
-    Pending,
-    Scheduled,
-    Done,
-}
-
+pub(crate) use crate::runtime::claim::Status;
 pub(crate) use crate::runtime::completion::Callback;
 
-pub(crate) struct NodeState {
-    pub status: Status,
-    pub inputs: Vec<Array>,
-}
+/// A node's status and inputs (see `runtime/claim.rs`).
+pub(crate) type NodeState = crate::runtime::claim::NodeState<Array>;
 
 pub(crate) struct Node {
     pub id: u64,
@@ -113,14 +106,7 @@ impl Node {
     }
     /// Records the outcome, wakes everything waiting, and drops the inputs.
     pub fn complete(&self, result: Result<Storage>) {
-        // Inputs go first, so that whoever wakes up sees an evaluated node without them.
-        let inputs = {
-            let mut g = self.state.lock();
-            g.status = Status::Done;
-            std::mem::take(&mut g.inputs)
-        };
-        self.result.complete(result);
-        drop(inputs);
+        claim::complete(&self.state, &self.result, result);
     }
     /// The storage of a computed node.
     pub fn storage(&self) -> Result<Storage> {
@@ -211,6 +197,18 @@ impl Array {
     /// The inputs of a node not yet evaluated (empty once evaluated).
     pub fn inputs(&self) -> Vec<Array> {
         self.node.state.lock().inputs.clone()
+    }
+}
+
+impl Claimable for Array {
+    fn id(&self) -> u64 {
+        self.node.id
+    }
+    fn state(&self) -> &Mutex<NodeState> {
+        &self.node.state
+    }
+    fn is_done(&self) -> bool {
+        self.node.is_done()
     }
 }
 

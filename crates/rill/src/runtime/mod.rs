@@ -5,6 +5,7 @@
 //! | devices, default device | `device.rs` | nothing (plain values) |
 //! | streams, default streams, registry | `stream.rs` | per-stream FIFO queues |
 //! | eval / async_eval, execution | `scheduler.rs` | nothing (borrows the pool) |
+//! | claiming nodes, node status | `claim.rs` | nothing (used under the queue locks) |
 //! | CPU worker pool | `pool.rs` | the runtime's CPU threads |
 //! | scoped stream override | `scope.rs` | a `Weak` per thread, set by guards |
 //! | memory counters and limit | `memory.rs` | counters |
@@ -12,6 +13,7 @@
 //! | the door into backend libraries that shutdown closes | `gate.rs` | a counter of threads inside |
 //! | counters | `stats.rs` | counters |
 
+pub(crate) mod claim;
 pub(crate) mod completion;
 pub(crate) mod device;
 pub(crate) mod gate;

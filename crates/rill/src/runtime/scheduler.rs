@@ -2,13 +2,14 @@
 //!
 //! Submission (any user thread or task):
 //! 1. `Plan::build` walks the graph iteratively from the outputs and lists, in
-//!    topological order, the nodes still `Pending`.
+//!    topological order, the nodes still `Pending` (`claim::pending_order`).
 //! 2. `Plan::advance` cuts that list into batches (consecutive nodes on one stream). For
 //!    each batch it waits for room in the stream's queue (backpressure) and, when memory
 //!    is over the limit, for in-flight work to finish; then, under the stream's queue
 //!    lock, it claims each node (`Pending → Scheduled`; nodes claimed by another thread
-//!    are skipped and become dependencies) and pushes the batch. Blocking callers wait on
-//!    condition variables; `async_eval` futures register wakers instead and never block.
+//!    are skipped and become dependencies; `claim::claim`) and pushes the batch.
+//!    Blocking callers wait on condition variables; `async_eval` futures register wakers
+//!    instead and never block.
 //!
 //! Execution (the CPU worker pool, `pool.rs`): a stream with queued batches has one job on
 //! the pool. The job looks at the head batch: if a dependency on another stream is not
@@ -19,7 +20,6 @@
 //! Deadlock freedom: a batch's dependencies were all pushed before it (topological order
 //! plus claiming at push time), so the earliest unfinished batch is always runnable.
 
-use std::collections::HashSet;
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
@@ -27,9 +27,10 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
-use crate::array::{Array, Node, Status};
+use crate::array::{Array, Node};
 use crate::backend;
 use crate::error::{Error, Result};
+use crate::runtime::claim;
 use crate::runtime::serial::Take;
 use crate::runtime::stream::{Batch, MAX_BATCH_NODES, MAX_QUEUED_NODES, Stream};
 use crate::runtime::{lifecycle, memory, pool, stats};
@@ -103,35 +104,7 @@ pub(crate) struct Plan {
 
 impl Plan {
     pub(crate) fn build(outputs: &[Array]) -> Plan {
-        let mut order = Vec::new();
-        let mut seen: HashSet<u64> = HashSet::new();
-        let mut stack: Vec<(Array, Vec<Array>, usize)> = Vec::new();
-        let pending_inputs = |a: &Array| -> Option<Vec<Array>> {
-            let g = a.node.state.lock();
-            matches!(g.status, Status::Pending).then(|| g.inputs.clone())
-        };
-        for out in outputs {
-            if !seen.insert(out.node.id) {
-                continue;
-            }
-            if let Some(ins) = pending_inputs(out) {
-                stack.push((out.clone(), ins, 0));
-            }
-            while let Some(top) = stack.last_mut() {
-                if top.2 < top.1.len() {
-                    let child = top.1[top.2].clone();
-                    top.2 += 1;
-                    if seen.insert(child.node.id) {
-                        if let Some(ins) = pending_inputs(&child) {
-                            stack.push((child, ins, 0));
-                        }
-                    }
-                } else if let Some((a, _, _)) = stack.pop() {
-                    order.push(a);
-                }
-            }
-        }
-        Plan { order, pos: 0 }
+        Plan { order: claim::pending_order(outputs), pos: 0 }
     }
 
     fn is_done(&self) -> bool {
@@ -168,25 +141,7 @@ impl Plan {
                 }
             }
             lifecycle::check_running()?;
-            let mut nodes = Vec::with_capacity(end - self.pos);
-            let mut deps: Vec<Array> = Vec::new();
-            for a in &self.order[self.pos..end] {
-                let mut g = a.node.state.lock();
-                if !matches!(g.status, Status::Pending) {
-                    continue;
-                }
-                g.status = Status::Scheduled;
-                for input in &g.inputs {
-                    if !input.node.is_done()
-                        && !nodes.iter().any(|n: &Array| n.node.id == input.node.id)
-                        && !deps.iter().any(|d| d.node.id == input.node.id)
-                    {
-                        deps.push(input.clone());
-                    }
-                }
-                drop(g);
-                nodes.push(a.clone());
-            }
+            let claim::Claimed { nodes, deps } = claim::claim(&q, &self.order[self.pos..end]);
             self.pos = end;
             if nodes.is_empty() {
                 continue;

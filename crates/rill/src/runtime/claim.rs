@@ -1,0 +1,139 @@
+//! Claiming: which nodes of a graph an evaluation enqueues, and each node's submission
+//! status. Generic over the node handle ([`Claimable`]) so that the same code is
+//! model-checked with loom in `crates/rill-loom` on tiny graphs.
+//!
+//! | status | set by | under |
+//! |---|---|---|
+//! | `Pending` | construction | — |
+//! | `Scheduled` | [`claim`], by the evaluation that will push the node's batch | the node's stream's queue lock, then the node's state lock |
+//! | `Done` | [`complete`] (the executor, or cancellation at shutdown), before the outcome is published | the node's state lock |
+//!
+//! An evaluation lists the `Pending` nodes below its outputs in topological order
+//! ([`pending_order`]), cuts the list into batches of one stream each, and for each batch,
+//! holding that stream's queue lock, claims the nodes still `Pending` ([`claim`]) and
+//! pushes them before releasing the lock. Hence:
+//!
+//! - every node is claimed, so computed, exactly once: all claims of a node are
+//!   serialised by its stream's queue lock (the node's own lock keeps the readers of its
+//!   state, the graph walks and the executor, consistent);
+//! - a node seen claimed (not `Pending`) is already in its stream's queue, because its
+//!   claimer pushed it before releasing the lock that this claim now holds; so every
+//!   dependency of a batch was queued before the batch, and the earliest unfinished batch
+//!   can always run (no deadlock);
+//! - an input counts as a dependency until its outcome is published (not merely marked
+//!   `Done`), so a batch never runs before the values it reads exist.
+
+use std::collections::HashSet;
+
+use crate::runtime::completion::Completion;
+use crate::sync::{Mutex, MutexGuard};
+
+/// Submission status of a node; the outcome itself lives in the node's completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Status {
+    Pending,
+    Scheduled,
+    Done,
+}
+
+/// The mutable part of a node: its status and, until it is done, its inputs.
+pub(crate) struct NodeState<H> {
+    pub status: Status,
+    pub inputs: Vec<H>,
+}
+
+/// A cheap handle to a graph node, as the claim protocol sees it.
+pub(crate) trait Claimable: Clone {
+    /// A process-unique id of the node.
+    fn id(&self) -> u64;
+    /// The node's status and inputs.
+    fn state(&self) -> &Mutex<NodeState<Self>>;
+    /// True once the node's outcome is published (lock-free).
+    fn is_done(&self) -> bool;
+}
+
+/// The inputs of a node that is still `Pending`; `None` once claimed or done.
+fn pending_inputs<H: Claimable>(h: &H) -> Option<Vec<H>> {
+    let g = h.state().lock();
+    (g.status == Status::Pending).then(|| g.inputs.clone())
+}
+
+/// The `Pending` nodes below `outputs` (included), each once, in topological order (inputs
+/// first). Iterative, so graphs of any depth work. The walk does not descend below a node
+/// that is claimed or done: whatever that node needs is its claimer's business.
+pub(crate) fn pending_order<H: Claimable>(outputs: &[H]) -> Vec<H> {
+    let mut order = Vec::new();
+    let mut seen: HashSet<u64> = HashSet::new();
+    let mut stack: Vec<(H, Vec<H>, usize)> = Vec::new();
+    for out in outputs {
+        if !seen.insert(out.id()) {
+            continue;
+        }
+        if let Some(ins) = pending_inputs(out) {
+            stack.push((out.clone(), ins, 0));
+        }
+        while let Some(top) = stack.last_mut() {
+            if top.2 < top.1.len() {
+                let child = top.1[top.2].clone();
+                top.2 += 1;
+                if seen.insert(child.id()) {
+                    if let Some(ins) = pending_inputs(&child) {
+                        stack.push((child, ins, 0));
+                    }
+                }
+            } else if let Some((h, _, _)) = stack.pop() {
+                order.push(h);
+            }
+        }
+    }
+    order
+}
+
+/// What one batch claimed: the nodes to run, and the inputs outside the batch that are
+/// not done yet (each once).
+pub(crate) struct Claimed<H> {
+    pub nodes: Vec<H>,
+    pub deps: Vec<H>,
+}
+
+/// Claims (`Pending → Scheduled`) the nodes of `candidates` that are still `Pending`;
+/// nodes claimed by another evaluation are skipped (and become dependencies of the nodes
+/// that need them). `candidates` are consecutive entries of a [`pending_order`] list, all
+/// on one stream; `_queue` is the guard of that stream's queue, which the caller holds
+/// until it has pushed the returned nodes.
+pub(crate) fn claim<H: Claimable, Q>(_queue: &MutexGuard<'_, Q>, candidates: &[H]) -> Claimed<H> {
+    let mut nodes: Vec<H> = Vec::with_capacity(candidates.len());
+    let mut deps: Vec<H> = Vec::new();
+    for h in candidates {
+        let mut g = h.state().lock();
+        if g.status != Status::Pending {
+            continue;
+        }
+        g.status = Status::Scheduled;
+        for input in &g.inputs {
+            if !input.is_done()
+                && !nodes.iter().any(|n| n.id() == input.id())
+                && !deps.iter().any(|d| d.id() == input.id())
+            {
+                deps.push(input.clone());
+            }
+        }
+        drop(g);
+        nodes.push(h.clone());
+    }
+    Claimed { nodes, deps }
+}
+
+/// `Scheduled → Done`: records the outcome of a node, wakes everything waiting for it and
+/// drops its inputs. Returns false (recording nothing) if the outcome was already set.
+pub(crate) fn complete<H, T: Clone>(state: &Mutex<NodeState<H>>, result: &Completion<T>, value: T) -> bool {
+    // Inputs go first, so that whoever wakes up sees an evaluated node without them.
+    let inputs = {
+        let mut g = state.lock();
+        g.status = Status::Done;
+        std::mem::take(&mut g.inputs)
+    };
+    let first = result.complete(value);
+    drop(inputs);
+    first
+}
