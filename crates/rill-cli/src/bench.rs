@@ -109,12 +109,32 @@ pub fn run(device: Device, names: &[String]) -> Result<()> {
             t * 1e3,
             12.0 * n as f64 / t / 1e9
         );
+        // Calls in flight: `k` calls recorded, then evaluated together, so each call's
+        // latency (allocation, launch, completion) overlaps the others' kernels.
+        let k = 8;
+        let t = time(1, 5, || {
+            let ys =
+                (0..k).map(|_| Ok(compiled.call(&[a.clone(), b.clone()])?.remove(0))).collect::<Result<Vec<_>>>()?;
+            rill::eval(&ys)
+        })? / k as f64;
+        println!(
+            "chain8   compiled, {k} calls in flight: {:8.3} ms/call ({:6.1} GB/s)",
+            t * 1e3,
+            12.0 * n as f64 / t / 1e9
+        );
         let (r, c) = if gpu { (8192, 4096) } else { (1024, 4096) };
         let (h, bias, res) =
             (filled(&[r, c], DType::F32, 11)?, filled(&[c], DType::F32, 12)?, filled(&[r, c], DType::F32, 13)?);
         let block = rill::compile(|x: &[Array]| Ok(vec![x[0].add(&x[1])?.gelu()?.add(&x[2])?]));
         let t = time(2, 10, || block.call(&[h.clone(), bias.clone(), res.clone()])?[0].eval())?;
         println!("bias_gelu_residual compiled {r}x{c}: {:8.3} ms", t * 1e3);
+        let t = time(1, 5, || {
+            let ys = (0..k)
+                .map(|_| Ok(block.call(&[h.clone(), bias.clone(), res.clone()])?.remove(0)))
+                .collect::<Result<Vec<_>>>()?;
+            rill::eval(&ys)
+        })? / k as f64;
+        println!("bias_gelu_residual compiled, {k} calls in flight: {:8.3} ms/call", t * 1e3);
     }
     if want("overhead") {
         // The fixed cost of one `eval` of one small op: recording, scheduling, launch and

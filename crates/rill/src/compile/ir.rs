@@ -8,9 +8,12 @@
 //! kernel rounds its output, so a fused program computes the same bits as the chain of
 //! ops it replaces.
 
+use std::any::Any;
 use std::fmt;
 
 use half::{bf16, f16};
+
+use crate::sync::{Arc, Mutex};
 
 use crate::dtype::DType;
 use crate::primitives::{BinaryOp, UnaryOp};
@@ -49,6 +52,60 @@ pub struct FusedProgram {
     pub(crate) insts: Vec<Inst>,
     pub(crate) dtypes: Vec<DType>,
     pub(crate) out: Reg,
+    /// Kernels a backend built for this program (not part of its value).
+    pub(crate) kernels: KernelMemo,
+}
+
+/// What a backend built for one program (compiled kernels), keyed by bytes the backend
+/// chooses (device, launch plan), so that a replayed call finds its kernel without
+/// generating source or formatting a cache key. It is not part of the program's value:
+/// a clone starts empty, every memo compares equal, and it is freed with the program.
+#[derive(Default)]
+pub(crate) struct KernelMemo(Mutex<Vec<MemoEntry>>);
+
+/// One memoised value and its key.
+type MemoEntry = (Box<[u8]>, Arc<dyn Any + Send + Sync>);
+
+impl KernelMemo {
+    /// The value memoised under `key`, or the one `make` builds (kept when it succeeds).
+    /// `make` runs under the memo's lock, so concurrent first calls build once.
+    #[allow(dead_code)]
+    pub(crate) fn get_or_try_insert<T, E>(&self, key: &[u8], make: impl FnOnce() -> Result<T, E>) -> Result<T, E>
+    where
+        T: Any + Send + Sync + Clone,
+    {
+        let mut g = self.0.lock();
+        if let Some(v) = g.iter().find(|(k, _)| **k == *key).and_then(|(_, v)| v.downcast_ref::<T>()) {
+            return Ok(v.clone());
+        }
+        let v = make()?;
+        g.retain(|(k, _)| **k != *key);
+        g.push((key.into(), Arc::new(v.clone())));
+        Ok(v)
+    }
+    /// Number of memoised values.
+    #[allow(dead_code)]
+    pub(crate) fn len(&self) -> usize {
+        self.0.lock().len()
+    }
+}
+
+impl Clone for KernelMemo {
+    fn clone(&self) -> Self {
+        KernelMemo::default()
+    }
+}
+
+impl PartialEq for KernelMemo {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl fmt::Debug for KernelMemo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "KernelMemo({})", self.len())
+    }
 }
 
 impl FusedProgram {
@@ -164,6 +221,12 @@ impl Builder {
     }
     /// Finishes with `out` as the output register.
     pub fn finish(self, out: Reg) -> FusedProgram {
-        FusedProgram { input_dtypes: self.inputs, insts: self.prog, dtypes: self.dtypes, out }
+        FusedProgram {
+            input_dtypes: self.inputs,
+            insts: self.prog,
+            dtypes: self.dtypes,
+            out,
+            kernels: KernelMemo::default(),
+        }
     }
 }

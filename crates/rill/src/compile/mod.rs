@@ -55,9 +55,19 @@
 //! are the group's external inputs broadcast to the output shape. 0-d `Full` inputs
 //! become constants; a `BroadcastTo` input is read through its source. Every register
 //! is rounded to its dtype after each instruction, exactly where the unfused kernels
-//! round (f16/bf16 compute in f32), so compiled and uncompiled results are equal.
-//! Integer-valued ops are not fused. Fusion happens only on backends with a fused
-//! kernel (the CPU today).
+//! round (f16/bf16 compute in f32), so compiled and uncompiled results are equal on
+//! the CPU. Integer-valued ops are not fused. The CPU interprets programs; the CUDA
+//! backend generates one kernel per program and launch plan (see `cuda_src`): a linear
+//! loop with 16-byte vector loads when every input is contiguous with the output or a
+//! scalar, row or column broadcast, else a strided loop over merged axes. Additions and
+//! multiplications are explicitly rounded there (never contracted into an FMA) and the
+//! math functions are those of the unfused kernels, so fused and unfused GPU results
+//! agree up to the compiler's treatment of each op's own expression.
+//!
+//! **Per call.** A replay looks the key up (one map lookup under a lock), records one
+//! node per tape node, and at evaluation the fused kernel's function is found in a memo
+//! inside its program (no source generation, no formatted key); nothing is traced or
+//! compiled again.
 //!
 //! **Shapeless mode** ([`compile_shapeless`]): the key has ranks instead of shapes; the
 //! tape traced for the first shapes is replayed for other shapes of the same ranks by
@@ -73,7 +83,7 @@
 pub(crate) mod cpu;
 pub(crate) mod cuda_src;
 mod fuse;
-mod ir;
+pub(crate) mod ir;
 mod shapes;
 mod simplify;
 mod trace;
@@ -269,7 +279,7 @@ impl Compiled {
         };
         if self.inner.options.shapeless {
             let ranks = shapes.iter().map(|s| s.len()).collect();
-            let e = self.entry(key(ShapeKey::Ranks(ranks)), &shapes, &dtypes, statics, &stream)?;
+            let e = self.entry(&key(ShapeKey::Ranks(ranks)), &shapes, &dtypes, statics, &stream)?;
             if e.tape.input_shapes == shapes {
                 return Ok(trace::replay(&e.tape, &inputs, None, &stream));
             }
@@ -278,21 +288,32 @@ impl Compiled {
                 return Ok(trace::replay(&e.tape, &inputs, Some(&node_shapes), &stream));
             }
         }
-        let e = self.entry(key(ShapeKey::Exact(shapes.clone())), &shapes, &dtypes, statics, &stream)?;
+        let key = key(ShapeKey::Exact(shapes));
+        let shapes: &[Vec<usize>] = match &key.shapes {
+            ShapeKey::Exact(s) => s,
+            ShapeKey::Ranks(_) => &[],
+        };
+        let e = self.entry(&key, shapes, &dtypes, statics, &stream)?;
         Ok(trace::replay(&e.tape, &inputs, None, &stream))
     }
 
     /// The entry for `key`, tracing it when missing (one tracer per key at a time).
     fn entry(
         &self,
-        key: Key,
+        key: &Key,
         shapes: &[Vec<usize>],
         dtypes: &[DType],
         statics: &[i64],
         stream: &crate::runtime::stream::Stream,
     ) -> Result<Arc<Entry>> {
         let polymorphic_key = matches!(key.shapes, ShapeKey::Ranks(_));
-        let slot = self.inner.cache.lock().entry(key).or_default().clone();
+        let slot = {
+            let mut cache = self.inner.cache.lock();
+            match cache.get(key) {
+                Some(s) => s.clone(),
+                None => cache.entry(key.clone()).or_default().clone(),
+            }
+        };
         let me = std::thread::current().id();
         {
             let mut g = slot.state.lock();
