@@ -151,6 +151,10 @@ impl Plan {
             q.last = nodes.last().map(|a| Arc::downgrade(&a.node));
             let spawn = q.serial.push(Batch { nodes, deps });
             drop(q);
+            // Batches always run on the runtime's pool, never inline on the caller: a
+            // kernel compile (NVRTC) or driver call on a user thread could still be
+            // running when that thread or the process exits (measured: running GPU
+            // batches inline in `eval` made the GPU exit torture crash inside NVRTC).
             if spawn {
                 spawn_stream(stream);
             }

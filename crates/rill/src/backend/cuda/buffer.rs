@@ -112,6 +112,64 @@ pub(crate) fn cuda_of(s: &Storage) -> Option<&CudaBuffer> {
     }
 }
 
+/// Slots (8 bytes each) of a device's scalar slab.
+const SCALAR_SLOTS: usize = 4096;
+
+/// One-element host values (the `0.5` of `x * 0.5`) copied once per device into a slab of
+/// 8-byte slots, keyed by (dtype, bits): a chain of ops with scalar operands then makes no
+/// host-to-device copy per op. The slab lives as long as the device state (never freed,
+/// leaked at exit like every buffer then).
+#[derive(Default)]
+pub(crate) struct ScalarCache {
+    slab: Option<Storage>,
+    slots: std::collections::HashMap<(DType, u64), usize>,
+}
+
+/// The device copy of a one-element host storage from the device's scalar slab, or `None`
+/// when `s` is not one element or the slab is full (the caller uploads as usual).
+pub(crate) fn scalar_on_device(cs: &CudaStreamHandle, s: &Storage) -> Result<Option<Storage>> {
+    let Some(cpu) = s.cpu() else { return Ok(None) };
+    if s.layout.numel() != 1 || s.dtype.size() > 8 {
+        return Ok(None);
+    }
+    let size = s.dtype.size();
+    let start = s.layout.offset * size;
+    let mut bits = [0u8; 8];
+    bits[..size].copy_from_slice(&cpu.bytes()[start..start + size]);
+    let key = (s.dtype, u64::from_le_bytes(bits));
+    let view = |slab: &Storage, slot: usize| Storage {
+        buffer: slab.buffer.clone(),
+        dtype: s.dtype,
+        layout: Layout { offset: slot * 8 / size, ..Layout::contiguous(&s.layout.shape) },
+        fence: None,
+    };
+    let mut g = cs.dev.scalars.lock();
+    if let (Some(slab), Some(&slot)) = (&g.slab, g.slots.get(&key)) {
+        return Ok(Some(view(slab, slot)));
+    }
+    if g.slots.len() >= SCALAR_SLOTS {
+        return Ok(None);
+    }
+    let _ = cs.dev.ctx.bind_to_thread();
+    if g.slab.is_none() {
+        let buf = CudaBuffer::alloc(cs, SCALAR_SLOTS * 8)?;
+        // The allocation is ordered on `cs`; the copies below run on the transfer stream.
+        cs.stream().synchronize().map_err(|e| super::backend_err("to_device", e))?;
+        g.slab = Some(Storage::contiguous(Buffer::Cuda(buf), DType::U8, &[SCALAR_SLOTS * 8]));
+    }
+    let slot = g.slots.len();
+    let slab = g.slab.clone().ok_or_else(|| Error::invalid("to_device", "scalar slab missing"))?;
+    let ptr = cuda_of(&slab).map(|b| b.ptr()).unwrap_or(0) + (slot * 8) as u64;
+    let t = &cs.dev.transfer;
+    // SAFETY: the slot lies inside the slab; the copy has finished when `synchronize`
+    // returns (so every stream may read it without an event), while `bits` is alive.
+    unsafe { cudarc::driver::result::memcpy_htod_async(ptr, &bits[..], t.cu_stream()) }
+        .map_err(|e| super::backend_err("to_device", e))?;
+    t.synchronize().map_err(|e| super::backend_err("to_device", e))?;
+    g.slots.insert(key, slot);
+    Ok(Some(view(&slab, slot)))
+}
+
 /// Copies a host storage to a new contiguous device storage on `cs`.
 pub(crate) fn upload(cs: &CudaStreamHandle, s: &Storage) -> Result<Storage> {
     let host;

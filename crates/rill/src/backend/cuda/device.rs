@@ -31,6 +31,8 @@ pub(crate) struct DeviceState {
     pub sms: u32,
     /// A stream for host↔device copies made outside of batches (`to_host`).
     pub transfer: Arc<CudaStream>,
+    /// Device copies of one-element host values (see `buffer::scalar_on_device`).
+    pub scalars: Mutex<super::buffer::ScalarCache>,
     worker: Worker,
 }
 
@@ -139,6 +141,7 @@ fn init(ordinal: usize) -> Result<Arc<DeviceState>> {
         arch: format!("sm_{major}{minor}"),
         sms,
         transfer,
+        scalars: Mutex::new(super::buffer::ScalarCache::default()),
         worker: Worker { q, handle: Mutex::new(Some(handle)) },
     }))
 }
@@ -161,6 +164,13 @@ fn keep_pool_memory(ctx: &CudaContext) {
     }
 }
 
+/// How long the completion worker polls a batch's event before yielding, and then before
+/// blocking in the driver: a blocking wait wakes tens of microseconds after the GPU
+/// finishes, which is most of the cost of a short evaluation. The worker only polls while
+/// a batch it was handed is still running on the GPU.
+const SPIN: Duration = Duration::from_micros(100);
+const YIELDING: Duration = Duration::from_millis(2);
+
 fn worker_main(ctx: Arc<CudaContext>, q: Arc<(Mutex<WorkerQueue>, Condvar)>) {
     stats::THREADS_LIVE.fetch_add(1, SeqCst);
     stats::THREADS_STARTED.fetch_add(1, SeqCst);
@@ -182,7 +192,7 @@ fn worker_main(ctx: Arc<CudaContext>, q: Arc<(Mutex<WorkerQueue>, Condvar)>) {
         // Once shutdown has closed the backend gate, pending batches report ShutDown.
         let r = match lifecycle::enter_backend() {
             None => Err(Error::ShutDown),
-            Some(_pass) => match catch_unwind(AssertUnwindSafe(|| ev.synchronize())) {
+            Some(_pass) => match catch_unwind(AssertUnwindSafe(|| ev.wait_low_latency(SPIN, YIELDING))) {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(e)) => Err(Error::backend("cuda", format!("device work failed: {e:?}"))),
                 Err(p) => Err(Error::Panic { op: "cuda", msg: panic_msg(p).into() }),

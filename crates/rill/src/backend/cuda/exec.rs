@@ -23,7 +23,7 @@ use crate::runtime::stream::Stream;
 use crate::runtime::{lifecycle, stats};
 use crate::sync::Arc;
 
-use super::buffer::{cuda_of, download, upload};
+use super::buffer::{cuda_of, download, scalar_on_device, upload};
 use super::handles::{CudaStreamHandle, Ev};
 use super::{copy, elementwise as ew, fused, matmul, norm, random, reduce, scan};
 
@@ -159,7 +159,10 @@ fn prepare_inputs(cs: &CudaStreamHandle, inputs: &[Storage], waited: &mut Vec<us
 /// The device storage of an input: uploaded when it lives on the host.
 fn on_gpu(cs: &CudaStreamHandle, s: &Storage) -> Result<Storage> {
     match &*s.buffer {
-        Buffer::Cpu(_) => upload(cs, s),
+        Buffer::Cpu(_) => match scalar_on_device(cs, s)? {
+            Some(d) => Ok(d),
+            None => upload(cs, s),
+        },
         Buffer::Cuda(b) if b.ordinal != cs.dev.ordinal => upload(cs, &to_host(s)?),
         Buffer::Cuda(_) => Ok(s.clone()),
     }

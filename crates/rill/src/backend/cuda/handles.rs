@@ -47,6 +47,44 @@ impl Ev {
         // SAFETY: a live event.
         unsafe { sys::cuEventSynchronize(self.ev).result() }
     }
+    /// True when the recorded work has finished (never blocks).
+    pub fn query(&self) -> std::result::Result<bool, DriverError> {
+        self.ctx.bind_to_thread()?;
+        // SAFETY: a live event.
+        match unsafe { sys::cuEventQuery(self.ev) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => Err(DriverError(e)),
+        }
+    }
+    /// Waits for the recorded work with low latency: polls for `spin`, then polls while
+    /// yielding the CPU for `yielding`, then blocks in the driver (which sleeps until the
+    /// GPU's interrupt, tens of microseconds late).
+    pub fn wait_low_latency(
+        &self,
+        spin: std::time::Duration,
+        yielding: std::time::Duration,
+    ) -> std::result::Result<(), DriverError> {
+        let start = std::time::Instant::now();
+        let mut polls = 0u32;
+        loop {
+            if self.query()? {
+                return Ok(());
+            }
+            polls += 1;
+            if polls % 16 == 0 {
+                let t = start.elapsed();
+                if t > spin + yielding {
+                    return self.synchronize();
+                }
+                if t > spin {
+                    std::thread::yield_now();
+                    continue;
+                }
+            }
+            std::hint::spin_loop();
+        }
+    }
     /// Makes `stream` wait (on the GPU) for the recorded work.
     pub fn wait_on(&self, stream: &CudaStream) -> std::result::Result<(), DriverError> {
         self.ctx.bind_to_thread()?;
@@ -73,8 +111,12 @@ impl Drop for Ev {
     }
 }
 
-/// A cuBLAS handle bound to one stream, destroyed by hand.
-pub(crate) struct Blas(pub cudarc::cublas::sys::cublasHandle_t);
+/// A cuBLAS handle bound to one stream, with its own workspace, destroyed by hand (the
+/// workspace is a raw allocation that is leaked, like the handle, during shutdown).
+pub(crate) struct Blas {
+    pub handle: cudarc::cublas::sys::cublasHandle_t,
+    pub workspace: ManuallyDrop<Option<cudarc::driver::CudaSlice<u8>>>,
+}
 // SAFETY: a cuBLAS handle may be used from any thread, one at a time (guarded by a mutex).
 unsafe impl Send for Blas {}
 
@@ -121,10 +163,14 @@ impl Drop for CudaStreamHandle {
         }
         let Some(_pass) = lifecycle::enter_backend() else { return };
         let _ = catch_unwind(AssertUnwindSafe(|| {
-            if let Some(Blas(h)) = blas {
+            if let Some(mut b) = blas {
                 let _ = self.dev.ctx.bind_to_thread();
-                // SAFETY: the handle was created by us and is destroyed once.
-                let _ = unsafe { cudarc::cublas::result::destroy_handle(h) };
+                // SAFETY: the handle was created by us and is destroyed once; then its
+                // workspace is freed (in stream order, after the handle's last use).
+                unsafe {
+                    let _ = cudarc::cublas::result::destroy_handle(b.handle);
+                    ManuallyDrop::drop(&mut b.workspace);
+                }
             }
             // SAFETY: dropped exactly once, here. Buffers allocated on this stream keep
             // their own reference, so the CUDA stream lives until the last one is freed.

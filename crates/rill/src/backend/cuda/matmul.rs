@@ -17,6 +17,9 @@ use super::handles::{Blas, CudaStreamHandle};
 
 static TF32: AtomicBool = AtomicBool::new(false);
 
+/// Bytes of the per-stream cuBLAS workspace.
+const WORKSPACE: usize = 32 << 20;
+
 /// Allows f32 matrix products on GPUs to use TF32 tensor cores (faster, about 10 bits of
 /// mantissa in the products). Off by default; `RILL_CUDA_TF32=1` also turns it on.
 /// Returns the previous setting.
@@ -86,9 +89,18 @@ pub(crate) fn matmul(
         let mut g = cs.blas.lock();
         if g.is_none() {
             let h = cb::create_handle().map_err(|e| super::backend_err("matmul", e))?;
-            *g = Some(Blas(h));
+            // A workspace of its own lets cuBLAS pick its fastest Hopper kernels (the
+            // default one is small); without memory for it, cuBLAS runs without.
+            // SAFETY: scratch memory, written by cuBLAS before it is read.
+            let ws = unsafe { cs.stream().alloc::<u8>(WORKSPACE) }.ok();
+            if let Some(w) = &ws {
+                let (p, _) = cudarc::driver::DevicePtr::device_ptr(w, cs.stream());
+                // SAFETY: the workspace outlives the handle (both freed together).
+                unsafe { cbsys::cublasSetWorkspace_v2(h, p as *mut std::ffi::c_void, WORKSPACE) };
+            }
+            *g = Some(Blas { handle: h, workspace: std::mem::ManuallyDrop::new(ws) });
         }
-        let h = g.as_ref().map(|b| b.0).unwrap_or(std::ptr::null_mut());
+        let h = g.as_ref().map(|b| b.handle).unwrap_or(std::ptr::null_mut());
         let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
         let (alpha, beta): (*const std::ffi::c_void, *const std::ffi::c_void) = if dtype == DType::F64 {
             ((&one64 as *const f64).cast(), (&zero64 as *const f64).cast())

@@ -14,7 +14,12 @@ use crate::sync::{Arc, Mutex};
 
 use super::device::DeviceState;
 
-type ModuleMap = HashMap<(usize, String), Arc<CudaModule>>;
+/// A loaded module and the functions already looked up in it.
+struct Entry {
+    module: Arc<CudaModule>,
+    funcs: Vec<(String, CudaFunction)>,
+}
+type ModuleMap = HashMap<(usize, String), Entry>;
 static CACHE: Mutex<Option<ModuleMap>> = Mutex::new(None);
 
 /// Threads per block of the elementwise kernels.
@@ -28,23 +33,26 @@ pub(crate) fn grid_for(dev: &DeviceState, n: usize) -> LaunchConfig {
 
 /// The function `name` of the module cached under `key`, compiling `src()` on a miss.
 pub(crate) fn function(dev: &DeviceState, key: &str, name: &str, src: impl FnOnce() -> String) -> Result<CudaFunction> {
-    let module = {
-        let mut g = CACHE.lock();
-        let map = g.get_or_insert_with(HashMap::new);
-        match map.get(&(dev.ordinal, key.to_string())) {
-            Some(m) => m.clone(),
-            None => {
-                let image = compile(dev, key, &src())?;
-                let m = dev
-                    .ctx
-                    .load_module(image)
-                    .map_err(|e| Error::backend("cuda", format!("loading kernel {key}: {e:?}")))?;
-                map.insert((dev.ordinal, key.to_string()), m.clone());
-                m
-            }
+    let mut g = CACHE.lock();
+    let map = g.get_or_insert_with(HashMap::new);
+    let entry = match map.entry((dev.ordinal, key.to_string())) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(v) => {
+            let image = compile(dev, key, &src())?;
+            let module = dev
+                .ctx
+                .load_module(image)
+                .map_err(|e| Error::backend("cuda", format!("loading kernel {key}: {e:?}")))?;
+            v.insert(Entry { module, funcs: Vec::new() })
         }
     };
-    module.load_function(name).map_err(|e| Error::backend("cuda", format!("kernel {key}::{name}: {e:?}")))
+    if let Some((_, f)) = entry.funcs.iter().find(|(n, _)| n == name) {
+        return Ok(f.clone());
+    }
+    let f =
+        entry.module.load_function(name).map_err(|e| Error::backend("cuda", format!("kernel {key}::{name}: {e:?}")))?;
+    entry.funcs.push((name.to_string(), f.clone()));
+    Ok(f)
 }
 
 fn compile(dev: &DeviceState, key: &str, src: &str) -> Result<Ptx> {
