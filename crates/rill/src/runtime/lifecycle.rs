@@ -91,6 +91,9 @@ pub struct ShutdownReport {
     /// True when every runtime thread exited within its bound and no thread was left
     /// inside a backend library when the gate's bound expired.
     pub threads_joined: bool,
+    /// Threads still inside a backend library (a kernel compile, a driver call) when the
+    /// bound expired: 0 unless the machine is badly overloaded or the GPU hangs.
+    pub threads_in_backend: usize,
 }
 
 /// Shuts the runtime down from any thread, draining in-flight work for at most 10 s.
@@ -102,32 +105,93 @@ pub fn shutdown() -> ShutdownReport {
 /// [`shutdown`] with an explicit bound for draining in-flight work.
 pub fn shutdown_timeout(drain: Duration) -> ShutdownReport {
     if STATE.compare_exchange(RUNNING, DRAINING, SeqCst, SeqCst).is_err() {
-        return ShutdownReport { performed: false, abandoned: 0, threads_joined: true };
+        return ShutdownReport { performed: false, abandoned: 0, threads_joined: true, threads_in_backend: 0 };
     }
-    let deadline = Instant::now() + drain;
+    let t0 = Instant::now();
+    let deadline = t0 + drain;
     let abandoned = scheduler::drain_until(deadline);
+    let t_drain = t0.elapsed();
     STATE.store(CANCELLED, SeqCst);
     scheduler::cancel_queued(&stream::live_streams());
     // From here no thread enters a backend library; wait for those inside to leave. The
     // bound is the drain bound again (at least 1 s): a thread stuck in the driver longer
     // than that is left behind, and reported as not joined.
     let gate_clear = GATE.close_and_wait(drain.max(Duration::from_secs(1)));
+    let t_gate = t0.elapsed();
     drop(stream::forget_defaults());
     let mut joined = gate_clear;
     #[cfg(feature = "cuda")]
     {
         joined &= crate::backend::cuda::shutdown(Duration::from_secs(2));
     }
+    let t_workers = t0.elapsed();
     joined &= pool::stop(Duration::from_secs(2));
     crate::backend::cpu::clear_cache();
     STATE.store(DOWN, SeqCst);
-    ShutdownReport { performed: true, abandoned, threads_joined: joined }
+    tracing::debug!(
+        abandoned,
+        gate_clear,
+        joined,
+        "rill shutdown: drained at {t_drain:?}, gate clear at {t_gate:?}, workers stopped at {t_workers:?}, pool stopped at {:?}",
+        t0.elapsed()
+    );
+    if std::env::var_os("RILL_DEBUG_SHUTDOWN").is_some() {
+        eprintln!(
+            "rill shutdown: drained at {t_drain:?} (abandoned {abandoned}), gate clear at {t_gate:?} ({gate_clear}), \
+             workers stopped at {t_workers:?}, pool stopped at {:?} (joined {joined}), in flight {}",
+            t0.elapsed(),
+            stats::IN_FLIGHT.load(SeqCst)
+        );
+    }
+    ShutdownReport { performed: true, abandoned, threads_joined: joined, threads_in_backend: GATE.inside() }
 }
 
-extern "C" fn at_exit() {
+/// The exit hook's work. Returns true when a thread is still inside a backend library
+/// after the bounds, which the C runtime's teardown of that library would crash.
+fn exit_shutdown() -> bool {
     let ms = std::env::var("RILL_EXIT_DRAIN_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000u64);
     // Never unwind across the C boundary.
-    let _ = std::panic::catch_unwind(|| shutdown_timeout(Duration::from_millis(ms)));
+    std::panic::catch_unwind(|| shutdown_timeout(Duration::from_millis(ms)).threads_in_backend > 0).unwrap_or(false)
+}
+
+/// On glibc the hook learns the exit status. If a thread is still inside a backend
+/// library when the bounds expire (an NVRTC compile on a starved machine, a driver call
+/// waiting for a hung GPU), letting `exit` go on would tear that library down under it
+/// and crash the process. Instead rill flushes C stdio and ends the process at once with
+/// the same status (`_exit`): the exit handlers registered before rill initialised and
+/// the libraries' own destructors are skipped, which is what a crash would skip too.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+extern "C" fn at_exit(status: libc::c_int, _arg: *mut libc::c_void) {
+    if exit_shutdown() {
+        // SAFETY: flushing every C stream and ending the process are always allowed here.
+        unsafe {
+            libc::fflush(std::ptr::null_mut());
+            libc::_exit(status);
+        }
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+extern "C" fn at_exit() {
+    let _ = exit_shutdown();
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+unsafe extern "C" {
+    fn on_exit(f: extern "C" fn(libc::c_int, *mut libc::c_void), arg: *mut libc::c_void) -> libc::c_int;
+}
+
+fn register_hook() -> libc::c_int {
+    // SAFETY: `at_exit` is a plain `extern "C"` function that catches every panic.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    unsafe {
+        on_exit(at_exit, std::ptr::null_mut())
+    }
+    // SAFETY: as above.
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    unsafe {
+        libc::atexit(at_exit)
+    }
 }
 
 /// Registers the exit hook once per process. Called by each backend right after it
@@ -136,8 +200,7 @@ pub(crate) fn register_exit_hook() {
     // A backend initialised later registers again so that our hook runs before its own
     // teardown (atexit runs in reverse order); the hook is idempotent.
     HOOK.store(true, SeqCst);
-    // SAFETY: `at_exit` is a plain `extern "C" fn()` that catches every panic.
-    let rc = unsafe { libc::atexit(at_exit) };
+    let rc = register_hook();
     if rc != 0 {
         tracing::warn!("rill: could not register the exit hook (atexit returned {rc})");
     }
