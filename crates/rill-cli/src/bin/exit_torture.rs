@@ -303,21 +303,30 @@ fn run_one(exe: &std::path::Path, seed: u64, ending: &str, device: &str) -> Outc
         s
     });
     let stdout = child.stdout.take().expect("piped stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    let busy = matches!(lines.next(), Some(Ok(l)) if l == "busy");
+    // stdout is read on its own thread (a hung child must not hang the driver).
+    let (busy_tx, busy_rx) = std::sync::mpsc::channel();
+    let out_reader = std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        let _ = busy_tx.send(matches!(lines.next(), Some(Ok(l)) if l == "busy"));
+        // Drain stdout so the child never blocks on a full pipe.
+        for _ in lines {}
+    });
+    let busy = busy_rx.recv_timeout(Duration::from_secs(60)).unwrap_or(false);
     if busy && (ending == "sigterm" || ending == "sigint") {
         let mut r = Rng(seed ^ 0x5eed);
         std::thread::sleep(Duration::from_micros(r.below(20_000)));
         let sig = if ending == "sigterm" { "-TERM" } else { "-INT" };
         let _ = Command::new("kill").args([sig, &child.id().to_string()]).status();
     }
-    // Drain stdout so the child never blocks on a full pipe.
-    for _ in lines {}
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let hang =
+        Duration::from_secs(std::env::var("RILL_TORTURE_HANG_S").ok().and_then(|v| v.parse().ok()).unwrap_or(60));
+    let deadline = Instant::now() + hang;
+    let mut threads_at_hang = String::new();
     let status = loop {
         match child.try_wait() {
             Ok(Some(s)) => break Some(s),
             Ok(None) if Instant::now() > deadline => {
+                threads_at_hang = thread_states(child.id());
                 let _ = child.kill();
                 break None;
             }
@@ -326,8 +335,12 @@ fn run_one(exe: &std::path::Path, seed: u64, ending: &str, device: &str) -> Outc
         }
     };
     let err = err_reader.join().unwrap_or_default();
+    let _ = out_reader.join();
     let Some(status) = status else {
-        return Outcome { ok: false, detail: format!("hung for 60 s; stderr: {err}") };
+        return Outcome {
+            ok: false,
+            detail: format!("hung for {hang:?}; threads (name state wchan): {threads_at_hang}; stderr: {err}"),
+        };
     };
     if status.code() == Some(77) {
         return Outcome { ok: false, detail: format!("no GPU: {err}") };
@@ -346,6 +359,21 @@ fn run_one(exe: &std::path::Path, seed: u64, ending: &str, device: &str) -> Outc
         detail.push_str("; the child never reported busy");
     }
     Outcome { ok: status_ok && err_ok && busy, detail }
+}
+
+/// The name, state and kernel wait channel of every thread of process `pid` (Linux), to
+/// show where a hung child sits.
+fn thread_states(pid: u32) -> String {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return "?".into() };
+    let mut v = Vec::new();
+    for t in dir.flatten() {
+        let p = t.path();
+        let read = |f: &str| std::fs::read_to_string(p.join(f)).unwrap_or_default().trim().to_string();
+        let stat = read("stat");
+        let state = stat.rsplit(')').next().and_then(|r| r.split_whitespace().next()).unwrap_or("?").to_string();
+        v.push(format!("[{} {} {}]", read("comm"), state, read("wchan")));
+    }
+    v.join(" ")
 }
 
 fn drive(args: &[String]) -> i32 {
@@ -367,6 +395,7 @@ fn drive(args: &[String]) -> i32 {
     let failures = Mutex::new(Vec::new());
     let counts = Mutex::new([0u64; 6]);
     let next = std::sync::atomic::AtomicU64::new(0);
+    let slowest = Mutex::new((0.0f64, String::new()));
     std::thread::scope(|sc| {
         for _ in 0..jobs {
             sc.spawn(|| {
@@ -377,7 +406,14 @@ fn drive(args: &[String]) -> i32 {
                     }
                     let run_seed = Rng(seed ^ i.wrapping_mul(0x9E37)).next();
                     let e = (run_seed % ENDINGS.len() as u64) as usize;
+                    let t = Instant::now();
                     let out = run_one(&exe, run_seed, ENDINGS[e], &device);
+                    let took = t.elapsed().as_secs_f64();
+                    if let Ok(mut s) = slowest.lock() {
+                        if took > s.0 {
+                            *s = (took, format!("run {i} (child seed {run_seed}, ending {})", ENDINGS[e]));
+                        }
+                    }
                     if let Ok(mut c) = counts.lock() {
                         c[e] += 1;
                     }
@@ -400,6 +436,9 @@ fn drive(args: &[String]) -> i32 {
         failures.len(),
         per.join(" ")
     );
+    if let Ok(s) = slowest.lock() {
+        println!("exit_torture: slowest run took {:.2} s: {}", s.0, s.1);
+    }
     for f in failures.iter().take(10) {
         println!("FAILED {f}");
     }
