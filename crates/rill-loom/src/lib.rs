@@ -20,13 +20,16 @@ mod completion_src;
 #[path = "../../rill/src/runtime/claim.rs"]
 mod claim_src;
 
+#[path = "../../rill/src/runtime/registry.rs"]
+mod registry_src;
+
 #[path = "../../rill/src/runtime/serial.rs"]
 mod serial_src;
 
 #[path = "../../rill/src/runtime/gate.rs"]
 mod gate_src;
 
-/// Mirrors rill's module paths, `runtime::claim`, `runtime::completion`, `runtime::gate` and `runtime::serial`.
+/// Mirrors rill's module paths, `runtime::claim`, `runtime::completion`, `runtime::gate`, `runtime::registry` and `runtime::serial`.
 pub(crate) mod runtime {
     #[allow(unused_imports)]
     pub(crate) use crate::claim_src as claim;
@@ -34,6 +37,8 @@ pub(crate) mod runtime {
     pub(crate) use crate::completion_src as completion;
     #[allow(unused_imports)]
     pub(crate) use crate::gate_src as gate;
+    #[allow(unused_imports)]
+    pub(crate) use crate::registry_src as registry;
     #[allow(unused_imports)]
     pub(crate) use crate::serial_src as serial;
 }
@@ -44,5 +49,7 @@ mod loom_claim;
 mod loom_completion;
 #[cfg(all(test, loom))]
 mod loom_gate;
+#[cfg(all(test, loom))]
+mod loom_register;
 #[cfg(all(test, loom))]
 mod loom_serial;

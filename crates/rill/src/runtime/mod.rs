@@ -3,7 +3,8 @@
 //! | piece | file | owns |
 //! |---|---|---|
 //! | devices, default device | `device.rs` | nothing (plain values) |
-//! | streams, default streams, registry | `stream.rs` | per-stream FIFO queues |
+//! | streams, default streams | `stream.rs` | per-stream FIFO queues |
+//! | the registry of live streams | `registry.rs` | weak entries |
 //! | eval / async_eval, execution | `scheduler.rs` | nothing (borrows the pool) |
 //! | claiming nodes, node status | `claim.rs` | nothing (used under the queue locks) |
 //! | CPU worker pool | `pool.rs` | the runtime's CPU threads |
@@ -20,6 +21,7 @@ pub(crate) mod gate;
 pub(crate) mod lifecycle;
 pub(crate) mod memory;
 pub(crate) mod pool;
+pub(crate) mod registry;
 pub(crate) mod scheduler;
 pub(crate) mod scope;
 pub(crate) mod serial;

@@ -24,6 +24,7 @@ use std::task::Waker;
 use crate::array::{Array, Node};
 use crate::error::{Error, Result};
 use crate::runtime::device::Device;
+use crate::runtime::registry::Registry;
 use crate::runtime::serial::Serial;
 use crate::runtime::{lifecycle, pool, stats};
 use crate::sync::{Arc, Condvar, Mutex, Weak};
@@ -73,7 +74,7 @@ pub struct Stream {
     pub(crate) inner: Arc<StreamInner>,
 }
 
-static REGISTRY: Mutex<Vec<Weak<StreamInner>>> = Mutex::new(Vec::new());
+static REGISTRY: Registry<StreamInner> = Registry::new();
 static DEFAULTS: Mutex<Vec<Stream>> = Mutex::new(Vec::new());
 
 impl Stream {
@@ -99,9 +100,7 @@ impl Stream {
         });
         stats::STREAMS_CREATED.fetch_add(1, Relaxed);
         stats::STREAMS_LIVE.fetch_add(1, Relaxed);
-        let mut reg = REGISTRY.lock();
-        reg.retain(|w| w.strong_count() > 0);
-        reg.push(Arc::downgrade(&inner));
+        REGISTRY.register(&inner);
         Ok(Stream { inner })
     }
     /// A process-unique id (never reused).
@@ -163,7 +162,7 @@ pub(crate) fn default_stream(device: Device) -> Result<Stream> {
 
 /// Every stream alive now.
 pub(crate) fn live_streams() -> Vec<Stream> {
-    REGISTRY.lock().iter().filter_map(|w| w.upgrade()).map(Stream::from_inner).collect()
+    REGISTRY.snapshot().into_iter().map(Stream::from_inner).collect()
 }
 
 /// Drops the default streams (at shutdown).
