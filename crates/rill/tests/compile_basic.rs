@@ -3,21 +3,14 @@
 
 mod common;
 
+use common::chain;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use common::{Rng, array_of, assert_close, devices, on, tol};
 use rill::primitives::Primitive;
-use rill::{Array, DType, Result, compile, compile_shapeless};
-
-/// The chain: y = a*b + 1; y = tanh(y)*0.5 + a; y = y*y - b; out = sigmoid(y).
-fn chain(x: &[Array]) -> Result<Vec<Array>> {
-    let (a, b) = (&x[0], &x[1]);
-    let y = a.mul(b)?.add(1.0)?;
-    let y = y.tanh()?.mul(0.5)?.add(a)?;
-    let y = y.mul(&y)?.sub(b)?;
-    Ok(vec![y.sigmoid()?])
-}
+use rill::{Array, DType, compile, compile_shapeless};
 
 fn chain_ref(a: f64, b: f64) -> f64 {
     let y = a * b + 1.0;

@@ -8,19 +8,10 @@
 
 mod common;
 
-use common::{Rng, assert_close, gpu, tol};
+use common::{Rng, assert_close, chain, gpu, tol};
 use rill::{Array, DType, Device, Result};
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
-
-/// The chain: `sigmoid((tanh(a*b + 1)*0.5 + a)^2 - b)`.
-fn chain(x: &[Array]) -> Result<Vec<Array>> {
-    let (a, b) = (&x[0], &x[1]);
-    let y = a.mul(b)?.add(1.0)?;
-    let y = y.tanh()?.mul(0.5)?.add(a)?;
-    let y = y.mul(&y)?.sub(b)?;
-    Ok(vec![y.sigmoid()?])
-}
 
 /// A transformer block's `gelu(h + bias) + residual`.
 fn bias_gelu_residual(x: &[Array]) -> Result<Vec<Array>> {

@@ -44,6 +44,14 @@ pub enum UnaryOp {
 }
 
 impl UnaryOp {
+    /// Every unary op, in declaration order.
+    pub const ALL: [UnaryOp; 23] = {
+        use UnaryOp::*;
+        [
+            Neg, Abs, Sign, Exp, Log, Log1p, Sqrt, Rsqrt, Square, Reciprocal, Sin, Cos, Tanh, Sigmoid, Relu, Gelu,
+            GeluTanh, Silu, Erf, Floor, Ceil, Round, LogicalNot,
+        ]
+    };
     /// Name used in messages and generated kernels.
     pub fn name(self) -> &'static str {
         use UnaryOp::*;
@@ -102,6 +110,27 @@ pub enum BinaryOp {
 }
 
 impl BinaryOp {
+    /// Every binary op, in declaration order.
+    pub const ALL: [BinaryOp; 15] = {
+        use BinaryOp::*;
+        [
+            Add,
+            Sub,
+            Mul,
+            Div,
+            Pow,
+            Maximum,
+            Minimum,
+            Equal,
+            NotEqual,
+            Less,
+            LessEqual,
+            Greater,
+            GreaterEqual,
+            LogicalAnd,
+            LogicalOr,
+        ]
+    };
     /// Name used in messages and generated kernels.
     pub fn name(self) -> &'static str {
         use BinaryOp::*;

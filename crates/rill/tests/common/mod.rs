@@ -2,7 +2,16 @@
 //! float64 comparisons.
 #![allow(dead_code)]
 
-use rill::{Array, DType, Device};
+use rill::{Array, DType, Device, Result};
+
+/// The compile issue's chain: y = a*b + 1; y = tanh(y)*0.5 + a; y = y*y - b; out = sigmoid(y).
+pub fn chain(x: &[Array]) -> Result<Vec<Array>> {
+    let (a, b) = (&x[0], &x[1]);
+    let y = a.mul(b)?.add(1.0)?;
+    let y = y.tanh()?.mul(0.5)?.add(a)?;
+    let y = y.mul(&y)?.sub(b)?;
+    Ok(vec![y.sigmoid()?])
+}
 
 /// Devices every op test runs on: the CPU, and GPU 0 when one is usable. With
 /// `RILL_REQUIRE_GPU=1` a missing GPU is a failure, not a skip.
