@@ -177,6 +177,8 @@ fn promotion_table_in_docs() {
         t += "\n";
     }
     println!("{t}");
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/DTYPES.md")).unwrap();
+    // Read at run time (a test binary may run on another machine, see gpu-pack).
+    let dir = std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR is set by cargo and gpu-pack");
+    let doc = std::fs::read_to_string(std::path::Path::new(&dir).join("../../docs/DTYPES.md")).unwrap();
     assert!(doc.contains(&t), "docs/DTYPES.md does not hold the current promotion table:\n{t}");
 }

@@ -6,7 +6,7 @@
 //! stream** (a synchronisation, acceptable for this op) and reads the word back, so that
 //! an out-of-range index is returned as `Error::Index` like on the CPU.
 
-use cudarc::driver::{DeviceRepr, PushKernelArg};
+use cudarc::driver::PushKernelArg;
 
 use crate::backend::Storage;
 use crate::error::{Error, Result};
@@ -14,24 +14,10 @@ use crate::shape::Layout;
 
 use super::buffer::{CudaBuffer, new_storage};
 use super::handles::CudaStreamHandle;
-use super::map::merge_dims;
+use super::map::{Lay, merge_dims};
 use super::norm::elem_ptr;
 use super::nvrtc::{self, grid_for};
 use super::source::{MAX_DIMS, PRELUDE, bits_type, ctype};
-
-/// Destination and source strides of a view copy (mirrors `struct Lay` in the prelude:
-/// operand 0 is the destination, 1 the source).
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Lay {
-    shape: [i64; MAX_DIMS],
-    st: [[i64; MAX_DIMS]; 3],
-    off: [i64; 3],
-    ndim: i32,
-    pad: i32,
-}
-// SAFETY: plain `repr(C)` data with the same layout as the C struct.
-unsafe impl DeviceRepr for Lay {}
 
 fn contiguous(cs: &CudaStreamHandle, s: &Storage) -> Result<Storage> {
     if s.layout.is_contiguous() { Ok(s.clone()) } else { super::elementwise::copy(cs, s) }

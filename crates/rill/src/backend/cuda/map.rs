@@ -23,15 +23,16 @@ use super::source::{MAX_DIMS, PRELUDE};
 /// Vectors each thread of `k_vec` handles per block step.
 const VEC_UNROLL: usize = 4;
 
-/// The strided-layout kernel parameter (mirrors `struct Lay` in the prelude).
+/// The strided-layout kernel parameter (mirrors `struct Lay` in the prelude). Up to three
+/// operands; a view copy (`copy.rs`) uses operand 0 for the destination, 1 for the source.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub(crate) struct Lay {
-    shape: [i64; MAX_DIMS],
-    st: [[i64; MAX_DIMS]; 3],
-    off: [i64; 3],
-    ndim: i32,
-    pad: i32,
+    pub shape: [i64; MAX_DIMS],
+    pub st: [[i64; MAX_DIMS]; 3],
+    pub off: [i64; 3],
+    pub ndim: i32,
+    pub pad: i32,
 }
 // SAFETY: plain `repr(C)` data with the same layout as the C struct.
 unsafe impl DeviceRepr for Lay {}
