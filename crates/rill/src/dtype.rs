@@ -35,6 +35,19 @@ pub const ALL_DTYPES: [DType; 9] =
     [DType::Bool, DType::U8, DType::U32, DType::I32, DType::I64, DType::F16, DType::BF16, DType::F32, DType::F64];
 
 impl DType {
+    /// The C type the generated CUDA kernels store this dtype as (f16/bf16 as raw bits,
+    /// bool as a byte); the type names of the CUDA prelude.
+    pub(crate) fn c_type(self) -> &'static str {
+        match self {
+            DType::Bool | DType::U8 => "u8",
+            DType::U32 => "u32",
+            DType::I32 => "i32",
+            DType::I64 => "i64",
+            DType::F16 | DType::BF16 => "u16",
+            DType::F32 => "float",
+            DType::F64 => "double",
+        }
+    }
     /// Size of one element in bytes.
     pub fn size(self) -> usize {
         match self {

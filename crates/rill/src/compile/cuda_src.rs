@@ -34,15 +34,7 @@ pub(crate) const FUSED_BLOCK: u32 = 256;
 
 /// The CUDA C storage type of a dtype (the type names of the CUDA backend's prelude).
 pub(crate) fn c_type(d: DType) -> &'static str {
-    match d {
-        DType::Bool | DType::U8 => "u8",
-        DType::U32 => "u32",
-        DType::I32 => "i32",
-        DType::I64 => "i64",
-        DType::F16 | DType::BF16 => "u16",
-        DType::F32 => "float",
-        DType::F64 => "double",
-    }
+    d.c_type()
 }
 
 fn lane(d: DType) -> &'static str {

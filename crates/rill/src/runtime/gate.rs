@@ -38,6 +38,7 @@ pub(crate) struct Gate {
 
 /// Proof of being inside the gate; the closer waits until every pass is dropped.
 #[must_use]
+#[allow(dead_code)] // only the CUDA backend enters (unused without the `cuda` feature)
 pub(crate) struct Pass<'a>(&'a Gate);
 
 impl Drop for Pass<'_> {
@@ -59,6 +60,7 @@ impl Gate {
     }
 
     /// A pass while the gate is open; `None` once it has been closed.
+    #[allow(dead_code)] // see `Pass`
     pub fn enter(&self) -> Option<Pass<'_>> {
         if self.word.fetch_add(1, SeqCst) & CLOSED != 0 {
             self.leave();
@@ -67,6 +69,7 @@ impl Gate {
         Some(Pass(self))
     }
 
+    #[allow(dead_code)] // see `Pass`
     fn leave(&self) {
         if self.word.fetch_sub(1, SeqCst) == CLOSED | 1 {
             let _g = self.lock.lock();

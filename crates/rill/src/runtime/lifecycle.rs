@@ -41,6 +41,7 @@ static GATE: Gate = Gate::new();
 /// A pass into the backend libraries, or `None` once shutdown has closed the gate (the
 /// caller then skips the call: returns `Error::ShutDown`, or leaks in a `Drop`). Hold it
 /// across the whole call, including any blocking wait inside the driver.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // only the CUDA backend enters
 pub(crate) fn enter_backend() -> Option<Pass<'static>> {
     GATE.enter()
 }
@@ -66,6 +67,7 @@ pub(crate) fn check_running() -> Result<()> {
 }
 
 /// True once the drain is over: queued work is cancelled and the backend gate is closed.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn is_cancelled() -> bool {
     STATE.load(SeqCst) >= CANCELLED
 }

@@ -66,15 +66,7 @@ __device__ __forceinline__ i64 sat_i64(double d) { if (d != d) return 0; if (d <
 
 /// The C type a dtype is stored as.
 pub(crate) fn ctype(d: DType) -> &'static str {
-    match d {
-        DType::Bool | DType::U8 => "u8",
-        DType::U32 => "u32",
-        DType::I32 => "i32",
-        DType::I64 => "i64",
-        DType::F16 | DType::BF16 => "u16",
-        DType::F32 => "float",
-        DType::F64 => "double",
-    }
+    d.c_type()
 }
 
 /// The unsigned C type of the same width (wrapping integer arithmetic).
