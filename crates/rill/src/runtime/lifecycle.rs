@@ -130,13 +130,6 @@ pub fn shutdown_timeout(drain: Duration) -> ShutdownReport {
     joined &= pool::stop(Duration::from_secs(2));
     crate::backend::cpu::clear_cache();
     STATE.store(DOWN, SeqCst);
-    tracing::debug!(
-        abandoned,
-        gate_clear,
-        joined,
-        "rill shutdown: drained at {t_drain:?}, gate clear at {t_gate:?}, workers stopped at {t_workers:?}, pool stopped at {:?}",
-        t0.elapsed()
-    );
     if std::env::var_os("RILL_DEBUG_SHUTDOWN").is_some() {
         eprintln!(
             "rill shutdown: drained at {t_drain:?} (abandoned {abandoned}), gate clear at {t_gate:?} ({gate_clear}), \

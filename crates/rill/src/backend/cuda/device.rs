@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::OnceLock;
-use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, CudaStream, sys};
@@ -280,5 +280,4 @@ pub(crate) fn clear_cache() {
             }
         }));
     }
-    let _ = Relaxed;
 }

@@ -19,8 +19,9 @@ struct Entry {
     module: Arc<CudaModule>,
     funcs: Vec<(String, CudaFunction)>,
 }
-type ModuleMap = HashMap<(usize, String), Entry>;
-static CACHE: Mutex<Option<ModuleMap>> = Mutex::new(None);
+/// One map per device ordinal, keyed by kernel key (looked up by `&str`: no allocation
+/// on a hit, which is every launch after the first).
+static CACHE: Mutex<Vec<HashMap<String, Entry>>> = Mutex::new(Vec::new());
 
 /// Threads per block of the elementwise kernels.
 pub(crate) const BLOCK: u32 = 256;
@@ -34,18 +35,17 @@ pub(crate) fn grid_for(dev: &DeviceState, n: usize) -> LaunchConfig {
 /// The function `name` of the module cached under `key`, compiling `src()` on a miss.
 pub(crate) fn function(dev: &DeviceState, key: &str, name: &str, src: impl FnOnce() -> String) -> Result<CudaFunction> {
     let mut g = CACHE.lock();
-    let map = g.get_or_insert_with(HashMap::new);
-    let entry = match map.entry((dev.ordinal, key.to_string())) {
-        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-        std::collections::hash_map::Entry::Vacant(v) => {
-            let image = compile(dev, key, &src())?;
-            let module = dev
-                .ctx
-                .load_module(image)
-                .map_err(|e| Error::backend("cuda", format!("loading kernel {key}: {e:?}")))?;
-            v.insert(Entry { module, funcs: Vec::new() })
-        }
-    };
+    if g.len() <= dev.ordinal {
+        g.resize_with(dev.ordinal + 1, HashMap::new);
+    }
+    let map = &mut g[dev.ordinal];
+    if !map.contains_key(key) {
+        let image = compile(dev, key, &src())?;
+        let module =
+            dev.ctx.load_module(image).map_err(|e| Error::backend("cuda", format!("loading kernel {key}: {e:?}")))?;
+        map.insert(key.to_string(), Entry { module, funcs: Vec::new() });
+    }
+    let Some(entry) = map.get_mut(key) else { return Err(Error::backend("cuda", format!("kernel {key} missing"))) };
     if let Some((_, f)) = entry.funcs.iter().find(|(n, _)| n == name) {
         return Ok(f.clone());
     }
