@@ -31,3 +31,43 @@ fn exit_torture_runs_end_cleanly() {
     println!("{stdout}");
     assert!(out.status.success(), "exit torture failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// Main returns while a pool thread compiles a large fused kernel (on the GPU: inside
+/// NVRTC). rill's exit hook must run before the compiler library's own teardown and wait
+/// for the compile; before it was registered again after NVRTC loaded, NVRTC's statics
+/// were destroyed under the compiling thread (SIGSEGV). On the GPU when one is present
+/// (required with `RILL_REQUIRE_GPU=1`), else on the CPU.
+#[test]
+fn exit_during_a_kernel_compile_is_clean() {
+    let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_exit_torture"));
+    let beside = std::env::current_exe().ok().and_then(|e| e.parent().map(|d| d.join("bin-exit_torture")));
+    let exe = [exe].into_iter().chain(beside).find(|p| p.exists()).expect("the exit_torture binary");
+    let require_gpu = std::env::var("RILL_REQUIRE_GPU").as_deref() == Ok("1");
+    let device = if require_gpu { "gpu" } else { "auto" };
+    for run in 0..8 {
+        let out = Command::new(&exe)
+            .args(["compile-exit", "--device", device])
+            .env("RUST_BACKTRACE", "0")
+            // A long drain bound: the hook must wait for the compile, not end the process
+            // through its `_exit` fallback, for this run to show the hook's order is right.
+            .env("RILL_EXIT_DRAIN_MS", "20000")
+            .output()
+            .expect("run exit_torture compile-exit");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "run {run}: status {:?}\nstdout: {stdout}\nstderr: {stderr}",
+            out.status
+        );
+        assert!(stderr.trim().is_empty(), "run {run}: stderr not empty: {stderr}");
+        assert!(stdout.starts_with("compile-exit on "), "run {run}: stdout: {stdout}");
+        if run == 0 {
+            println!("{}", stdout.trim());
+        }
+        if require_gpu {
+            assert!(stdout.contains("gpu"), "RILL_REQUIRE_GPU=1 but ran on: {stdout}");
+        }
+    }
+}

@@ -5,6 +5,7 @@
 //! ```text
 //! exit_torture drive --runs N [--seed S] [--device cpu|gpu] [--jobs J]
 //! exit_torture child --seed S --ending E [--device cpu|gpu]
+//! exit_torture compile-exit [--device cpu|gpu|auto] [--ops N]
 //! ```
 //!
 //! Endings: `return` (exit 0), `exit` (std::process::exit(3) from a non-main thread),
@@ -13,6 +14,11 @@
 //! runtime is dropped with tasks still running, then main returns: exit 0).
 //! The driver fails a run whose status differs from its ending's, or whose stderr shows a
 //! panic other than the intended one, an abort, or any line from rill.
+//!
+//! `compile-exit` is one targeted case: main returns while a pool thread is compiling a
+//! large fused kernel (on the GPU: inside NVRTC, a library loaded after rill's exit hook
+//! was first registered). It prints the device it used on stdout and must exit with 0
+//! and an empty stderr.
 
 use std::cell::RefCell;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -47,9 +53,10 @@ fn main() {
     match args.first().map(String::as_str) {
         Some("drive") => std::process::exit(drive(&args)),
         Some("child") => child(&args),
+        Some("compile-exit") => compile_exit(&args),
         _ => {
             eprintln!(
-                "usage: exit_torture drive --runs N [--seed S] [--device cpu|gpu] [--jobs J] | child --seed S --ending E"
+                "usage: exit_torture drive --runs N [--seed S] [--device cpu|gpu] [--jobs J] | child --seed S --ending E | compile-exit [--device cpu|gpu|auto] [--ops N]"
             );
             std::process::exit(2);
         }
@@ -122,13 +129,63 @@ fn blocked_waiter(device: Device) {
     let _ = x.eval();
 }
 
+/// See the module docs: returns from main while a pool thread compiles a large kernel.
+fn compile_exit(args: &[String]) {
+    trace_fatal_signals();
+    let device = match arg(args, "--device").as_deref() {
+        Some("gpu") => Device::gpu(0).unwrap_or_else(|e| {
+            eprintln!("exit_torture: no GPU: {e}");
+            std::process::exit(77)
+        }),
+        Some("auto") => Device::gpu(0).unwrap_or(Device::cpu()),
+        _ => Device::cpu(),
+    };
+    let ops: usize = arg(args, "--ops").and_then(|s| s.parse().ok()).unwrap_or(100);
+    let run = || -> rill::Result<()> {
+        let stream = device.default_stream()?;
+        let _g = stream.enter();
+        // A first op loads the backend and its kernel compiler.
+        Array::full(&[1024], 1.0, DType::F32)?.add(1.0)?.eval()?;
+        let f = rill::compile(move |x: &[Array]| {
+            let mut y = x[0].clone();
+            for i in 0..ops {
+                y = y.mul(1.0001)?.add(1e-3 * i as f64)?.sin()?;
+            }
+            Ok(vec![y])
+        });
+        let x = Array::full(&[1 << 16], 0.5, DType::F32)?;
+        let s2 = stream.clone();
+        std::thread::spawn(move || {
+            let _g = s2.enter();
+            if let Ok(out) = f.call(&[x]) {
+                let _ = out[0].eval();
+            }
+        });
+        // Return once the fused kernel's batch is submitted: its compile runs on a pool
+        // thread while `exit` runs.
+        while rill::runtime::stats().in_flight == 0 {
+            std::thread::yield_now();
+        }
+        Ok(())
+    };
+    match run() {
+        Ok(()) => println!("compile-exit on {device}"),
+        Err(e) => {
+            eprintln!("exit_torture: compile-exit failed: {e}");
+            std::process::exit(70)
+        }
+    }
+}
+
 /// Diagnostics for a crashing child (`RILL_TORTURE_TRACE=1`): prints the signal, the
-/// thread and a backtrace, then dies of the same signal. Not async-signal-safe; used only
-/// to find where a crash happens.
-extern "C" fn on_fatal_signal(sig: libc::c_int) {
+/// thread, the faulting instruction's library and symbol (a backtrace cannot unwind through
+/// a library without unwind tables), and a backtrace, then dies of the same signal. Not
+/// async-signal-safe; used only to find where a crash happens.
+extern "C" fn on_fatal_signal(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     let name = std::thread::current().name().map(str::to_owned).unwrap_or_else(|| "?".into());
+    eprintln!("exit_torture: fatal signal {sig} on thread '{name}' {}", where_from(info, ctx));
     let bt = std::backtrace::Backtrace::force_capture();
-    eprintln!("exit_torture: fatal signal {sig} on thread '{name}'\n{bt}");
+    eprintln!("{bt}");
     // SAFETY: restores the default action and re-raises, so the status shows the signal.
     unsafe {
         libc::signal(sig, libc::SIG_DFL);
@@ -136,13 +193,45 @@ extern "C" fn on_fatal_signal(sig: libc::c_int) {
     }
 }
 
+/// The faulting address and the library/symbol holding the interrupted instruction.
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+fn where_from(info: *mut libc::siginfo_t, ctx: *mut libc::c_void) -> String {
+    // SAFETY: the kernel passes a valid siginfo and ucontext to an SA_SIGINFO handler.
+    unsafe {
+        let addr = if info.is_null() { std::ptr::null_mut() } else { (*info).si_addr() };
+        let uc = ctx as *const libc::ucontext_t;
+        let pc = if uc.is_null() { 0 } else { (*uc).uc_mcontext.gregs[libc::REG_RIP as usize] as usize };
+        let mut dl: libc::Dl_info = std::mem::zeroed();
+        let (lib, sym) = if pc != 0 && libc::dladdr(pc as *const libc::c_void, &mut dl) != 0 {
+            let s = |p: *const libc::c_char| {
+                if p.is_null() { "?".to_string() } else { std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned() }
+            };
+            (s(dl.dli_fname), format!("{}+{:#x}", s(dl.dli_sname), pc.wrapping_sub(dl.dli_saddr as usize)))
+        } else {
+            ("?".into(), "?".into())
+        };
+        format!("(fault address {addr:?}, pc {pc:#x} in {lib} at {sym})")
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+fn where_from(_info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) -> String {
+    String::new()
+}
+
 fn trace_fatal_signals() {
     if std::env::var("RILL_TORTURE_TRACE").as_deref() != Ok("1") {
         return;
     }
     for sig in [libc::SIGSEGV, libc::SIGBUS, libc::SIGABRT, libc::SIGILL] {
-        // SAFETY: installs a plain handler function.
-        unsafe { libc::signal(sig, on_fatal_signal as *const () as libc::sighandler_t) };
+        // SAFETY: installs a plain SA_SIGINFO handler function.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_fatal_signal as *const () as libc::sighandler_t;
+            sa.sa_flags = libc::SA_SIGINFO;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
     }
 }
 
@@ -377,7 +466,7 @@ fn thread_states(pid: u32) -> String {
 }
 
 fn drive(args: &[String]) -> i32 {
-    let runs: u64 = arg(args, "--runs").and_then(|s| s.parse().ok()).unwrap_or(300);
+    let runs: u64 = arg(args, "--runs").and_then(|s| s.parse().ok()).unwrap_or(100);
     let seed: u64 = arg(args, "--seed").and_then(|s| s.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
     });

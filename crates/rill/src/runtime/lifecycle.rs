@@ -189,11 +189,21 @@ fn register_hook() -> libc::c_int {
     }
 }
 
-/// Registers the exit hook once per process. Called by each backend right after it
-/// initialises, so the hook runs before anything that backend registered itself.
+/// Registers the exit hook (again). Called by each backend right after it initialises,
+/// and after every call that may have loaded a library or constructed one of its
+/// statics (an NVRTC compile, the first cuBLAS call on a new handle), so that the hook
+/// runs before anything those libraries registered for their own teardown.
+///
+/// `exit` runs the handlers of `atexit`/`on_exit`/`__cxa_atexit` in reverse order of
+/// registration. The C++ libraries rill loads lazily (NVRTC, cuBLAS) register the
+/// destructors of their static objects when those objects are constructed: when the
+/// library is loaded, and for function-local statics on first use. A handler registered
+/// before that runs after it, so a pool thread still inside `nvrtcCompileProgram` when
+/// `exit` began would run on a library whose statics are already destroyed (seen as
+/// SIGSEGV on a `rill-cpu-*` thread in about 2 of 1000 GPU exit-torture runs).
+/// Registering again puts the hook ahead of everything registered so far; the hook is
+/// idempotent (only its first call shuts down).
 pub(crate) fn register_exit_hook() {
-    // A backend initialised later registers again so that our hook runs before its own
-    // teardown (atexit runs in reverse order); the hook is idempotent.
     HOOK.store(true, SeqCst);
     let rc = register_hook();
     if rc != 0 {

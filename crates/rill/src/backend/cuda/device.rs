@@ -110,6 +110,10 @@ pub(crate) fn device(ordinal: usize) -> Result<Arc<DeviceState>> {
     }
     table[ordinal] = Some(d.clone());
     drop(table);
+    // Load NVRTC now, on the caller's thread, and register the exit hook after it: an
+    // `exit` while a later compile runs then reaches rill's hook (which waits for it)
+    // before NVRTC's own teardown (see `lifecycle::register_exit_hook`).
+    super::nvrtc::warm_up(&d.arch);
     pool::ensure_started();
     lifecycle::register_exit_hook();
     Ok(d)

@@ -87,7 +87,8 @@ pub(crate) fn matmul(
         }
         let _ = cs.dev.ctx.bind_to_thread();
         let mut g = cs.blas.lock();
-        if g.is_none() {
+        let fresh = g.is_none();
+        if fresh {
             let h = cb::create_handle().map_err(|e| super::backend_err("matmul", e))?;
             // A workspace of its own lets cuBLAS pick its fastest Hopper kernels (the
             // default one is small); without memory for it, cuBLAS runs without.
@@ -99,6 +100,9 @@ pub(crate) fn matmul(
                 unsafe { cbsys::cublasSetWorkspace_v2(h, p as *mut std::ffi::c_void, WORKSPACE) };
             }
             *g = Some(Blas { handle: h, workspace: std::mem::ManuallyDrop::new(ws) });
+            // cuBLAS is loaded by now (its statics registered their teardown): keep the
+            // exit hook ahead of it (see `register_exit_hook`).
+            crate::runtime::lifecycle::register_exit_hook();
         }
         let h = g.as_ref().map(|b| b.handle).unwrap_or(std::ptr::null_mut());
         let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
@@ -110,37 +114,43 @@ pub(crate) fn matmul(
         let op = cbsys::cublasOperation_t::CUBLAS_OP_N;
         // SAFETY: the handle is ours and bound to this stream; the pointers cover the
         // contiguous [batch, m, k], [batch, k, n] and [batch, m, n] operands.
-        unsafe {
+        let res = unsafe {
             cb::set_stream(h, cs.stream().cu_stream() as cbsys::cudaStream_t)
-                .map_err(|e| super::backend_err("matmul", e))?;
-            cb::gemm_strided_batched_ex(
-                h,
-                op,
-                op,
-                n as i32,
-                m as i32,
-                k as i32,
-                alpha,
-                pb as *const std::ffi::c_void,
-                ty,
-                n as i32,
-                (k * n) as i64,
-                pa as *const std::ffi::c_void,
-                ty,
-                k as i32,
-                (m * k) as i64,
-                beta,
-                pc as *mut std::ffi::c_void,
-                ty,
-                n as i32,
-                (m * n) as i64,
-                batch as i32,
-                compute,
-                cbsys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
-            )
-            .map_err(|e| super::backend_err("matmul", e))?;
+                .map_err(|e| super::backend_err("matmul", e))
+                .and_then(|()| {
+                    cb::gemm_strided_batched_ex(
+                        h,
+                        op,
+                        op,
+                        n as i32,
+                        m as i32,
+                        k as i32,
+                        alpha,
+                        pb as *const std::ffi::c_void,
+                        ty,
+                        n as i32,
+                        (k * n) as i64,
+                        pa as *const std::ffi::c_void,
+                        ty,
+                        k as i32,
+                        (m * k) as i64,
+                        beta,
+                        pc as *mut std::ffi::c_void,
+                        ty,
+                        n as i32,
+                        (m * n) as i64,
+                        batch as i32,
+                        compute,
+                        cbsys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
+                    )
+                    .map_err(|e| super::backend_err("matmul", e))
+                })
+        };
+        if fresh {
+            // Statics cuBLAS built on this handle's first call: the same.
+            crate::runtime::lifecycle::register_exit_hook();
         }
-        Ok(())
+        res
     }));
     r.unwrap_or_else(|_| Err(super::unsupported("matmul", "cuBLAS could not be loaded")))?;
     Ok(out)

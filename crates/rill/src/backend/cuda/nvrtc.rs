@@ -59,9 +59,37 @@ fn compile(dev: &DeviceState, key: &str, src: &str) -> Result<Ptx> {
     compile_for(&dev.arch, key, src)
 }
 
+/// Loads NVRTC and compiles one small kernel, once per process, then registers the exit
+/// hook again. NVRTC registers the teardown of its statics (thousands of `__cxa_atexit`
+/// entries) when it is loaded and a few more on its first compile; `exit` runs them before
+/// any hook registered earlier, so a thread still compiling would run on a destroyed
+/// library. Called when a GPU is initialised (before its exit-hook registration) and
+/// before every compile; without NVRTC it does nothing.
+pub(crate) fn warm_up(arch: &str) {
+    static WARM: std::sync::Once = std::sync::Once::new();
+    WARM.call_once(|| {
+        let _ = catch_unwind(AssertUnwindSafe(|| compile_inner(arch, "warm-up", &warm_up_source())));
+        crate::runtime::lifecycle::register_exit_hook();
+    });
+}
+
+/// The kernel compiled once before the first real one (see `compile_for`): the prelude
+/// every rill kernel starts with, and a small kernel using it.
+fn warm_up_source() -> String {
+    format!(
+        "{}\nextern \"C\" __global__ void rill_warm_up(float* p, const u16* b) {{ p[threadIdx.x] += ld_bf16(b[threadIdx.x]); }}\n",
+        super::source::PRELUDE
+    )
+}
+
 /// Compiles `src` for the architecture `arch` (`sm_90`); needs NVRTC, not a GPU.
 pub(crate) fn compile_for(arch: &str, key: &str, src: &str) -> Result<Ptx> {
+    warm_up(arch);
     let r = catch_unwind(AssertUnwindSafe(|| compile_inner(arch, key, src)));
+    // Statics first used by this compile (none were seen after the warm-up with NVRTC
+    // 13.0; kept so that a kernel reaching new compiler code stays covered): keep the hook
+    // ahead of their teardown too. One small entry per distinct kernel.
+    crate::runtime::lifecycle::register_exit_hook();
     r.unwrap_or_else(|_| {
         Err(super::unsupported("compile", "NVRTC (libnvrtc) could not be loaded; install the CUDA toolkit's NVRTC"))
     })
@@ -158,11 +186,9 @@ pub(crate) fn check_compiles(key: &str, src: &str) -> bool {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn prelude_compiles_for_sm90() {
-        let src = format!(
-            "{}\nextern \"C\" __global__ void k(float* o, const u16* a, const u16* b) {{ o[0] = ld_f16(a[0]) + ld_bf16(b[0]); }}\n",
-            super::super::source::PRELUDE
-        );
-        super::check_compiles("test:prelude", &src);
+    fn prelude_and_warm_up_compile_for_sm90() {
+        // The warm-up kernel is the prelude plus a kernel reading bf16: if it stopped
+        // compiling, the warm-up would silently do nothing.
+        super::check_compiles("test:warm-up", &super::warm_up_source());
     }
 }
