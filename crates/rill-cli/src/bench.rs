@@ -136,6 +136,26 @@ pub fn run(device: Device, names: &[String]) -> Result<()> {
         })? / k as f64;
         println!("bias_gelu_residual compiled, {k} calls in flight: {:8.3} ms/call", t * 1e3);
     }
+    if want("fused_reduce") {
+        // A reduction after an elementwise chain (row-wise squared distances, sum((a-b)^2)):
+        // compiled with the reduction fused (the values are never stored) against the
+        // chain compiled alone followed by the same sum (the values stored, then read).
+        let (r, c) = if gpu { (16384, 16384) } else { (4096, 4096) };
+        let (a, b) = (filled(&[r, c], DType::F32, 16)?, filled(&[c], DType::F32, 17)?);
+        let elem = |x: &[Array]| x[0].sub(&x[1])?.square();
+        let fused = rill::compile(move |x: &[Array]| Ok(vec![elem(x)?.sum(&[-1], false)?]));
+        let values = rill::compile(move |x: &[Array]| Ok(vec![elem(x)?]));
+        let t_fused = time(2, 10, || fused.call(&[a.clone(), b.clone()])?[0].eval())?;
+        let t_stored = time(2, 10, || values.call(&[a.clone(), b.clone()])?[0].sum(&[-1], false)?.eval())?;
+        let eager = time(2, 10, || elem(&[a.clone(), b.clone()])?.sum(&[-1], false)?.eval())?;
+        println!(
+            "fused_reduce f32 {r}x{c} row sums: fused {:8.3} ms ({:6.1} GB/s), chain then sum {:8.3} ms, eager {:8.3} ms",
+            t_fused * 1e3,
+            4.0 * (r * c) as f64 / t_fused / 1e9,
+            t_stored * 1e3,
+            eager * 1e3
+        );
+    }
     if want("overhead") {
         // The fixed cost of one `eval` of one small op: recording, scheduling, launch and
         // the completion signal.

@@ -1,5 +1,6 @@
-//! Property test: random elementwise graphs give the same results compiled (traced,
-//! simplified, fused) and not compiled, for f32, f64 and f16, with broadcasting.
+//! Property test: random elementwise graphs, sometimes ending in a reduction, give the
+//! same results compiled (traced, simplified, fused) and not compiled, for f32, f64 and
+//! f16, with broadcasting.
 
 use proptest::prelude::*;
 use rill::{Array, DType, Result, compile};
@@ -64,13 +65,21 @@ fn apply(op: &Op, vals: &[Array], dtype: DType) -> Result<Array> {
     })
 }
 
-fn run(inputs: &[Array], ops: &[Op], extra_out: usize, dtype: DType) -> Result<Vec<Array>> {
+fn run(inputs: &[Array], ops: &[Op], extra_out: usize, red: u8, dtype: DType) -> Result<Vec<Array>> {
     let mut vals: Vec<Array> = inputs.to_vec();
     for op in ops {
         let y = apply(op, &vals, dtype)?;
         vals.push(y);
     }
     let last = vals.last().cloned().unwrap_or_else(|| inputs[0].clone());
+    // A trailing reduction now and then (compile fuses it into the group before it).
+    let last = match red {
+        0 => last.sum(&[-1], false)?,
+        1 => last.max(&[0], true)?,
+        2 => last.mean(&[0, -1], false)?,
+        3 => last.min(&[-1], true)?,
+        _ => last,
+    };
     Ok(vec![last, vals[extra_out % vals.len()].clone()])
 }
 
@@ -117,6 +126,7 @@ proptest! {
         shapes in shapes_strategy(),
         ops in proptest::collection::vec(op_strategy(), 1..12),
         extra in 0..64usize,
+        red in 0..8u8,
         dt in 0..3u8,
         seed in any::<u64>(),
     ) {
@@ -131,8 +141,8 @@ proptest! {
             Array::from_slice(&v, sh).unwrap().astype(dtype).unwrap()
         }).collect();
         let (ops2, dt2) = (ops.clone(), dtype);
-        let f = compile(move |x: &[Array]| run(x, &ops2, extra, dt2));
-        let plain = run(&inputs, &ops, extra, dtype);
+        let f = compile(move |x: &[Array]| run(x, &ops2, extra, red, dt2));
+        let plain = run(&inputs, &ops, extra, red, dtype);
         let compiled = f.call(&inputs);
         match (plain, compiled) {
             (Ok(p), Ok(c)) => {

@@ -10,12 +10,12 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use crate::backend::cpu::elementwise::{unary_f32, unary_f64};
-use crate::backend::cpu::{CpuBuffer, strided};
+use crate::backend::cpu::{CpuBuffer, reduce, strided};
 use crate::backend::{Buffer, Storage};
 use crate::compile::ir::{FusedProgram, Inst, wide_lane};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::primitives::{BinaryOp, UnaryOp};
+use crate::primitives::{BinaryOp, ReduceOp, UnaryOp};
 use crate::shape::{Layout, broadcast_shapes, numel};
 
 /// Elements per chunk.
@@ -29,6 +29,74 @@ enum Lane {
 
 /// Runs a fused program on CPU storages (see the module docs).
 pub(crate) fn eval_fused(p: &FusedProgram, inputs: &[Storage], shape: &[usize], dtype: DType) -> Result<Storage> {
+    let layouts = prepare(p, inputs, shape, dtype)?;
+    let n = numel(shape);
+    let mut buf = CpuBuffer::alloc(dtype, n)?;
+    if n == 0 {
+        return Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape));
+    }
+    crate::with_dtype!(dtype, O => {
+        let out = buf.typed_mut::<O>();
+        let run = |regs: &mut Vec<Lane>, (c, o): (usize, &mut [O])| run_chunk(p, inputs, &layouts, c * CHUNK, o, regs);
+        if n <= CHUNK {
+            let mut regs = scratch(p);
+            run(&mut regs, (0, out));
+        } else {
+            out.par_chunks_mut(CHUNK).enumerate().for_each_init(|| scratch(p), run);
+        }
+    });
+    Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape))
+}
+
+/// Runs a fused program over the broadcast of its inputs and reduces its values over
+/// `axes` into `shape` (the broadcast shape with those axes set to 1) without storing
+/// them: the reduction asks for the pieces it needs (see
+/// [`crate::backend::cpu::reduce::reduce_blocks`]) and each is computed on demand, so
+/// the result has the bits of the fused node followed by the `Reduce` node.
+pub(crate) fn eval_fused_reduce(
+    p: &FusedProgram,
+    op: ReduceOp,
+    axes: &[usize],
+    inputs: &[Storage],
+    shape: &[usize],
+    dtype: DType,
+) -> Result<Storage> {
+    let ins: Vec<&[usize]> = inputs.iter().map(|s| &s.layout.shape[..]).collect();
+    let in_shape = crate::compile::shapes::broadcast_all("fused_reduce", &ins)?;
+    let mut reduced = in_shape.clone();
+    for &a in axes {
+        match reduced.get_mut(a) {
+            Some(d) => *d = 1,
+            None => return Err(Error::invalid("fused_reduce", format!("axis {a} out of range for {in_shape:?}"))),
+        }
+    }
+    if reduced != shape {
+        return Err(Error::invalid("fused_reduce", format!("output shape {shape:?} does not fit {in_shape:?}")));
+    }
+    let form = reduce::block_form(&in_shape, axes);
+    let (n_in, n_out) = (numel(&in_shape), numel(shape));
+    let Some(form) = form.filter(|_| n_in > 0 && n_out > 0) else {
+        // Empty inputs and reductions over separated axes: store the values, then reduce.
+        let x = eval_fused(p, inputs, &in_shape, dtype)?;
+        return reduce::reduce(op, &x, axes, shape, dtype);
+    };
+    let layouts = prepare(p, inputs, &in_shape, dtype)?;
+    let mut buf = CpuBuffer::alloc(dtype, n_out)?;
+    crate::with_dtype!(dtype, O => {
+        let src = reduce::Generated(|start: usize, out: &mut [O]| {
+            let mut regs = scratch(p);
+            for (k, o) in out.chunks_mut(CHUNK).enumerate() {
+                run_chunk(p, inputs, &layouts, start + k * CHUNK, o, &mut regs);
+            }
+        });
+        reduce::reduce_blocks::<O, _>(op, &src, form, buf.typed_mut::<O>());
+    });
+    Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape))
+}
+
+/// Checks the inputs and output dtype of a fused program run over `shape`; returns each
+/// input's layout broadcast to `shape` (merged).
+fn prepare(p: &FusedProgram, inputs: &[Storage], shape: &[usize], dtype: DType) -> Result<Vec<Layout>> {
     if inputs.len() != p.input_dtypes.len() || dtype != p.output_dtype() {
         return Err(Error::invalid(
             "fused",
@@ -51,22 +119,7 @@ pub(crate) fn eval_fused(p: &FusedProgram, inputs: &[Storage], shape: &[usize], 
         }
         layouts.push(merged(&s.layout.broadcast_to(shape)));
     }
-    let n = numel(shape);
-    let mut buf = CpuBuffer::alloc(dtype, n)?;
-    if n == 0 {
-        return Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape));
-    }
-    crate::with_dtype!(dtype, O => {
-        let out = buf.typed_mut::<O>();
-        let run = |regs: &mut Vec<Lane>, (c, o): (usize, &mut [O])| run_chunk(p, inputs, &layouts, c * CHUNK, o, regs);
-        if n <= CHUNK {
-            let mut regs = scratch(p);
-            run(&mut regs, (0, out));
-        } else {
-            out.par_chunks_mut(CHUNK).enumerate().for_each_init(|| scratch(p), run);
-        }
-    });
-    Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape))
+    Ok(layouts)
 }
 
 fn scratch(p: &FusedProgram) -> Vec<Lane> {

@@ -7,11 +7,17 @@
 //! two or more ops become a `Fused` node whose inputs are the group's external inputs.
 //! 0-d `Full` inputs are inlined as constants, and (outside shapeless mode) a
 //! `BroadcastTo` input is replaced by its source, since the fused kernel broadcasts.
+//!
+//! A group root (or a single elementwise node) whose only consumer is a `Reduce` on the
+//! same stream, and which is not an output, becomes one `FusedReduce` node with that
+//! reduction: the group's values are reduced as they are computed instead of being
+//! stored (when the reduced shape is the broadcast of the group's inputs).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::compile::ir::{Builder, Inst, Reg, computable, loadable};
+use crate::compile::shapes::broadcast_all;
 use crate::compile::simplify::dce;
 use crate::compile::trace::{Ref, Tape, TapeNode};
 use crate::dtype::DType;
@@ -23,6 +29,15 @@ fn ref_dtype(tape: &Tape, r: Ref) -> DType {
         Ref::Input(i) => tape.input_dtypes[i],
         Ref::Node(i) => tape.nodes[i].dtype,
         Ref::Const(i) => tape.consts[i].dtype(),
+    }
+}
+
+/// The shape a ref has in a tape.
+fn ref_shape(tape: &Tape, r: Ref) -> &[usize] {
+    match r {
+        Ref::Input(i) => &tape.input_shapes[i],
+        Ref::Node(i) => &tape.nodes[i].shape,
+        Ref::Const(i) => tape.consts[i].shape(),
     }
 }
 
@@ -86,10 +101,38 @@ pub(crate) fn fuse(tape: &mut Tape, absorb_views: bool) {
                 && tape.nodes[consumers[i][0]].stream == tape.nodes[i].stream
         })
         .collect();
+    // A group root whose only consumer is a `Reduce` on its stream: the reduction joins
+    // the group (a trailing reduction), so the group's values are never stored.
+    let reduced_by = |root: usize| -> Option<usize> {
+        let c = *consumers[root].first()?;
+        let node = &tape.nodes[c];
+        let only = consumers[root].len() == 1 && !is_output[root];
+        (only && matches!(node.prim, Primitive::Reduce { .. }) && node.stream == tape.nodes[root].stream).then_some(c)
+    };
     let mut replaced: HashMap<usize, TapeNode> = HashMap::new();
     for root in 0..n {
         if !ok[root] || absorbed[root] {
             continue;
+        }
+        if let Some(red) = reduced_by(root) {
+            let (prog, externals) = build_group(tape, root, &absorbed, absorb_views);
+            // The reduced shape must be the broadcast of the group's inputs (a `BroadcastTo`
+            // read through its source may have widened it); otherwise fuse without it.
+            let ins: Vec<&[usize]> = externals.iter().map(|&r| ref_shape(tape, r)).collect();
+            let fits = broadcast_all("fused_reduce", &ins).is_ok_and(|s| s == tape.nodes[root].shape);
+            if let (true, Primitive::Reduce { op, axes }) = (fits, &tape.nodes[red].prim) {
+                let r = &tape.nodes[red];
+                let prim = Primitive::FusedReduce { program: Arc::new(prog), op: *op, axes: axes.clone() };
+                let node = TapeNode {
+                    prim,
+                    inputs: externals,
+                    shape: r.shape.clone(),
+                    dtype: r.dtype,
+                    stream: r.stream.clone(),
+                };
+                replaced.insert(red, node);
+                continue;
+            }
         }
         let has_member = tape.nodes[root].inputs.iter().any(|r| matches!(r, Ref::Node(i) if absorbed[*i]));
         if !has_member {

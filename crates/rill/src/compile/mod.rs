@@ -64,6 +64,18 @@
 //! math functions are those of the unfused kernels, so fused and unfused GPU results
 //! agree up to the compiler's treatment of each op's own expression.
 //!
+//! **Trailing reductions.** A group (or a single elementwise node) whose only consumer is
+//! a `Reduce` (sum, prod, max, min; `mean` is a sum and a scale) on the same stream, and
+//! which is not an output, becomes one
+//! [`Primitive::FusedReduce`](crate::primitives::Primitive::FusedReduce) node. On the CPU
+//! the reduction asks for the pieces of its input it needs (about 32K elements, whole
+//! rows for trailing axes) and the program computes each piece on demand, so the group's
+//! values are never stored whole; the pieces and the order of combination are those of
+//! the unfused reduction, so the result has the same bits. Reductions over separated
+//! axes and empty shapes store the values first. On the GPU the node still runs as the
+//! fused kernel followed by the reduction kernels (the values are stored once); a single
+//! generated kernel for both is future work.
+//!
 //! **Per call.** A replay looks the key up (one map lookup under a lock), records one
 //! node per tape node, and at evaluation the fused kernel's function is found in a memo
 //! inside its program (no source generation, no formatted key); nothing is traced or
@@ -84,7 +96,7 @@ pub(crate) mod cpu;
 pub(crate) mod cuda_src;
 mod fuse;
 pub(crate) mod ir;
-mod shapes;
+pub(crate) mod shapes;
 mod simplify;
 mod trace;
 

@@ -31,16 +31,15 @@ fn derive(prim: &Primitive, ins: &[&[usize]], traced: &[usize]) -> Option<Result
                 None => Ok(x),
             }
         }
-        Binary(_) | Where | Fused(_) => {
-            let mut s: Vec<usize> = Vec::new();
-            for i in ins {
-                match broadcast_shapes(prim.name(), &s, i) {
-                    Ok(b) => s = b,
-                    Err(e) => return Some(Err(e)),
+        Binary(_) | Where | Fused(_) => broadcast_all(prim.name(), ins),
+        FusedReduce { axes, .. } => broadcast_all(prim.name(), ins).map(|mut s| {
+            for &a in axes {
+                if let Some(d) = s.get_mut(a) {
+                    *d = 1;
                 }
             }
-            Ok(s)
-        }
+            s
+        }),
         Reduce { axes, .. } => {
             let mut s = first();
             for &a in axes {
@@ -74,6 +73,15 @@ fn derive(prim: &Primitive, ins: &[&[usize]], traced: &[usize]) -> Option<Result
         }
         _ => return None,
     })
+}
+
+/// The broadcast of all `ins` (`[]` for none).
+pub(crate) fn broadcast_all(name: &'static str, ins: &[&[usize]]) -> Result<Vec<usize>> {
+    let mut s: Vec<usize> = Vec::new();
+    for i in ins {
+        s = broadcast_shapes(name, &s, i)?;
+    }
+    Ok(s)
 }
 
 fn ref_shape<'a>(tape: &'a Tape, inputs: &'a [Vec<usize>], shapes: &'a [Vec<usize>], r: Ref) -> &'a [usize] {

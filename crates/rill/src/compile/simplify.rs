@@ -43,6 +43,9 @@ pub fn same_op(a: &Primitive, b: &Primitive) -> bool {
         (Pad { widths: w1, value: v1 }, Pad { widths: w2, value: v2 }) => w1 == w2 && v1.to_bits() == v2.to_bits(),
         (Placeholder { index: i }, Placeholder { index: j }) => i == j,
         (Fused(p), Fused(q)) => Arc::ptr_eq(p, q) || **p == **q,
+        (FusedReduce { program: p, op: o1, axes: a1 }, FusedReduce { program: q, op: o2, axes: a2 }) => {
+            (Arc::ptr_eq(p, q) || **p == **q) && o1 == o2 && a1 == a2
+        }
         _ => false,
     }
 }

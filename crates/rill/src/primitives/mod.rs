@@ -353,6 +353,17 @@ pub enum Primitive {
     /// A fused elementwise kernel made by `crate::compile`: its inputs are broadcast to
     /// the node shape and the program runs once per output element.
     Fused(Arc<crate::compile::FusedProgram>),
+    /// A fused elementwise program followed by a reduction, made by `crate::compile`: the
+    /// program runs over the broadcast of the inputs and its values are reduced over
+    /// `axes` (which keep size 1, as in `Reduce`) without being stored.
+    FusedReduce {
+        /// The elementwise program producing the reduced values.
+        program: Arc<crate::compile::FusedProgram>,
+        /// Which reduction.
+        op: ReduceOp,
+        /// Reduced axes of the program's (broadcast) shape.
+        axes: Vec<usize>,
+    },
 }
 
 impl Primitive {
@@ -397,6 +408,7 @@ impl Primitive {
             Host { name, .. } => name,
             Placeholder { .. } => "placeholder",
             Fused(_) => "fused",
+            FusedReduce { .. } => "fused_reduce",
         }
     }
     /// Elementwise family: output element `i` depends only on input elements `i`
@@ -412,9 +424,9 @@ impl Primitive {
     pub fn is_placeholder(&self) -> bool {
         matches!(self, Primitive::Placeholder { .. })
     }
-    /// A fused elementwise kernel made by `crate::compile`.
+    /// A fused kernel made by `crate::compile` (elementwise, or elementwise then reduce).
     pub fn is_fused(&self) -> bool {
-        matches!(self, Primitive::Fused(_))
+        matches!(self, Primitive::Fused(_) | Primitive::FusedReduce { .. })
     }
     /// Source family: no inputs.
     pub fn is_source(&self) -> bool {

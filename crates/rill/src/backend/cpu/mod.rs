@@ -61,6 +61,9 @@ pub(crate) fn eval(prim: &Primitive, shape: &[usize], dtype: DType, inputs: &[St
             format!("input {index} of a compiled function is a placeholder while tracing; it cannot be evaluated"),
         )),
         Fused(p) => crate::compile::cpu::eval_fused(p, inputs, shape, dtype),
+        FusedReduce { program, op, axes } => {
+            crate::compile::cpu::eval_fused_reduce(program, *op, axes, inputs, shape, dtype)
+        }
     }
 }
 

@@ -19,7 +19,7 @@ use rayon::prelude::*;
 
 use crate::backend::cpu::{CpuBuffer, PAR_CHUNK, strided};
 use crate::backend::{Buffer, Storage};
-use crate::dtype::DType;
+use crate::dtype::{DType, Element};
 use crate::error::Result;
 use crate::primitives::ReduceOp;
 use crate::shape::numel;
@@ -76,7 +76,7 @@ fn run<T: Reducible, C: Combine<T::A>>(x: &Storage, axes: &[usize], shape: &[usi
         let l = &x.layout;
         match block_form(&l.shape, axes) {
             Some((outer, red, inner)) if l.is_contiguous() => {
-                blocks::<T, C>(&src[l.offset..l.offset + n_in], outer, red, inner, out);
+                blocks::<T, C, [T]>(&src[l.offset..l.offset + n_in], outer, red, inner, out);
             }
             _ => {
                 // Kept axes first, reduced axes last, gathered row-major.
@@ -84,72 +84,142 @@ fn run<T: Reducible, C: Combine<T::A>>(x: &Storage, axes: &[usize], shape: &[usi
                 perm.extend_from_slice(axes);
                 let mut tmp = vec![T::zero(); n_in];
                 strided::gather(src, &l.permute(&perm), &mut tmp);
-                blocks::<T, C>(&tmp, n_out, n_in / n_out, 1, out);
+                blocks::<T, C, [T]>(&tmp, n_out, n_in / n_out, 1, out);
             }
         }
     }
     Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape))
 }
 
+/// Where [`blocks`] reads its row-major input: a slice, or a generator that computes
+/// any range of it on demand (a fused elementwise program feeding the reduction, whose
+/// values are then never stored whole).
+pub(crate) trait Source<T>: Sync {
+    /// Calls `f` with elements `[start, start + len)` of the input.
+    fn with<R>(&self, start: usize, len: usize, f: impl FnOnce(&[T]) -> R) -> R;
+}
+
+impl<T: Sync> Source<T> for [T] {
+    #[inline]
+    fn with<R>(&self, start: usize, len: usize, f: impl FnOnce(&[T]) -> R) -> R {
+        f(&self[start..start + len])
+    }
+}
+
+/// A [`Source`] computed by `fill(start, buf)`, which writes elements
+/// `[start, start + buf.len())` into `buf`.
+pub(crate) struct Generated<F>(pub F);
+
+impl<T: Element, F: Fn(usize, &mut [T]) + Sync> Source<T> for Generated<F> {
+    fn with<R>(&self, start: usize, len: usize, f: impl FnOnce(&[T]) -> R) -> R {
+        let mut buf = vec![T::zero(); len];
+        (self.0)(start, &mut buf);
+        f(&buf)
+    }
+}
+
+/// Reduces the contiguous `[outer, red, inner]` input `src` (`total` elements) over its
+/// middle axis into `out` (`outer * inner` elements) with `op`.
+pub(crate) fn reduce_blocks<T: Reducible, S: Source<T> + ?Sized>(
+    op: ReduceOp,
+    src: &S,
+    (outer, red, inner): (usize, usize, usize),
+    out: &mut [T],
+) {
+    match op {
+        ReduceOp::Sum => blocks::<T, SumOp, S>(src, outer, red, inner, out),
+        ReduceOp::Prod => blocks::<T, ProdOp, S>(src, outer, red, inner, out),
+        ReduceOp::Max => blocks::<T, MaxOp, S>(src, outer, red, inner, out),
+        ReduceOp::Min => blocks::<T, MinOp, S>(src, outer, red, inner, out),
+    }
+}
+
 /// Reduces a contiguous `[outer, red, inner]` block over its middle axis into `out`
-/// (`outer * inner` elements). `red` is at least 1.
-fn blocks<T: Reducible, C: Combine<T::A>>(x: &[T], outer: usize, red: usize, inner: usize, out: &mut [T]) {
-    let total = x.len();
+/// (`outer * inner` elements). `red` is at least 1. The input is read in pieces of about
+/// [`PAR_CHUNK`] elements (whole rows when `inner == 1`), and the order in which values are
+/// combined depends only on the shape, so a slice and a generator of the same values
+/// give the same bits.
+fn blocks<T: Reducible, C: Combine<T::A>, S: Source<T> + ?Sized>(
+    src: &S,
+    outer: usize,
+    red: usize,
+    inner: usize,
+    out: &mut [T],
+) {
+    let total = outer * red * inner;
     if inner == 1 {
         if outer == 1 && total >= 2 * PAR_CHUNK {
             // One long row: partial results of blocks, combined in order.
-            let parts: Vec<T::A> = x.par_chunks(PAR_CHUNK).map(reduce_row::<T, C>).collect();
+            let parts: Vec<T::A> = (0..total.div_ceil(PAR_CHUNK))
+                .into_par_iter()
+                .map(|c| {
+                    let s = c * PAR_CHUNK;
+                    src.with(s, PAR_CHUNK.min(total - s), reduce_row::<T, C>)
+                })
+                .collect();
             out[0] = T::down(parts.into_iter().fold(C::init(), C::f));
             return;
         }
         let rows_per = if total >= 2 * PAR_CHUNK { PAR_CHUNK.div_ceil(red).max(1) } else { outer };
-        out.par_chunks_mut(rows_per).zip(x.par_chunks(rows_per * red)).for_each(|(o, xs)| {
-            for (o, row) in o.iter_mut().zip(xs.chunks_exact(red)) {
-                *o = T::down(reduce_row::<T, C>(row));
-            }
+        out.par_chunks_mut(rows_per).enumerate().for_each(|(c, o)| {
+            src.with(c * rows_per * red, o.len() * red, |xs| {
+                for (o, row) in o.iter_mut().zip(xs.chunks_exact(red)) {
+                    *o = T::down(reduce_row::<T, C>(row));
+                }
+            })
         });
         return;
     }
     let slab = red * inner;
-    let fold_slab = |xs: &[T], o: &mut [T]| {
+    // Rows of a slab are folded in order, in pieces of about PAR_CHUNK elements.
+    let rows_per_piece = PAR_CHUNK.div_ceil(inner).max(1);
+    let fold_rows = |start: usize, rows: usize, acc: &mut [T::A]| {
+        let mut r = 0;
+        while r < rows {
+            let n = rows_per_piece.min(rows - r);
+            src.with(start + r * inner, n * inner, |xs| accumulate_rows::<T, C>(xs, acc));
+            r += n;
+        }
+    };
+    let fold_slab = |k: usize, o: &mut [T]| {
         let mut acc = vec![C::init(); inner];
-        accumulate_rows::<T, C>(xs, &mut acc);
+        fold_rows(k * slab, red, &mut acc);
         for (o, a) in o.iter_mut().zip(acc) {
             *o = T::down(a);
         }
     };
     if total < 2 * PAR_CHUNK {
-        for (xs, o) in x.chunks_exact(slab).zip(out.chunks_exact_mut(inner)) {
-            fold_slab(xs, o);
+        for (k, o) in out.chunks_exact_mut(inner).enumerate() {
+            fold_slab(k, o);
         }
     } else if outer >= 2 * crate::runtime::pool::num_threads() || inner >= PAR_CHUNK {
         // Enough independent slabs (or wide rows): one task per group of slabs.
         let per = PAR_CHUNK.div_ceil(slab).max(1);
-        out.par_chunks_mut(per * inner).zip(x.par_chunks(per * slab)).for_each(|(o, xs)| {
-            for (xs, o) in xs.chunks_exact(slab).zip(o.chunks_exact_mut(inner)) {
-                fold_slab(xs, o);
+        out.par_chunks_mut(per * inner).enumerate().for_each(|(c, o)| {
+            for (k, o) in o.chunks_exact_mut(inner).enumerate() {
+                fold_slab(c * per + k, o);
             }
         });
     } else {
-        // Few slabs with a long reduced axis: split the reduced axis, combine partials.
-        let rows_per = PAR_CHUNK.div_ceil(inner).max(1);
-        for (xs, o) in x.chunks_exact(slab).zip(out.chunks_exact_mut(inner)) {
-            let acc = xs
-                .par_chunks(rows_per * inner)
-                .map(|part| {
+        // Few slabs with a long reduced axis: split the reduced axis into pieces reduced in
+        // parallel, then combine the partials in order (a parallel `reduce` would combine
+        // them in an order that depends on work stealing, and float sums would vary).
+        for (k, o) in out.chunks_exact_mut(inner).enumerate() {
+            let parts: Vec<Vec<T::A>> = (0..red.div_ceil(rows_per_piece))
+                .into_par_iter()
+                .map(|p| {
                     let mut acc = vec![C::init(); inner];
-                    accumulate_rows::<T, C>(part, &mut acc);
+                    let r0 = p * rows_per_piece;
+                    fold_rows(k * slab + r0 * inner, rows_per_piece.min(red - r0), &mut acc);
                     acc
                 })
-                .reduce(
-                    || vec![C::init(); inner],
-                    |mut a, b| {
-                        for (a, b) in a.iter_mut().zip(b) {
-                            *a = C::f(*a, b);
-                        }
-                        a
-                    },
-                );
+                .collect();
+            let mut acc = vec![C::init(); inner];
+            for part in parts {
+                for (a, b) in acc.iter_mut().zip(part) {
+                    *a = C::f(*a, b);
+                }
+            }
             for (o, a) in o.iter_mut().zip(acc) {
                 *o = T::down(a);
             }
