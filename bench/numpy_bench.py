@@ -52,3 +52,12 @@ def chain():
 
 t = median_time(chain, 2, 10)
 print(f"chain    1000 dependent tiny ops: {t*1e3:8.3f} ms  {t/1000*1e6:6.2f} us/op")
+rb = rng.uniform(-1, 1, 4096).astype(np.float32)
+
+
+def row_sq_dist():
+    return ((x - rb) ** 2).sum(axis=-1)
+
+
+t = median_time(row_sq_dist, 2, 10)
+print(f"fused_reduce f32 4096x4096 row sums of (a-b)^2: {t*1e3:8.3f} ms")
