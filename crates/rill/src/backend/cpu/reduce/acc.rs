@@ -22,43 +22,31 @@ pub(crate) trait Acc: Copy + Send + Sync + PartialOrd + 'static {
     fn is_nan(self) -> bool;
 }
 
-impl Acc for f32 {
-    const ZERO: Self = 0.0;
-    const ONE: Self = 1.0;
-    const LOWEST: Self = f32::NEG_INFINITY;
-    const HIGHEST: Self = f32::INFINITY;
-    #[inline(always)]
-    fn add(self, o: Self) -> Self {
-        self + o
-    }
-    #[inline(always)]
-    fn mul(self, o: Self) -> Self {
-        self * o
-    }
-    #[inline(always)]
-    fn is_nan(self) -> bool {
-        f32::is_nan(self)
-    }
+/// The float accumulators: IEEE arithmetic, with the infinities as the identities of `max`
+/// and `min`.
+macro_rules! float_acc {
+    ($($t:ident),*) => {$(
+        impl Acc for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            const LOWEST: Self = $t::NEG_INFINITY;
+            const HIGHEST: Self = $t::INFINITY;
+            #[inline(always)]
+            fn add(self, o: Self) -> Self {
+                self + o
+            }
+            #[inline(always)]
+            fn mul(self, o: Self) -> Self {
+                self * o
+            }
+            #[inline(always)]
+            fn is_nan(self) -> bool {
+                $t::is_nan(self)
+            }
+        }
+    )*};
 }
-
-impl Acc for f64 {
-    const ZERO: Self = 0.0;
-    const ONE: Self = 1.0;
-    const LOWEST: Self = f64::NEG_INFINITY;
-    const HIGHEST: Self = f64::INFINITY;
-    #[inline(always)]
-    fn add(self, o: Self) -> Self {
-        self + o
-    }
-    #[inline(always)]
-    fn mul(self, o: Self) -> Self {
-        self * o
-    }
-    #[inline(always)]
-    fn is_nan(self) -> bool {
-        f64::is_nan(self)
-    }
-}
+float_acc!(f32, f64);
 
 impl Acc for i64 {
     const ZERO: Self = 0;
