@@ -111,45 +111,26 @@ pub(crate) struct MaxOp;
 /// Minimum; NaN propagates.
 pub(crate) struct MinOp;
 
-impl<A: Acc> Combine<A> for SumOp {
-    #[inline(always)]
-    fn init() -> A {
-        A::ZERO
-    }
-    #[inline(always)]
-    fn f(a: A, b: A) -> A {
-        a.add(b)
-    }
+/// Each reduction's identity (an [`Acc`] constant) and combining function.
+macro_rules! combine {
+    ($($op:ident: $init:ident, |$a:ident, $b:ident| $f:expr;)*) => {$(
+        impl<A: Acc> Combine<A> for $op {
+            #[inline(always)]
+            fn init() -> A {
+                A::$init
+            }
+            #[inline(always)]
+            fn f($a: A, $b: A) -> A {
+                $f
+            }
+        }
+    )*};
 }
-impl<A: Acc> Combine<A> for ProdOp {
-    #[inline(always)]
-    fn init() -> A {
-        A::ONE
-    }
-    #[inline(always)]
-    fn f(a: A, b: A) -> A {
-        a.mul(b)
-    }
-}
-impl<A: Acc> Combine<A> for MaxOp {
-    #[inline(always)]
-    fn init() -> A {
-        A::LOWEST
-    }
-    #[inline(always)]
-    fn f(a: A, b: A) -> A {
-        if b > a || b.is_nan() { b } else { a }
-    }
-}
-impl<A: Acc> Combine<A> for MinOp {
-    #[inline(always)]
-    fn init() -> A {
-        A::HIGHEST
-    }
-    #[inline(always)]
-    fn f(a: A, b: A) -> A {
-        if b < a || b.is_nan() { b } else { a }
-    }
+combine! {
+    SumOp: ZERO, |a, b| a.add(b);
+    ProdOp: ONE, |a, b| a.mul(b);
+    MaxOp: LOWEST, |a, b| if b > a || b.is_nan() { b } else { a };
+    MinOp: HIGHEST, |a, b| if b < a || b.is_nan() { b } else { a };
 }
 
 /// Lanes of the multi-accumulator row loops (enough independent chains to vectorise).
