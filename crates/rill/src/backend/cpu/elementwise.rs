@@ -33,8 +33,12 @@ fn par_rows<O: Send>(out: &mut [O], shape: &[usize], body: impl Fn(&mut [O], usi
     });
 }
 
-/// The sub-layout of rows `[r0, r0 + rows)` along axis 0 of `l` (shape non-empty).
+/// The sub-layout of rows `[r0, r0 + rows)` along axis 0 of `l`; a scalar layout (the one
+/// piece `par_rows` makes of an empty shape) is returned whole.
 fn rows_of(l: &Layout, r0: usize, rows: usize) -> Layout {
+    if l.shape.is_empty() {
+        return l.clone();
+    }
     let mut shape = l.shape.clone();
     shape[0] = rows;
     Layout { shape, strides: l.strides.clone(), offset: (l.offset as isize + r0 as isize * l.strides[0]) as usize }
@@ -60,7 +64,7 @@ pub(crate) fn map1<A: Element, O: Element, F: Fn(A) -> O + Sync>(
         });
     } else {
         par_rows(out, shape, |out, r0, rows| {
-            let l = if shape.is_empty() { la.clone() } else { rows_of(&la, r0, rows) };
+            let l = rows_of(&la, r0, rows);
             let mut k = 0;
             strided::walk(&l.shape, [&l.strides], [l.offset], |[b], len, [s]| {
                 for i in 0..len {
@@ -98,11 +102,7 @@ pub(crate) fn map2<A: Element, B: Element, O: Element, F: Fn(A, B) -> O + Sync>(
         });
     } else {
         par_rows(out, shape, |out, r0, rows| {
-            let (l1, l2) = if shape.is_empty() {
-                (la.clone(), lb.clone())
-            } else {
-                (rows_of(&la, r0, rows), rows_of(&lb, r0, rows))
-            };
+            let (l1, l2) = (rows_of(&la, r0, rows), rows_of(&lb, r0, rows));
             let mut k = 0;
             strided::walk(&l1.shape, [&l1.strides, &l2.strides], [l1.offset, l2.offset], |[ba, bb], len, [s1, s2]| {
                 let o = &mut out[k..k + len];
@@ -154,11 +154,7 @@ fn map3<A: Element, B: Element, C: Element, O: Element, F: Fn(A, B, C) -> O + Sy
     let (sa, sb, sc) = (strided::buffer::<A>(a), strided::buffer::<B>(b), strided::buffer::<C>(c));
     let out = buf.typed_mut::<O>();
     par_rows(out, shape, |out, r0, rows| {
-        let (l1, l2, l3) = if shape.is_empty() {
-            (la.clone(), lb.clone(), lc.clone())
-        } else {
-            (rows_of(&la, r0, rows), rows_of(&lb, r0, rows), rows_of(&lc, r0, rows))
-        };
+        let (l1, l2, l3) = (rows_of(&la, r0, rows), rows_of(&lb, r0, rows), rows_of(&lc, r0, rows));
         let mut k = 0;
         strided::walk(
             &l1.shape,
