@@ -265,18 +265,13 @@ fn norm_typed<T: FloatElem>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::cpu::from_f64_slice;
 
     #[test]
     fn softmax_over_a_permuted_view() {
         let vals: Vec<f64> = (0..24).map(|i| ((i * 5) % 7) as f64 * 0.3).collect();
-        let buf = CpuBuffer::from_slice(&vals).unwrap();
         let l = Layout::contiguous(&[2, 3, 4]).permute(&[2, 0, 1]); // shape [4, 2, 3]
-        let s = Storage {
-            buffer: std::sync::Arc::new(Buffer::Cpu(buf)),
-            dtype: DType::F64,
-            layout: l.clone(),
-            fence: None,
-        };
+        let s = from_f64_slice(&vals, DType::F64, &[2, 3, 4]).unwrap().with_layout(l.clone());
         for axis in 0..3 {
             let got = crate::backend::cpu::to_f64_vec(&softmax(&s, axis, false).unwrap());
             let sh = [4usize, 2, 3];

@@ -116,19 +116,14 @@ fn scan<T: Reducible>(x: &[T], out: &mut [T], shape: &[usize], axis: usize, reve
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::cpu::from_f64_slice;
     use crate::shape::Layout;
 
     #[test]
     fn arg_and_scan_on_permuted_layouts() {
         let vals: Vec<f64> = (0..24).map(|i| ((i * 7) % 11) as f64).collect();
-        let buf = CpuBuffer::from_slice(&vals).unwrap();
         let l = Layout::contiguous(&[2, 3, 4]).permute(&[2, 0, 1]); // shape [4, 2, 3]
-        let s = Storage {
-            buffer: std::sync::Arc::new(Buffer::Cpu(buf)),
-            dtype: DType::F64,
-            layout: l.clone(),
-            fence: None,
-        };
+        let s = from_f64_slice(&vals, DType::F64, &[2, 3, 4]).unwrap().with_layout(l.clone());
         let at = |i: usize, j: usize, k: usize| vals[l.offset_of(&[i, j, k])];
         // argmax over axis 0 of the view
         let got = arg_reduce(ArgReduceOp::ArgMax, &s, 0, &[1, 2, 3]).unwrap();
