@@ -44,6 +44,8 @@ pub(crate) mod runtime {
 }
 
 #[cfg(all(test, loom))]
+mod jobs;
+#[cfg(all(test, loom))]
 mod loom_claim;
 #[cfg(all(test, loom))]
 mod loom_completion;

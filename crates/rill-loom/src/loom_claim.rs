@@ -13,16 +13,16 @@
 //! before the values of its inputs exist, every caller's wait returns with the right value
 //! (loom reports a deadlock otherwise), and every stream queue ends idle and empty.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use loom::thread::{self, JoinHandle};
 
+use crate::jobs::JobQueue;
 use crate::runtime::claim::{self, Claimable, NodeState, Status};
 use crate::runtime::completion::Completion;
 use crate::runtime::serial::{Run, Serial, Take};
+use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicUsize, Ordering};
-use crate::sync::{Condvar, Mutex};
 
 /// A graph node: a value is its id plus the values of its inputs.
 struct Node {
@@ -67,29 +67,18 @@ struct Batch {
     deps: Vec<N>,
 }
 
-struct Jobs {
-    ready: VecDeque<usize>,
-    closed: bool,
-}
-
-/// Stream queues and the pool's job queue.
+/// Stream queues and the pool's job queue (of stream indices).
 struct Rt {
     queues: Vec<Mutex<Serial<Batch>>>,
-    jobs: Mutex<Jobs>,
-    jobs_cv: Condvar,
+    jobs: JobQueue<usize>,
 }
 
 fn runtime(streams: usize) -> Arc<Rt> {
-    Arc::new(Rt {
-        queues: (0..streams).map(|_| Mutex::new(Serial::new())).collect(),
-        jobs: Mutex::new(Jobs { ready: VecDeque::new(), closed: false }),
-        jobs_cv: Condvar::new(),
-    })
+    Arc::new(Rt { queues: (0..streams).map(|_| Mutex::new(Serial::new())).collect(), jobs: JobQueue::new() })
 }
 
 fn spawn_stream(rt: &Arc<Rt>, s: usize) {
-    rt.jobs.lock().ready.push_back(s);
-    rt.jobs_cv.notify_all();
+    rt.jobs.push(s);
 }
 
 /// A stream's pool job, as `run_stream` does it.
@@ -128,29 +117,11 @@ fn compute(n: &N) {
     assert!(claim::complete(&n.0.state, &n.0.result, v), "node {} completed twice", n.0.id);
 }
 
-fn worker(rt: Arc<Rt>) {
-    loop {
-        let s = {
-            let mut g = rt.jobs.lock();
-            loop {
-                if let Some(s) = g.ready.pop_front() {
-                    break s;
-                }
-                if g.closed {
-                    return;
-                }
-                g = rt.jobs_cv.wait(g);
-            }
-        };
-        run_stream(&rt, s);
-    }
-}
-
 fn workers(rt: &Arc<Rt>, n: usize) -> Vec<JoinHandle<()>> {
     (0..n)
         .map(|_| {
             let rt = rt.clone();
-            thread::spawn(move || worker(rt))
+            thread::spawn(move || rt.jobs.work(|s| run_stream(&rt, s)))
         })
         .collect()
 }
@@ -199,8 +170,7 @@ fn finish(rt: &Arc<Rt>, callers: Vec<JoinHandle<()>>, pool: Vec<JoinHandle<()>>,
     for c in callers {
         c.join().unwrap();
     }
-    rt.jobs.lock().closed = true;
-    rt.jobs_cv.notify_all();
+    rt.jobs.stop();
     for w in pool {
         w.join().unwrap();
     }

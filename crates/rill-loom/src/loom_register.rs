@@ -29,16 +29,16 @@
 //! `DRAINING` and `CANCELLED` passes: a submission is refused as soon as the state is not
 //! `RUNNING`, so what matters is that the snapshot follows the end of intake.)
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use loom::thread;
 
+use crate::jobs::JobQueue;
 use crate::runtime::completion::Completion;
 use crate::runtime::registry::Registry;
 use crate::runtime::serial::{Run, Serial, Take};
+use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicU8, Ordering::SeqCst};
-use crate::sync::{Condvar, Mutex};
 
 // The states of `lifecycle.rs`.
 const RUNNING: u8 = 0;
@@ -56,26 +56,15 @@ struct StreamInner {
     queue: Mutex<Serial<Batch>>,
 }
 
-struct Jobs {
-    ready: VecDeque<Arc<StreamInner>>,
-    stopped: bool,
-}
-
 /// The process: its state, the stream registry and the pool's job queue.
 struct Rt {
     state: AtomicU8,
     registry: Registry<StreamInner>,
-    jobs: Mutex<Jobs>,
-    jobs_cv: Condvar,
+    jobs: JobQueue<Arc<StreamInner>>,
 }
 
 fn runtime() -> Arc<Rt> {
-    Arc::new(Rt {
-        state: AtomicU8::new(RUNNING),
-        registry: Registry::new(),
-        jobs: Mutex::new(Jobs { ready: VecDeque::new(), stopped: false }),
-        jobs_cv: Condvar::new(),
-    })
+    Arc::new(Rt { state: AtomicU8::new(RUNNING), registry: Registry::new(), jobs: JobQueue::new() })
 }
 
 /// `Stream::new`.
@@ -90,13 +79,7 @@ fn new_stream(rt: &Rt) -> Option<Arc<StreamInner>> {
 
 /// `pool::spawn` of the stream's job: dropped once the pool is stopped.
 fn spawn_stream(rt: &Rt, s: &Arc<StreamInner>) {
-    let mut j = rt.jobs.lock();
-    if j.stopped {
-        return;
-    }
-    j.ready.push_back(s.clone());
-    drop(j);
-    rt.jobs_cv.notify_all();
+    rt.jobs.push_unless_stopped(s.clone());
 }
 
 /// The submission of one batch in `Plan::advance`: the state is checked under the
@@ -132,24 +115,6 @@ fn run_stream(rt: &Rt, s: &Arc<StreamInner>) {
     }
 }
 
-fn worker(rt: Arc<Rt>) {
-    loop {
-        let s = {
-            let mut g = rt.jobs.lock();
-            loop {
-                if let Some(s) = g.ready.pop_front() {
-                    break s;
-                }
-                if g.stopped {
-                    return;
-                }
-                g = rt.jobs_cv.wait(g);
-            }
-        };
-        run_stream(&rt, &s);
-    }
-}
-
 /// `shutdown_timeout` with a drain bound that expires at once.
 fn shutdown(rt: &Rt) {
     if rt.state.compare_exchange(RUNNING, DRAINING, SeqCst, SeqCst).is_err() {
@@ -162,8 +127,7 @@ fn shutdown(rt: &Rt) {
             assert!(b.done.complete(false), "a batch completed twice");
         }
     }
-    rt.jobs.lock().stopped = true;
-    rt.jobs_cv.notify_all();
+    rt.jobs.stop();
     rt.state.store(DOWN, SeqCst);
 }
 
@@ -187,7 +151,7 @@ fn race(batches: usize) {
     let rt = runtime();
     let pool = {
         let rt = rt.clone();
-        thread::spawn(move || worker(rt))
+        thread::spawn(move || rt.jobs.work(|s| run_stream(&rt, &s)))
     };
     let sub = {
         let rt = rt.clone();
