@@ -19,7 +19,7 @@
 //! kept as captured constants and shared by every replay; 0-d fills (`Full`, what Rust
 //! scalar operands become) are kept as tape nodes so fusion can inline them. If `f`
 //! returns an error or panics, the call returns the error (a panic as
-//! [`Error::Panic`](crate::Error::Panic)) and no entry is cached: the next call traces
+//! [`Error::Panic`]) and no entry is cached: the next call traces
 //! again. If `f` evaluates an array that depends on its inputs, the placeholder's kernel
 //! fails at once and the call returns an error (tracing must stay lazy).
 //!
@@ -43,7 +43,7 @@
 //! not a deadlock). Calling creates no stream and no thread.
 //!
 //! **Simplification.** Common-subexpression elimination merges nodes with the same
-//! primitive and parameters ([`same_op`](simplify::same_op): structural, floats by bits;
+//! primitive and parameters (`simplify::same_op`: structural, floats by bits;
 //! host callbacks never merge), inputs, shape, dtype and stream, which also merges equal
 //! `Full` scalars; nodes no output needs are dropped.
 //!

@@ -1,6 +1,6 @@
 //! Ops: validate inputs, infer the output shape and dtype, and record a node.
 //!
-//! Nothing here computes. Every op picks its stream with [`target_stream`]: the innermost
+//! Nothing here computes. Every op picks its stream with `target_stream`: the innermost
 //! scoped override if one is active (see `runtime/scope.rs`), otherwise the default stream
 //! of the device where its first array input lives (or of the default device). Inputs on
 //! another device are moved with a `ToDevice` node; inputs of another dtype get a `Cast`
