@@ -11,76 +11,63 @@ use std::sync::Arc;
 
 use crate::error::Result;
 
-/// Elementwise functions of one array.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[allow(missing_docs)]
-pub enum UnaryOp {
-    Neg,
-    Abs,
-    Sign,
-    Exp,
-    Log,
-    Log1p,
-    Sqrt,
-    Rsqrt,
-    Square,
-    Reciprocal,
-    Sin,
-    Cos,
-    Tanh,
-    Sigmoid,
-    Relu,
-    /// Exact GELU, `x * Φ(x)`.
-    Gelu,
-    /// GELU with the tanh approximation.
-    GeluTanh,
-    Silu,
-    Erf,
-    Floor,
-    Ceil,
-    /// Round half to even, as NumPy.
-    Round,
-    LogicalNot,
+/// Declares an op enum with its `ALL` list (in declaration order) and its `name()`, from
+/// one list of `Variant => "name"` pairs.
+macro_rules! op_enum {
+    ($(#[$m:meta])* enum $name:ident ($what:literal) { $($(#[$vm:meta])* $v:ident => $s:literal,)* }) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[allow(missing_docs)]
+        pub enum $name {
+            $($(#[$vm])* $v,)*
+        }
+
+        impl $name {
+            #[doc = concat!("Every ", $what, " op, in declaration order.")]
+            pub const ALL: [$name; [$($name::$v),*].len()] = [$($name::$v),*];
+            /// Name used in messages and generated kernels.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($name::$v => $s,)*
+                }
+            }
+        }
+    };
+}
+
+op_enum! {
+    /// Elementwise functions of one array.
+    enum UnaryOp ("unary") {
+        Neg => "neg",
+        Abs => "abs",
+        Sign => "sign",
+        Exp => "exp",
+        Log => "log",
+        Log1p => "log1p",
+        Sqrt => "sqrt",
+        Rsqrt => "rsqrt",
+        Square => "square",
+        Reciprocal => "reciprocal",
+        Sin => "sin",
+        Cos => "cos",
+        Tanh => "tanh",
+        Sigmoid => "sigmoid",
+        Relu => "relu",
+        /// Exact GELU, `x * Φ(x)`.
+        Gelu => "gelu",
+        /// GELU with the tanh approximation.
+        GeluTanh => "gelu_tanh",
+        Silu => "silu",
+        Erf => "erf",
+        Floor => "floor",
+        Ceil => "ceil",
+        /// Round half to even, as NumPy.
+        Round => "round",
+        LogicalNot => "logical_not",
+    }
 }
 
 impl UnaryOp {
-    /// Every unary op, in declaration order.
-    pub const ALL: [UnaryOp; 23] = {
-        use UnaryOp::*;
-        [
-            Neg, Abs, Sign, Exp, Log, Log1p, Sqrt, Rsqrt, Square, Reciprocal, Sin, Cos, Tanh, Sigmoid, Relu, Gelu,
-            GeluTanh, Silu, Erf, Floor, Ceil, Round, LogicalNot,
-        ]
-    };
-    /// Name used in messages and generated kernels.
-    pub fn name(self) -> &'static str {
-        use UnaryOp::*;
-        match self {
-            Neg => "neg",
-            Abs => "abs",
-            Sign => "sign",
-            Exp => "exp",
-            Log => "log",
-            Log1p => "log1p",
-            Sqrt => "sqrt",
-            Rsqrt => "rsqrt",
-            Square => "square",
-            Reciprocal => "reciprocal",
-            Sin => "sin",
-            Cos => "cos",
-            Tanh => "tanh",
-            Sigmoid => "sigmoid",
-            Relu => "relu",
-            Gelu => "gelu",
-            GeluTanh => "gelu_tanh",
-            Silu => "silu",
-            Erf => "erf",
-            Floor => "floor",
-            Ceil => "ceil",
-            Round => "round",
-            LogicalNot => "logical_not",
-        }
-    }
     /// True when integer inputs are first converted to a float dtype.
     pub fn needs_float(self) -> bool {
         use UnaryOp::*;
@@ -88,70 +75,28 @@ impl UnaryOp {
     }
 }
 
-/// Elementwise functions of two broadcast arrays.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[allow(missing_docs)]
-pub enum BinaryOp {
-    Add,
-    Sub,
-    Mul,
-    Div,
-    Pow,
-    Maximum,
-    Minimum,
-    Equal,
-    NotEqual,
-    Less,
-    LessEqual,
-    Greater,
-    GreaterEqual,
-    LogicalAnd,
-    LogicalOr,
+op_enum! {
+    /// Elementwise functions of two broadcast arrays.
+    enum BinaryOp ("binary") {
+        Add => "add",
+        Sub => "sub",
+        Mul => "mul",
+        Div => "div",
+        Pow => "pow",
+        Maximum => "maximum",
+        Minimum => "minimum",
+        Equal => "equal",
+        NotEqual => "not_equal",
+        Less => "less",
+        LessEqual => "less_equal",
+        Greater => "greater",
+        GreaterEqual => "greater_equal",
+        LogicalAnd => "logical_and",
+        LogicalOr => "logical_or",
+    }
 }
 
 impl BinaryOp {
-    /// Every binary op, in declaration order.
-    pub const ALL: [BinaryOp; 15] = {
-        use BinaryOp::*;
-        [
-            Add,
-            Sub,
-            Mul,
-            Div,
-            Pow,
-            Maximum,
-            Minimum,
-            Equal,
-            NotEqual,
-            Less,
-            LessEqual,
-            Greater,
-            GreaterEqual,
-            LogicalAnd,
-            LogicalOr,
-        ]
-    };
-    /// Name used in messages and generated kernels.
-    pub fn name(self) -> &'static str {
-        use BinaryOp::*;
-        match self {
-            Add => "add",
-            Sub => "sub",
-            Mul => "mul",
-            Div => "div",
-            Pow => "pow",
-            Maximum => "maximum",
-            Minimum => "minimum",
-            Equal => "equal",
-            NotEqual => "not_equal",
-            Less => "less",
-            LessEqual => "less_equal",
-            Greater => "greater",
-            GreaterEqual => "greater_equal",
-            LogicalAnd => "logical_and",
-            LogicalOr => "logical_or",
-        }
-    }
     /// True for the comparisons and logical ops, whose output is bool.
     pub fn is_predicate(self) -> bool {
         use BinaryOp::*;

@@ -71,8 +71,9 @@ pub(crate) fn round_to(dtype: DType, v: f64) -> f64 {
     crate::with_dtype!(dtype, T => T::from_f64(v).to_f64())
 }
 
-/// The largest value of float `dtype` below `x` (`x` finite and representable).
-fn next_down(dtype: DType, x: f64) -> f64 {
+/// The largest value of float `dtype` below `x` (`x` finite and representable); the
+/// CUDA generator uses it too, so both devices draw from the same half-open interval.
+pub(crate) fn next_down(dtype: DType, x: f64) -> f64 {
     fn bits_down(b: u64, sign: u64) -> u64 {
         if b & !sign == 0 {
             sign | 1

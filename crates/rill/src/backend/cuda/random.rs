@@ -8,6 +8,7 @@
 use cudarc::driver::PushKernelArg;
 
 use crate::backend::Storage;
+use crate::backend::cpu::random::next_down;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::primitives::Distribution;
@@ -41,28 +42,6 @@ __device__ __forceinline__ double u53(u32 x0, u32 x1) {
     return (double)((((u64)x0 << 32) | (u64)x1) >> 11) * (1.0 / 9007199254740992.0);
 }
 "#;
-
-/// The largest value of float `dtype` below `x` (mirrors the CPU generator's helper).
-fn next_down(dtype: DType, x: f64) -> f64 {
-    fn bits_down(b: u64, sign: u64) -> u64 {
-        if b & !sign == 0 {
-            sign | 1
-        } else if b & sign == 0 {
-            b - 1
-        } else {
-            b + 1
-        }
-    }
-    match dtype {
-        DType::F64 => f64::from_bits(bits_down(x.to_bits(), 1 << 63)),
-        DType::F32 => f32::from_bits(bits_down((x as f32).to_bits() as u64, 1 << 31) as u32) as f64,
-        DType::F16 => half::f16::from_bits(bits_down(half::f16::from_f64(x).to_bits() as u64, 1 << 15) as u16).to_f64(),
-        DType::BF16 => {
-            half::bf16::from_bits(bits_down(half::bf16::from_f64(x).to_bits() as u64, 1 << 15) as u16).to_f64()
-        }
-        _ => x,
-    }
-}
 
 /// A new contiguous storage of random values (see the module docs).
 pub(crate) fn random(
