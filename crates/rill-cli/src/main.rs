@@ -44,6 +44,13 @@ fn flag_usize(args: &[String], name: &str, default: usize) -> Result<usize, Stri
 }
 
 fn main() {
+    // Like other Unix tools, end quietly when the reader of stdout goes away (`rill bench |
+    // head`): the Rust runtime ignores SIGPIPE, which makes `println!` panic instead.
+    #[cfg(unix)]
+    // SAFETY: restores the default action of one signal before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(cmd) = args.first().cloned() else { usage() };
     let rest = &args[1..];

@@ -159,3 +159,29 @@ fn nn_errors_name_shapes_and_axes() {
         });
     }
 }
+
+/// Rows with NaN and infinite entries, with lengths that are and are not a multiple of
+/// the CPU kernel's lane count: NaN anywhere makes the row NaN, -inf entries give 0 (and
+/// -inf in log_softmax), a row of only -inf is NaN, like the float64 reference. CPU only:
+/// these cases pin the CPU kernel's lane-wise max and sum.
+#[test]
+fn softmax_nan_and_infinite_entries_on_the_cpu() {
+    let (ni, nan) = (f64::NEG_INFINITY, f64::NAN);
+    let rows: [&[f64]; 5] = [
+        &[1.0, nan, 2.0],
+        &[0.0, ni, 1.0, ni, 2.0, 3.0, 4.0, 5.0, 6.0],
+        &[ni, ni, ni, ni, ni, ni, ni, ni],
+        &[3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0, 5.0, 3.0, 5.0, 8.0, 9.0, 7.0, 9.0, 3.0, nan],
+        &[-80.0, 0.0, -85.0, -90.0, -200.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0],
+    ];
+    for row in rows {
+        for dt in [DType::F32, DType::F64] {
+            let (x, xv) = array_of(row, &[1, row.len()], dt);
+            for log in [false, true] {
+                let y = if log { x.log_softmax(-1) } else { x.softmax(-1) }.unwrap();
+                let what = format!("softmax log={log} {dt} {row:?}");
+                assert_close(&y.to_f64_vec().unwrap(), &ref_softmax(&xv, &[1, row.len()], 1, log), tol(dt), &what);
+            }
+        }
+    }
+}

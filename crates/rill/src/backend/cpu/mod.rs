@@ -15,6 +15,7 @@ pub(crate) mod nn;
 pub(crate) mod random;
 pub(crate) mod reduce;
 pub(crate) mod strided;
+pub(crate) mod vexp;
 
 pub(crate) use buffer::{CpuBuffer, clear_cache};
 

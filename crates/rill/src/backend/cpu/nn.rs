@@ -25,8 +25,9 @@ pub(crate) trait Real: Acc + std::ops::Sub<Output = Self> + std::ops::Div<Output
     fn of_usize(v: usize) -> Self;
 }
 impl Real for f32 {
+    #[inline(always)]
     fn exp(self) -> Self {
-        f32::exp(self)
+        crate::backend::cpu::vexp::exp_f32(self)
     }
     fn ln(self) -> Self {
         f32::ln(self)
@@ -115,39 +116,71 @@ fn scatter<T: Copy>(src: &[T], layout: &Layout, dst: &mut [T]) {
     });
 }
 
+/// Independent lanes of the softmax row loops: the compiler vectorises across them (a
+/// single running max or sum is a dependency chain it may not reorder).
+const LANES: usize = 8;
+
+#[inline(always)]
+fn max_nan<A: Acc>(m: A, v: A) -> A {
+    if v > m || v.is_nan() { v } else { m }
+}
+
 fn softmax_row<T: FloatElem>(x: &[T], out: &mut [T], log: bool) {
-    let mut m = <T::A as Acc>::LOWEST;
-    for &v in x {
-        let v = v.up();
-        if v > m || v.is_nan() {
-            m = v;
+    let (zero, lowest) = (<T::A as Acc>::ZERO, <T::A as Acc>::LOWEST);
+    let split = x.len() - x.len() % LANES;
+    let (body, tail) = x.split_at(split);
+    // The maximum (NaN if any element is NaN), in lanes.
+    let mut ml = [lowest; LANES];
+    for c in body.chunks_exact(LANES) {
+        for i in 0..LANES {
+            ml[i] = max_nan(ml[i], c[i].up());
         }
     }
-    let mut s = <T::A as Acc>::ZERO;
-    if log {
-        for &v in x {
-            s = s.add((v.up() - m).exp());
+    let m = tail.iter().map(|v| v.up()).chain(ml).fold(lowest, max_nan);
+    // The sum of exponentials, in lanes (writing them out when the output keeps them).
+    let keep = !log && std::mem::size_of::<T>() == std::mem::size_of::<T::A>();
+    let mut sl = [zero; LANES];
+    let mut s = zero;
+    if keep {
+        let (obody, otail) = out.split_at_mut(split);
+        for (oc, c) in obody.chunks_exact_mut(LANES).zip(body.chunks_exact(LANES)) {
+            for i in 0..LANES {
+                let e = (c[i].up() - m).exp();
+                sl[i] = sl[i].add(e);
+                oc[i] = T::down(e);
+            }
         }
-        let ls = s.ln();
-        for (o, &v) in out.iter_mut().zip(x) {
-            *o = T::down(v.up() - m - ls);
-        }
-    } else {
-        for (o, &v) in out.iter_mut().zip(x) {
+        for (o, &v) in otail.iter_mut().zip(tail) {
             let e = (v.up() - m).exp();
             s = s.add(e);
             *o = T::down(e);
         }
+    } else {
+        for c in body.chunks_exact(LANES) {
+            for i in 0..LANES {
+                sl[i] = sl[i].add((c[i].up() - m).exp());
+            }
+        }
+        for &v in tail {
+            s = s.add((v.up() - m).exp());
+        }
+    }
+    let s = sl.into_iter().fold(s, |a, b| a.add(b));
+    if log {
+        let ls = s.ln();
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = T::down(v.up() - m - ls);
+        }
+    } else if keep {
         let inv = <T::A as Acc>::ONE / s;
-        // Re-read exponentials from the input when the output type would round them.
-        if std::mem::size_of::<T>() == std::mem::size_of::<T::A>() {
-            for o in out.iter_mut() {
-                *o = T::down(o.up().mul(inv));
-            }
-        } else {
-            for (o, &v) in out.iter_mut().zip(x) {
-                *o = T::down((v.up() - m).exp().mul(inv));
-            }
+        for o in out.iter_mut() {
+            *o = T::down(o.up().mul(inv));
+        }
+    } else {
+        // The output type would round the exponentials: recompute them from the input.
+        let inv = <T::A as Acc>::ONE / s;
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = T::down((v.up() - m).exp().mul(inv));
         }
     }
 }
