@@ -61,3 +61,6 @@ def row_sq_dist():
 
 t = median_time(row_sq_dist, 2, 10)
 print(f"fused_reduce f32 4096x4096 row sums of (a-b)^2: {t*1e3:8.3f} ms")
+t_sq = median_time(lambda: np.square(a), 3, 20)
+t_exp = median_time(lambda: np.exp(a), 3, 20)
+print(f"unary    f32 n=2^24: square {t_sq*1e3:8.3f} ms, exp {t_exp*1e3:8.3f} ms")

@@ -72,6 +72,20 @@ pub fn run(device: Device, names: &[String]) -> Result<()> {
             println!("  batched x{BATCH}: {:8.3} ms  {:7.1} GB/s per op", t * 1e3, 4.0 * n as f64 / t / 1e9);
         }
     }
+    if want("unary") {
+        let n = if gpu { 1usize << 28 } else { 1 << 24 };
+        let a = filled(&[n], DType::F32, 18)?;
+        let t_sq = time(3, 20, || a.square()?.eval())?;
+        let t_exp = time(3, 20, || a.exp()?.eval())?;
+        println!(
+            "unary    f32 n=2^{}: square {:8.3} ms ({:6.1} GB/s), exp {:8.3} ms ({:6.1} GB/s)",
+            n.trailing_zeros(),
+            t_sq * 1e3,
+            8.0 * n as f64 / t_sq / 1e9,
+            t_exp * 1e3,
+            8.0 * n as f64 / t_exp / 1e9
+        );
+    }
     if want("softmax") {
         let (r, c) = if gpu { (65536, 4096) } else { (4096, 4096) };
         let a = filled(&[r, c], DType::F32, 4)?;

@@ -9,7 +9,7 @@
 use half::{bf16, f16};
 use rayon::prelude::*;
 
-use crate::backend::cpu::elementwise::{unary_f32, unary_f64};
+use crate::backend::cpu::elementwise::{each_unary, unary_f32, unary_f64};
 use crate::backend::cpu::{CpuBuffer, reduce, strided};
 use crate::backend::{Buffer, Storage};
 use crate::compile::ir::{FusedProgram, Inst, wide_lane};
@@ -270,21 +270,6 @@ fn select<T: Copy>(c: &[f32], x: &[T], y: &[T], o: &mut [T]) {
     }
 }
 
-/// One loop per op, each calling `$f` with a constant op (inlined: the op's own
-/// expression, and a loop the compiler can vectorise), instead of one loop that matches
-/// on the op for every element. Same function, same results.
-macro_rules! per_op {
-    ($op:expr, $f:ident, $o:expr, $x:expr) => {
-        per_op!(@ $op, $f, $o, $x; Neg, Abs, Sign, Exp, Log, Log1p, Sqrt, Rsqrt, Square, Reciprocal, Sin,
-            Cos, Tanh, Sigmoid, Relu, Gelu, GeluTanh, Silu, Erf, Floor, Ceil, Round, LogicalNot)
-    };
-    (@ $op:expr, $f:ident, $o:expr, $x:expr; $($name:ident),*) => {
-        match $op {
-            $(UnaryOp::$name => $o.iter_mut().zip($x).for_each(|(o, &x)| *o = $f(UnaryOp::$name, x)),)*
-        }
-    };
-}
-
 fn unary(op: UnaryOp, a: &Lane, out: &mut Lane, len: usize, d: DType) {
     if op == UnaryOp::LogicalNot {
         let Lane::F(o) = out else { return };
@@ -297,10 +282,13 @@ fn unary(op: UnaryOp, a: &Lane, out: &mut Lane, len: usize, d: DType) {
     match (a, out) {
         (Lane::F(x), Lane::F(o)) => {
             let o = &mut o[..len];
-            per_op!(op, unary_f32, o, x);
+            // One loop per op (see `each_unary`): same function, a loop that vectorises.
+            each_unary!(op, K => o.iter_mut().zip(x).for_each(|(o, &x)| *o = unary_f32(K, x)));
             round_f32(d, o);
         }
-        (Lane::D(x), Lane::D(o)) => per_op!(op, unary_f64, &mut o[..len], x),
+        (Lane::D(x), Lane::D(o)) => {
+            each_unary!(op, K => o[..len].iter_mut().zip(x).for_each(|(o, &x)| *o = unary_f64(K, x)))
+        }
         _ => {}
     }
 }

@@ -203,7 +203,7 @@ pub(crate) fn cast(x: &Storage, to: DType) -> Result<Storage> {
 // ---- unary ----
 
 macro_rules! float_unary {
-    ($op:expr, $x:ident : $F:ty, $sqrt2pi:expr, $erf:path) => {{
+    ($op:expr, $x:ident : $F:ty, $sqrt2pi:expr, $erf:path, $exp:path) => {{
         use UnaryOp::*;
         let x = $x;
         match $op {
@@ -218,7 +218,7 @@ macro_rules! float_unary {
                     x
                 }
             }
-            Exp => x.exp(),
+            Exp => $exp(x),
             Log => x.ln(),
             Log1p => x.ln_1p(),
             Sqrt => x.sqrt(),
@@ -228,7 +228,7 @@ macro_rules! float_unary {
             Sin => x.sin(),
             Cos => x.cos(),
             Tanh => x.tanh(),
-            Sigmoid => 1.0 / (1.0 + (-x).exp()),
+            Sigmoid => 1.0 / (1.0 + $exp(-x)),
             Relu => {
                 if x > 0.0 {
                     x
@@ -240,7 +240,7 @@ macro_rules! float_unary {
             }
             Gelu => 0.5 * x * (1.0 + $erf(x * std::f64::consts::FRAC_1_SQRT_2 as $F)),
             GeluTanh => 0.5 * x * (1.0 + ($sqrt2pi * (x + 0.044715 * x * x * x)).tanh()),
-            Silu => x / (1.0 + (-x).exp()),
+            Silu => x / (1.0 + $exp(-x)),
             Erf => $erf(x),
             Floor => x.floor(),
             Ceil => x.ceil(),
@@ -250,13 +250,35 @@ macro_rules! float_unary {
     }};
 }
 
+/// Expands `$e` once per unary op, with `$k` a constant naming that op, and matches `$op`
+/// to pick one: code calling [`unary_f32`]/[`unary_f64`] with `$k` gets a loop per op
+/// (the op's own expression, which the compiler can vectorise) instead of a match per
+/// element. Adding an op to `UnaryOp` without adding it here does not compile.
+macro_rules! each_unary {
+    ($op:expr, $k:ident => $e:expr) => {
+        $crate::backend::cpu::elementwise::each_unary!(@ $op, $k, $e; Neg, Abs, Sign, Exp, Log, Log1p, Sqrt,
+            Rsqrt, Square, Reciprocal, Sin, Cos, Tanh, Sigmoid, Relu, Gelu, GeluTanh, Silu, Erf, Floor, Ceil,
+            Round, LogicalNot)
+    };
+    (@ $op:expr, $k:ident, $e:expr; $($name:ident),*) => {
+        match $op {
+            $($crate::primitives::UnaryOp::$name => {
+                const $k: $crate::primitives::UnaryOp = $crate::primitives::UnaryOp::$name;
+                $e
+            })*
+        }
+    };
+}
+pub(crate) use each_unary;
+
 #[inline(always)]
 pub(crate) fn unary_f32(op: UnaryOp, x: f32) -> f32 {
-    float_unary!(op, x: f32, 0.797_884_6_f32, libm::erff)
+    // exp without a library call (see `vexp`): loops over one op vectorise.
+    float_unary!(op, x: f32, 0.797_884_6_f32, libm::erff, crate::backend::cpu::vexp::exp_f32)
 }
 #[inline(always)]
 pub(crate) fn unary_f64(op: UnaryOp, x: f64) -> f64 {
-    float_unary!(op, x: f64, 0.797_884_560_802_865_4_f64, libm::erf)
+    float_unary!(op, x: f64, 0.797_884_560_802_865_4_f64, libm::erf, f64::exp)
 }
 
 fn int_unary<T: Element + IntOps>(op: UnaryOp, x: &Storage, dtype: DType) -> Result<Storage> {
@@ -279,8 +301,8 @@ pub(crate) fn unary(op: UnaryOp, x: &Storage, dtype: DType) -> Result<Storage> {
         return crate::with_dtype!(x.dtype, A => map1::<A, u8, _>(x, &shape, DType::Bool, |v: A| (v.to_f64() == 0.0) as u8));
     }
     match x.dtype {
-        DType::F32 => map1::<f32, f32, _>(x, &shape, dtype, |v| unary_f32(op, v)),
-        DType::F64 => map1::<f64, f64, _>(x, &shape, dtype, |v| unary_f64(op, v)),
+        DType::F32 => each_unary!(op, K => map1::<f32, f32, _>(x, &shape, dtype, |v| unary_f32(K, v))),
+        DType::F64 => each_unary!(op, K => map1::<f64, f64, _>(x, &shape, dtype, |v| unary_f64(K, v))),
         DType::F16 => map1::<f16, f16, _>(x, &shape, dtype, |v| f16::from_f32(unary_f32(op, v.to_f32()))),
         DType::BF16 => map1::<bf16, bf16, _>(x, &shape, dtype, |v| bf16::from_f32(unary_f32(op, v.to_f32()))),
         DType::I32 => int_unary::<i32>(op, x, dtype),
