@@ -43,6 +43,15 @@ pub(crate) mod runtime {
     pub(crate) use crate::serial_src as serial;
 }
 
+/// Runs `f` under loom, exploring interleavings with at most `preemptions` preemptions
+/// per execution (the bound keeps the larger models within seconds).
+#[cfg(all(test, loom))]
+pub(crate) fn model_bounded(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(preemptions);
+    builder.check(f);
+}
+
 #[cfg(all(test, loom))]
 mod jobs;
 #[cfg(all(test, loom))]

@@ -206,9 +206,7 @@ fn finish(rt: &Arc<Rt>, callers: Vec<JoinHandle<()>>, pool: Vec<JoinHandle<()>>,
 /// node are serialised by its stream's queue lock.)
 #[test]
 fn three_callers_claim_each_node_once() {
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(2);
-    builder.check(|| {
+    crate::model_bounded(2, || {
         let rt = runtime(1);
         let x = node(1, 0, &[]);
         let y = node(2, 0, &[&x]);
@@ -229,9 +227,7 @@ fn three_callers_claim_each_node_once() {
 /// reports a deadlock.
 #[test]
 fn overlapping_diamonds_never_deadlock() {
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(3);
-    builder.check(|| {
+    crate::model_bounded(3, || {
         let rt = runtime(1);
         let a = node(1, 0, &[]);
         let b = node(2, 0, &[&a]);
@@ -254,9 +250,7 @@ fn overlapping_diamonds_never_deadlock() {
 /// its value, and loom reports "a node ran before the value of its input existed".
 #[test]
 fn claim_races_with_input_completion() {
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(2);
-    builder.check(|| {
+    crate::model_bounded(2, || {
         let rt = runtime(2);
         let x = node(1, 0, &[]);
         let y = node(2, 1, &[&x]);

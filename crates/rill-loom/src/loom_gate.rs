@@ -35,9 +35,7 @@ fn entrant(m: &Model) {
 
 #[test]
 fn closed_gate_has_nobody_inside() {
-    let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(3);
-    b.check(|| {
+    crate::model_bounded(3, || {
         let m = Arc::new(Model { gate: Gate::new(), torn_down: AtomicBool::new(false), calls: AtomicUsize::new(0) });
         let workers: Vec<_> = (0..2)
             .map(|_| {

@@ -175,16 +175,12 @@ fn race(batches: usize) {
 /// (a) A thread creates a stream and submits one batch while another runs shutdown.
 #[test]
 fn register_and_submit_race_shutdown() {
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(3);
-    builder.check(|| race(1));
+    crate::model_bounded(3, || race(1));
 }
 
 /// (b) As (a) with two batches on the new stream, so shutdown may also find one batch
 /// running and the next queued, or accept the first and refuse the second.
 #[test]
 fn two_batches_race_shutdown() {
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(3);
-    builder.check(|| race(2));
+    crate::model_bounded(3, || race(2));
 }

@@ -52,9 +52,7 @@ fn job(m: &Arc<Model>) {
 
 #[test]
 fn parked_streams_are_always_rescheduled_and_run_in_order() {
-    let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(3);
-    builder.check(|| {
+    crate::model_bounded(3, || {
         let m = Arc::new(Model {
             q: Mutex::new(Serial::new()),
             dep: Completion::new(),

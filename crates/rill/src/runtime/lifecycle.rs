@@ -46,6 +46,14 @@ pub(crate) fn enter_backend() -> Option<Pass<'static>> {
     GATE.enter()
 }
 
+/// A pass for releasing a backend resource (a `Drop`, a cache trim): `None` once shutdown
+/// has begun, when the caller leaks the resource on purpose instead of calling the
+/// backend (the process is ending; the driver reclaims it).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn release_pass() -> Option<Pass<'static>> {
+    if is_shutting_down() { None } else { GATE.enter() }
+}
+
 /// Threads inside a backend library right now.
 pub(crate) fn threads_in_backend() -> usize {
     GATE.inside()
@@ -75,7 +83,7 @@ pub(crate) fn is_cancelled() -> bool {
 /// Counts a backend call attempted after shutdown (a bug if it ever happens) and returns
 /// true in that case, so the caller can skip the call.
 pub(crate) fn backend_call_forbidden() -> bool {
-    if STATE.load(SeqCst) >= CANCELLED {
+    if is_cancelled() {
         stats::BACKEND_CALLS_AFTER_SHUTDOWN.fetch_add(1, SeqCst);
         true
     } else {

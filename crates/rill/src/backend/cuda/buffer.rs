@@ -85,10 +85,8 @@ impl CudaBuffer {
 impl Drop for CudaBuffer {
     fn drop(&mut self) {
         memory::on_free(self.bytes);
-        if lifecycle::is_shutting_down() {
-            return; // the memory (and the stream reference) are leaked on purpose
-        }
-        let Some(_pass) = lifecycle::enter_backend() else { return };
+        // After shutdown began the memory (and the stream reference) are leaked on purpose.
+        let Some(_pass) = lifecycle::release_pass() else { return };
         let users = std::mem::take(self.users.get_mut());
         let _ = catch_unwind(AssertUnwindSafe(|| {
             for (_, ev) in &users {

@@ -266,10 +266,7 @@ pub(crate) fn shutdown(bound: Duration) -> bool {
 
 /// Returns the memory cached by every device's memory pool to the driver.
 pub(crate) fn clear_cache() {
-    if lifecycle::is_shutting_down() {
-        return;
-    }
-    let Some(_pass) = lifecycle::enter_backend() else { return };
+    let Some(_pass) = lifecycle::release_pass() else { return };
     let devices: Vec<Arc<DeviceState>> = DEVICES.lock().iter().flatten().cloned().collect();
     for d in devices {
         let _ = catch_unwind(AssertUnwindSafe(|| {

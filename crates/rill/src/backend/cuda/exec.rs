@@ -37,23 +37,13 @@ fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
 /// Runs one batch of nodes (all on the GPU stream `stream`) in order.
 pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
     let Some(cs) = stream.inner.cuda.as_ref() else {
-        for a in nodes {
-            stats::NODES_COMPUTED.fetch_add(1, SeqCst);
-            a.node.complete(Err(Error::backend("cuda", "a GPU stream without a CUDA stream")));
-            stats::IN_FLIGHT.fetch_sub(1, SeqCst);
-        }
-        return;
+        return fail_all(nodes, Error::backend("cuda", "a GPU stream without a CUDA stream"));
     };
     // The whole batch runs inside the backend gate: shutdown waits for it to finish
     // before the process may tear the driver down.
     let Some(_pass) = lifecycle::enter_backend() else {
         let _ = lifecycle::backend_call_forbidden(); // counted: a batch ran after the gate closed
-        for a in nodes {
-            stats::NODES_COMPUTED.fetch_add(1, SeqCst);
-            a.node.complete(Err(Error::ShutDown));
-            stats::IN_FLIGHT.fetch_sub(1, SeqCst);
-        }
-        return;
+        return fail_all(nodes, Error::ShutDown);
     };
     let mut local: HashMap<u64, Result<Storage>> = HashMap::new();
     let mut waited: Vec<usize> = Vec::new();
@@ -136,6 +126,15 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
     match ev {
         Some(ev) => cs.dev.complete_later(ev, fence),
         None => fence.signal(Ok(())),
+    }
+}
+
+/// Completes every node of a batch that cannot run with `err`.
+fn fail_all(nodes: &[Array], err: Error) {
+    for a in nodes {
+        stats::NODES_COMPUTED.fetch_add(1, SeqCst);
+        a.node.complete(Err(err.clone()));
+        stats::IN_FLIGHT.fetch_sub(1, SeqCst);
     }
 }
 

@@ -99,10 +99,7 @@ impl Ev {
 
 impl Drop for Ev {
     fn drop(&mut self) {
-        if lifecycle::is_shutting_down() {
-            return; // leaked on purpose
-        }
-        let Some(_pass) = lifecycle::enter_backend() else { return };
+        let Some(_pass) = lifecycle::release_pass() else { return }; // leaked on purpose
         let _ = catch_unwind(AssertUnwindSafe(|| {
             let _ = self.ctx.bind_to_thread();
             // SAFETY: destroyed exactly once, here.
@@ -158,10 +155,8 @@ impl CudaStreamHandle {
 impl Drop for CudaStreamHandle {
     fn drop(&mut self) {
         let blas = self.blas.get_mut().take();
-        if lifecycle::is_shutting_down() {
-            return; // the stream and the cuBLAS handle (a raw pointer) are leaked on purpose
-        }
-        let Some(_pass) = lifecycle::enter_backend() else { return };
+        // After shutdown began the stream and the cuBLAS handle are leaked on purpose.
+        let Some(_pass) = lifecycle::release_pass() else { return };
         let _ = catch_unwind(AssertUnwindSafe(|| {
             if let Some(mut b) = blas {
                 let _ = self.dev.ctx.bind_to_thread();
