@@ -11,6 +11,7 @@
 //! | `backend_calls_after_shutdown` | every backend entry point | must stay 0 |
 //! | `threads_in_backend` | the backend gate (`gate.rs`) | threads inside a backend library now; 0 after shutdown |
 //! | `memory_waits`, `queue_waits` | the scheduler | times a submitter waited (memory limit, full queue) |
+//! | `graphs_built`, `graph_launches` | the CUDA backend's launcher | CUDA graphs instantiated; batches sent as one graph launch |
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
@@ -23,6 +24,10 @@ pub(crate) static NODES_COMPUTED: AtomicU64 = AtomicU64::new(0);
 pub(crate) static BACKEND_CALLS_AFTER_SHUTDOWN: AtomicU64 = AtomicU64::new(0);
 pub(crate) static MEMORY_WAITS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static QUEUE_WAITS: AtomicU64 = AtomicU64::new(0);
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) static GRAPHS_BUILT: AtomicU64 = AtomicU64::new(0);
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) static GRAPH_LAUNCHES: AtomicU64 = AtomicU64::new(0);
 
 /// A snapshot of the runtime's counters (see the module docs for each one).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,6 +59,12 @@ pub struct Stats {
     pub memory_waits: u64,
     /// Times a submitter waited because a stream's queue was full (backpressure).
     pub queue_waits: u64,
+    /// CUDA graphs instantiated from a batch's kernel launches (a launch sequence seen
+    /// twice on a stream).
+    pub graphs_built: u64,
+    /// GPU batches (or parts of one) sent as one CUDA graph launch instead of one launch
+    /// per kernel.
+    pub graph_launches: u64,
 }
 
 /// Reads every counter.
@@ -72,5 +83,7 @@ pub fn stats() -> Stats {
         threads_in_backend: super::lifecycle::threads_in_backend(),
         memory_waits: MEMORY_WAITS.load(Relaxed),
         queue_waits: QUEUE_WAITS.load(Relaxed),
+        graphs_built: GRAPHS_BUILT.load(Relaxed),
+        graph_launches: GRAPH_LAUNCHES.load(Relaxed),
     }
 }

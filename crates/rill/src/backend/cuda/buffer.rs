@@ -32,6 +32,9 @@ pub(crate) struct CudaBuffer {
     pub producer: OnceLock<u64>,
     /// The last use on each other stream: `(stream id, event)`.
     users: Mutex<Vec<(u64, Arc<Ev>)>>,
+    /// Complete when created and never written again (the scalar slab): readers need no
+    /// producer event and the buffer records no users.
+    pub constant: bool,
 }
 
 impl CudaBuffer {
@@ -42,11 +45,12 @@ impl CudaBuffer {
             None
         } else {
             // SAFETY: the contents are written by the kernel that receives the buffer.
-            Some(unsafe { cs.stream().alloc::<u8>(bytes) }.map_err(|_| oom())?)
+            // Not `stream()`: an allocation need not wait for recorded launches.
+            Some(unsafe { cs.raw_stream().alloc::<u8>(bytes) }.map_err(|_| oom())?)
         };
         let ptr = match &slice {
             Some(s) => {
-                let (p, _sync) = s.device_ptr(cs.stream());
+                let (p, _sync) = s.device_ptr(cs.raw_stream());
                 p
             }
             None => 0,
@@ -58,10 +62,11 @@ impl CudaBuffer {
             bytes,
             ordinal: cs.dev.ordinal,
             alloc_stream_id: cs.id,
-            alloc_stream: ManuallyDrop::new(cs.stream().clone()),
+            alloc_stream: ManuallyDrop::new(cs.raw_stream().clone()),
             event: OnceLock::new(),
             producer: OnceLock::new(),
             users: Mutex::new(Vec::new()),
+            constant: false,
         })
     }
     /// The device address of byte 0.
@@ -71,7 +76,7 @@ impl CudaBuffer {
     /// Records that stream `stream_id` (not the allocating one) used the buffer in work
     /// that ends at `ev`; the free will wait for it.
     pub fn add_user(&self, stream_id: u64, ev: &Arc<Ev>) {
-        if stream_id == self.alloc_stream_id {
+        if stream_id == self.alloc_stream_id || self.constant {
             return;
         }
         let mut g = self.users.lock();
@@ -89,6 +94,9 @@ impl Drop for CudaBuffer {
         let Some(_pass) = lifecycle::release_pass() else { return };
         let users = std::mem::take(self.users.get_mut());
         let _ = catch_unwind(AssertUnwindSafe(|| {
+            // Kernels this thread recorded on the allocating stream (a temporary's) are
+            // sent first, so that the free is ordered after them.
+            super::launch::flush_stream(self.alloc_stream_id);
             for (_, ev) in &users {
                 let _ = ev.wait_on(&self.alloc_stream);
             }
@@ -134,11 +142,24 @@ pub(crate) fn scalar_on_device(cs: &CudaStreamHandle, s: &Storage) -> Result<Opt
     let start = s.layout.offset * size;
     let mut bits = [0u8; 8];
     bits[..size].copy_from_slice(&cpu.bytes()[start..start + size]);
-    let key = (s.dtype, u64::from_le_bytes(bits));
+    slab_scalar(cs, s.dtype, u64::from_le_bytes(bits), &s.layout.shape)
+}
+
+/// A one-element storage of `shape` holding the value whose little-endian bits are `bits`
+/// (`dtype` at most 8 bytes), as a view of the device's scalar slab; `None` when the slab
+/// is full. The view is complete when returned (readers need no event) and must never be
+/// written: the slab's buffer is marked [`CudaBuffer::constant`].
+pub(crate) fn slab_scalar(cs: &CudaStreamHandle, dtype: DType, bits: u64, shape: &[usize]) -> Result<Option<Storage>> {
+    let size = dtype.size();
+    if size > 8 || shape.iter().product::<usize>() != 1 {
+        return Ok(None);
+    }
+    let key = (dtype, bits);
+    let bits = bits.to_le_bytes();
     let view = |slab: &Storage, slot: usize| Storage {
         buffer: slab.buffer.clone(),
-        dtype: s.dtype,
-        layout: Layout { offset: slot * 8 / size, ..Layout::contiguous(&s.layout.shape) },
+        dtype,
+        layout: Layout { offset: slot * 8 / size, ..Layout::contiguous(shape) },
         fence: None,
     };
     let mut g = cs.dev.scalars.lock();
@@ -150,7 +171,8 @@ pub(crate) fn scalar_on_device(cs: &CudaStreamHandle, s: &Storage) -> Result<Opt
     }
     let _ = cs.dev.ctx.bind_to_thread();
     if g.slab.is_none() {
-        let buf = CudaBuffer::alloc(cs, SCALAR_SLOTS * 8)?;
+        let mut buf = CudaBuffer::alloc(cs, SCALAR_SLOTS * 8)?;
+        buf.constant = true;
         // The allocation is ordered on `cs`; the copies below run on the transfer stream.
         cs.stream().synchronize().map_err(|e| super::backend_err("to_device", e))?;
         g.slab = Some(Storage::contiguous(Buffer::Cuda(buf), DType::U8, &[SCALAR_SLOTS * 8]));

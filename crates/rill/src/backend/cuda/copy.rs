@@ -6,14 +6,13 @@
 //! stream** (a synchronisation, acceptable for this op) and reads the word back, so that
 //! an out-of-range index is returned as `Error::Index` like on the CPU.
 
-use cudarc::driver::PushKernelArg;
-
 use crate::backend::Storage;
 use crate::error::{Error, Result};
 use crate::shape::Layout;
 
 use super::buffer::{CudaBuffer, new_storage};
 use super::handles::CudaStreamHandle;
+use super::launch::Launch;
 use super::map::{Lay, merge_dims};
 use super::norm::elem_ptr;
 use super::nvrtc::{self, grid_for};
@@ -66,11 +65,11 @@ extern "C" __global__ void k_view({b}* dst, const {b}* src, Lay l, i64 n) {{
     let ps = super::buffer::cuda_of(src).map(|b| b.ptr()).unwrap_or(0);
     let n64 = n as i64;
     let _ = cs.dev.ctx.bind_to_thread();
-    let mut lb = cs.stream().launch_builder(&f);
+    let mut lb = Launch::new(&f);
     lb.arg(&pd).arg(&ps).arg(&lay).arg(&n64);
     // SAFETY: both views lie inside their buffers (the destination is a sub-view of a new
     // allocation, the source a view checked by the op layer).
-    unsafe { lb.launch(grid_for(&cs.dev, n)) }.map_err(|e| super::backend_err("launch", e))?;
+    unsafe { lb.launch(cs, grid_for(&cs.dev, n)) }.map_err(|e| super::backend_err("launch", e))?;
     Ok(())
 }
 
@@ -133,17 +132,19 @@ extern "C" __global__ void k_check(u64* flag, const {it}* idx, i64 n, i64 size) 
         })?;
         let (pf, pi, n64, s64) = (flag.ptr(), elem_ptr(&idx), nidx as i64, size as i64);
         let _ = dev.ctx.bind_to_thread();
-        let raw = cs.stream().cu_stream();
+        // `cs.stream()` each time: it sends the launches recorded before (the check
+        // kernel) so that each copy is ordered after them.
+        let raw = || cs.stream().cu_stream();
         // SAFETY: `flag` holds 8 bytes.
-        unsafe { cudarc::driver::result::memset_d8_async(pf, 0xff, 8, raw) }.map_err(launch_err)?;
-        let mut lb = cs.stream().launch_builder(&f);
+        unsafe { cudarc::driver::result::memset_d8_async(pf, 0xff, 8, raw()) }.map_err(launch_err)?;
+        let mut lb = Launch::new(&f);
         lb.arg(&pf).arg(&pi).arg(&n64).arg(&s64);
         // SAFETY: `idx` holds `nidx` contiguous elements; `flag` one u64.
-        unsafe { lb.launch(grid_for(dev, nidx)) }.map_err(launch_err)?;
+        unsafe { lb.launch(cs, grid_for(dev, nidx)) }.map_err(launch_err)?;
         // A host wait: the error must be known before the node completes.
         let mut first = [0u64; 1];
         // SAFETY: 8 bytes into `first`, finished by the synchronisation below.
-        unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut first, pf, raw) }.map_err(launch_err)?;
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut first, pf, raw()) }.map_err(launch_err)?;
         cs.synchronize()?;
         if first[0] != u64::MAX {
             let k = first[0] as usize;
@@ -151,7 +152,7 @@ extern "C" __global__ void k_check(u64* flag, const {it}* idx, i64 n, i64 size) 
             let sz = idx.dtype.size();
             // SAFETY: element `k` of `idx` lies inside its buffer (k < nidx).
             unsafe {
-                cudarc::driver::result::memcpy_dtoh_async(&mut bytes[..sz], pi + (k * sz) as u64, raw)
+                cudarc::driver::result::memcpy_dtoh_async(&mut bytes[..sz], pi + (k * sz) as u64, raw())
                     .map_err(launch_err)?;
             }
             cs.synchronize()?;
@@ -191,9 +192,9 @@ extern "C" __global__ void k_take({b}* out, const {b}* x, const {it}* idx, i64 n
     let (po, px, pi) = (elem_ptr(&out), elem_ptr(&xs), elem_ptr(&idx));
     let (n64, ni64, s64, in64) = (n as i64, nidx as i64, size as i64, inner as i64);
     let _ = dev.ctx.bind_to_thread();
-    let mut lb = cs.stream().launch_builder(&f);
+    let mut lb = Launch::new(&f);
     lb.arg(&po).arg(&px).arg(&pi).arg(&n64).arg(&ni64).arg(&s64).arg(&in64);
     // SAFETY: every index was checked in range above; `x` is contiguous.
-    unsafe { lb.launch(grid_for(dev, n)) }.map_err(launch_err)?;
+    unsafe { lb.launch(cs, grid_for(dev, n)) }.map_err(launch_err)?;
     Ok(out)
 }

@@ -4,8 +4,6 @@
 //! half-to-even, integer arithmetic wraps, integer division by zero gives 0, float to
 //! integer conversions saturate (NaN gives 0).
 
-use cudarc::driver::PushKernelArg;
-
 use crate::backend::Storage;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -13,6 +11,7 @@ use crate::primitives::{BinaryOp, UnaryOp};
 
 use super::buffer::{cuda_of, new_storage};
 use super::handles::CudaStreamHandle;
+use super::launch::Launch;
 use super::map::{In, map};
 use super::nvrtc::{self, grid_for};
 use super::source::{PRELUDE, bits_type, ctype, ftype, load, store_float, utype};
@@ -241,10 +240,10 @@ fn index_kernel(
     let n64 = n as i64;
     let bits = super::source::host_bits(dtype, a);
     let _ = cs.dev.ctx.bind_to_thread();
-    let mut lb = cs.stream().launch_builder(&f);
+    let mut lb = Launch::new(&f);
     lb.arg(&ptr).arg(&n64).arg(&a).arg(&b).arg(&m).arg(&bits);
     // SAFETY: the arguments match the generated signature; `out` holds n elements.
-    unsafe { lb.launch(grid_for(&cs.dev, n)) }.map_err(|e| super::backend_err("launch", e))?;
+    unsafe { lb.launch(cs, grid_for(&cs.dev, n)) }.map_err(|e| super::backend_err("launch", e))?;
     Ok(out)
 }
 

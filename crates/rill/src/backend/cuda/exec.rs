@@ -23,9 +23,10 @@ use crate::runtime::stream::Stream;
 use crate::runtime::{lifecycle, stats};
 use crate::sync::Arc;
 
-use super::buffer::{cuda_of, download, scalar_on_device, upload};
+use super::buffer::{cuda_of, download, scalar_on_device, slab_scalar, upload};
 use super::handles::{CudaStreamHandle, Ev};
-use super::{copy, elementwise as ew, fused, matmul, norm, random, reduce, scan};
+use super::{copy, elementwise as ew, fused, launch, matmul, norm, random, reduce, scan};
+use cudarc::driver::DriverError;
 
 fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<&str>()
@@ -50,8 +51,14 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
     // Every device storage read by the batch, kept alive until its last-use event is set.
     let mut read: Vec<Storage> = Vec::new();
     let mut any_ok = false;
+    // Kernel launches are recorded and sent at the end (as one CUDA graph when the
+    // sequence repeats), or earlier when something else needs the stream (`launch.rs`).
+    let rec = launch::Recording::begin(cs);
     for a in nodes {
         let node = &a.node;
+        if let Some(r) = &rec {
+            r.node(node.id);
+        }
         let inputs: Vec<Array> = node.state.lock().inputs.clone();
         let mut storages = Vec::with_capacity(inputs.len());
         let mut failed = None;
@@ -84,6 +91,12 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
         read.extend(storages.into_iter().filter(|s| cuda_of(s).is_some()));
         local.insert(node.id, result);
     }
+    if let Some(r) = rec {
+        let failed = r.finish();
+        if !failed.is_empty() {
+            fail_launched(nodes, &mut local, &failed);
+        }
+    }
     let fence = Fence::new();
     let ev = if any_ok {
         match Ev::record(cs.stream()) {
@@ -104,7 +117,7 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
     if let Some(ev) = &ev {
         for r in local.values().flatten() {
             if let Some(b) = cuda_of(r) {
-                if b.event.get().is_none() {
+                if !b.constant && b.event.get().is_none() {
                     let _ = b.event.set(ev.clone());
                     let _ = b.producer.set(cs.id);
                 }
@@ -135,6 +148,33 @@ fn fail_all(nodes: &[Array], err: Error) {
         stats::NODES_COMPUTED.fetch_add(1, SeqCst);
         a.node.complete(Err(err.clone()));
         stats::IN_FLIGHT.fetch_sub(1, SeqCst);
+    }
+}
+
+/// Fails the nodes whose recorded launches failed when they were sent, and every node of
+/// the batch that depends on one of them (the batch is in dependency order).
+fn fail_launched(nodes: &[Array], local: &mut HashMap<u64, Result<Storage>>, failed: &[(u64, DriverError)]) {
+    let mut bad: Vec<u64> = Vec::new();
+    // Node 0: a failure that cannot be charged to one node (the sender panicked).
+    let everyone = failed.iter().find(|(n, _)| *n == 0).map(|(_, e)| super::backend_err("launch", e));
+    for a in nodes {
+        let id = a.node.id;
+        let own = failed.iter().find(|(n, _)| *n == id).map(|(_, e)| super::backend_err("launch", e));
+        let own = own.or_else(|| everyone.clone());
+        let upstream = || a.node.state.lock().inputs.iter().any(|i| bad.contains(&i.node.id));
+        let err = match own {
+            Some(e) => Some(e),
+            None if upstream() => Some(Error::backend("cuda", "an input's kernel failed to launch")),
+            None => None,
+        };
+        if let Some(e) = err {
+            bad.push(id);
+            if let Some(r) = local.get_mut(&id) {
+                if r.is_ok() {
+                    *r = Err(e);
+                }
+            }
+        }
     }
 }
 
@@ -192,7 +232,11 @@ fn eval(cs: &CudaStreamHandle, prim: &Primitive, shape: &[usize], dtype: DType, 
     let x = || &inputs[0];
     match prim {
         Constant => Err(Error::invalid("constant", "a constant has no kernel")),
-        Full { value } => ew::full(cs, shape, dtype, *value),
+        // One element (the `2.0` of `x * 2.0`): a slot of the scalar slab, no kernel.
+        Full { value } => match slab_scalar(cs, dtype, super::source::host_bits(dtype, *value), shape)? {
+            Some(s) => Ok(s),
+            None => ew::full(cs, shape, dtype, *value),
+        },
         Arange { start, step } => ew::arange(cs, shape, dtype, *start, *step),
         Eye { k } => ew::eye(cs, shape, dtype, *k),
         Random { key, dist } => random::random(cs, shape, dtype, *key, *dist),

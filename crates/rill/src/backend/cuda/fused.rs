@@ -7,7 +7,7 @@
 //! call generates no source and formats no key: it merges axes, picks the plan, finds
 //! the function and launches.
 
-use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, LaunchConfig};
 
 use crate::backend::Storage;
 use crate::compile::FusedProgram;
@@ -19,6 +19,7 @@ use crate::shape::{Layout, broadcast_shapes};
 use super::buffer::{cuda_of, new_storage};
 use super::device::DeviceState;
 use super::handles::CudaStreamHandle;
+use super::launch::Launch;
 use super::map::merge_dims;
 use super::nvrtc;
 use super::source::PRELUDE;
@@ -134,7 +135,7 @@ pub(crate) fn fused(
         Plan::Linear { .. } => (Vec::new(), Vec::new()),
     };
     let _ = cs.dev.ctx.bind_to_thread();
-    let mut b = cs.stream().launch_builder(&f);
+    let mut b = Launch::new(&f);
     b.arg(&out_ptr);
     for ptr in &ptrs {
         b.arg(ptr);
@@ -144,14 +145,14 @@ pub(crate) fn fused(
         Plan::Linear { wide: false, .. } => b.arg(&n32).arg(&cols32),
         // The driver copies as many bytes as the kernel's parameter struct declares from
         // the address of the first element.
-        Plan::Strided { wide: true, .. } => b.arg(&n64).arg(&p64[0]),
-        Plan::Strided { wide: false, .. } => b.arg(&n32).arg(&p32[0]),
+        Plan::Strided { wide: true, .. } => b.arg(&n64).arg_slice(&p64),
+        Plan::Strided { wide: false, .. } => b.arg(&n32).arg_slice(&p32),
     };
     // SAFETY: the arguments match the generated signature for `plan` (pointers, n, then
     // cols or the parameter struct laid out in `p32`/`p64`, alive until the launch
     // returns); every offset the plan produces lies inside its input (views are checked
     // by the op layer), and vector plans were chosen only for aligned pointers.
-    unsafe { b.launch(cfg) }.map_err(|e| super::backend_err("launch", e))?;
+    unsafe { b.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))?;
     Ok(out)
 }
 

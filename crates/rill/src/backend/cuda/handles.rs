@@ -124,6 +124,8 @@ pub(crate) struct CudaStreamHandle {
     stream: ManuallyDrop<Arc<CudaStream>>,
     /// Created on the first matmul on this stream.
     pub blas: Mutex<Option<Blas>>,
+    /// The CUDA graphs of this stream's batches (see `launch.rs`).
+    pub graphs: Mutex<super::launch::GraphCache>,
 }
 
 /// Creates a non-blocking CUDA stream on GPU `ordinal` (never the legacy default stream).
@@ -136,25 +138,35 @@ pub(crate) fn new_stream(ordinal: usize) -> Result<CudaStreamHandle> {
         dev,
         stream: ManuallyDrop::new(s),
         blas: Mutex::new(None),
+        graphs: Mutex::new(Default::default()),
     })
 }
 
 impl CudaStreamHandle {
-    /// The cudarc stream.
+    /// The cudarc stream, for any use other than a kernel launch or an allocation: the
+    /// kernel launches this thread has recorded for the stream are sent first, so that
+    /// the use is ordered after them (see `launch.rs`).
     pub fn stream(&self) -> &Arc<CudaStream> {
+        super::launch::flush(self);
+        &self.stream
+    }
+    /// The cudarc stream without sending recorded launches: for allocations (ordered
+    /// before the kernels that will use them) and the launcher itself.
+    pub fn raw_stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
     /// Blocks until all work enqueued on this stream has finished.
     pub fn synchronize(&self) -> Result<()> {
         // After shutdown every batch has finished or been cancelled: nothing to wait for.
         let Some(_pass) = lifecycle::enter_backend() else { return Ok(()) };
-        self.stream.synchronize().map_err(|e| super::backend_err("synchronize", e))
+        self.stream().synchronize().map_err(|e| super::backend_err("synchronize", e))
     }
 }
 
 impl Drop for CudaStreamHandle {
     fn drop(&mut self) {
         let blas = self.blas.get_mut().take();
+        let graphs = std::mem::take(self.graphs.get_mut());
         // After shutdown began the stream and the cuBLAS handle are leaked on purpose.
         let Some(_pass) = lifecycle::release_pass() else { return };
         let _ = catch_unwind(AssertUnwindSafe(|| {
@@ -167,6 +179,7 @@ impl Drop for CudaStreamHandle {
                     ManuallyDrop::drop(&mut b.workspace);
                 }
             }
+            drop(graphs);
             // SAFETY: dropped exactly once, here. Buffers allocated on this stream keep
             // their own reference, so the CUDA stream lives until the last one is freed.
             unsafe { ManuallyDrop::drop(&mut self.stream) };

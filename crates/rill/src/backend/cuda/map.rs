@@ -8,7 +8,7 @@
 //! or a broadcast scalar, and `k_strided` (shape/strides passed by value, after merging
 //! axes that are contiguous for every operand) otherwise.
 
-use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{DeviceRepr, LaunchConfig};
 
 use crate::backend::Storage;
 use crate::dtype::DType;
@@ -17,6 +17,7 @@ use crate::shape::Layout;
 
 use super::buffer::{cuda_of, new_storage};
 use super::handles::CudaStreamHandle;
+use super::launch::Launch;
 use super::nvrtc::{self, BLOCK, grid_for};
 use super::source::{MAX_DIMS, PRELUDE};
 
@@ -186,7 +187,6 @@ pub(crate) fn map(
             _ => None,
         })
         .collect();
-    let stream = cs.stream();
     let _ = dev.ctx.bind_to_thread();
     let n64 = n as i64;
     let ptrs: Vec<u64> = (0..ins.len()).map(|o| bases[o] + (lays[o].offset * ins[o].size) as u64).collect();
@@ -198,7 +198,7 @@ pub(crate) fn map(
             && vec > 1;
         if aligned {
             let f = get("k_vec")?;
-            let mut b = stream.launch_builder(&f);
+            let mut b = Launch::new(&f);
             b.arg(&out_ptr);
             for p in &ptrs {
                 b.arg(p);
@@ -209,10 +209,10 @@ pub(crate) fn map(
             let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
             // SAFETY: the arguments match the generated signature; every pointer covers n
             // elements (vector-aligned, checked above).
-            unsafe { b.launch(cfg) }.map_err(launch_err)?;
+            unsafe { b.launch(cs, cfg) }.map_err(launch_err)?;
         } else {
             let f = get("k_contig")?;
-            let mut b = stream.launch_builder(&f);
+            let mut b = Launch::new(&f);
             b.arg(&out_ptr);
             for p in &ptrs {
                 b.arg(p);
@@ -222,7 +222,7 @@ pub(crate) fn map(
             }
             b.arg(&n64);
             // SAFETY: as above; a stride-0 operand reads its one element.
-            unsafe { b.launch(grid_for(dev, n)) }.map_err(launch_err)?;
+            unsafe { b.launch(cs, grid_for(dev, n)) }.map_err(launch_err)?;
         }
         return Ok(out);
     }
@@ -243,7 +243,7 @@ pub(crate) fn map(
         lay.off[o] = lays[o].offset as i64;
     }
     let f = get("k_strided")?;
-    let mut b = stream.launch_builder(&f);
+    let mut b = Launch::new(&f);
     b.arg(&out_ptr);
     for p in &bases {
         b.arg(p);
@@ -252,7 +252,7 @@ pub(crate) fn map(
     b.arg(&n64);
     // SAFETY: the arguments match the generated signature; every offset the layout
     // produces lies inside its buffer (views are checked by the op layer).
-    unsafe { b.launch(grid_for(dev, n)) }.map_err(launch_err)?;
+    unsafe { b.launch(cs, grid_for(dev, n)) }.map_err(launch_err)?;
     Ok(out)
 }
 

@@ -36,6 +36,7 @@ mod elementwise;
 mod exec;
 mod fused;
 mod handles;
+mod launch;
 mod map;
 mod matmul;
 mod norm;

@@ -5,7 +5,7 @@
 //! takes its moments shifted by the row's first element, with the variance clamped at 0
 //! and `eps` inside the square root; RMS norm scales by `1 / sqrt(mean(x²) + eps)`.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 use crate::backend::Storage;
 use crate::dtype::DType;
@@ -13,6 +13,7 @@ use crate::error::Result;
 
 use super::buffer::{cuda_of, new_storage};
 use super::handles::CudaStreamHandle;
+use super::launch::Launch;
 use super::nvrtc::{self, BLOCK};
 use super::source::{PRELUDE, ctype, ftype, load, store_float};
 
@@ -136,10 +137,10 @@ extern "C" __global__ void k_norm({t}* out, const {t}* x, const {t}* w, const {t
     let grid = rows.min(cs.dev.sms as usize * 32).max(1) as u32;
     let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
     let _ = cs.dev.ctx.bind_to_thread();
-    let mut lb = cs.stream().launch_builder(&func);
+    let mut lb = Launch::new(&func);
     lb.arg(&po).arg(&px).arg(&pw).arg(&pb).arg(&r64).arg(&c64).arg(&eps);
     // SAFETY: `out` and `x` hold rows*cols contiguous elements, `w`/`b` (read only when
     // present) hold `cols`; the arguments match the kernel's signature.
-    unsafe { lb.launch(cfg) }.map_err(|e| super::backend_err("launch", e))?;
+    unsafe { lb.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))?;
     Ok(out)
 }

@@ -5,8 +5,6 @@
 //! Bernoulli values equal the CPU's exactly; normal values may differ in the last bit
 //! (CUDA's `log`/`cos`/`sqrt` against the host's libm).
 
-use cudarc::driver::PushKernelArg;
-
 use crate::backend::Storage;
 use crate::backend::cpu::random::next_down;
 use crate::dtype::DType;
@@ -15,6 +13,7 @@ use crate::primitives::Distribution;
 
 use super::buffer::{cuda_of, new_storage};
 use super::handles::CudaStreamHandle;
+use super::launch::Launch;
 use super::nvrtc::{self, grid_for};
 use super::source::{PRELUDE, ctype, load, store_float};
 
@@ -113,9 +112,9 @@ extern "C" __global__ void k_random({t}* out, i64 n, u32 k0, u32 k1, double a, d
     let po = cuda_of(&out).map(|b| b.ptr()).unwrap_or(0);
     let n64 = n as i64;
     let _ = cs.dev.ctx.bind_to_thread();
-    let mut lb = cs.stream().launch_builder(&f);
+    let mut lb = Launch::new(&f);
     lb.arg(&po).arg(&n64).arg(&key[0]).arg(&key[1]).arg(&a).arg(&b).arg(&c);
     // SAFETY: `out` holds n elements; the arguments match the kernel's signature.
-    unsafe { lb.launch(grid_for(&cs.dev, n)) }.map_err(|e| super::backend_err("launch", e))?;
+    unsafe { lb.launch(cs, grid_for(&cs.dev, n)) }.map_err(|e| super::backend_err("launch", e))?;
     Ok(out)
 }

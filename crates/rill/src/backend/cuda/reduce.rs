@@ -15,7 +15,7 @@
 //! exponentials across the block, and writes the row once. Longer rows use a generic
 //! kernel with an online (max, sum) pair per thread that reads the row twice.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 use crate::backend::Storage;
 use crate::dtype::DType;
@@ -25,6 +25,7 @@ use crate::shape::Layout;
 
 use super::buffer::{CudaBuffer, cuda_of, new_storage};
 use super::handles::CudaStreamHandle;
+use super::launch::Launch;
 use super::nvrtc::{self, BLOCK};
 use super::source::{PRELUDE, ctype, ftype, load, store_float, utype};
 
@@ -71,10 +72,10 @@ pub(crate) fn launch_rows(
     let grid = rows.min(cs.dev.sms as usize * 32).max(1) as u32;
     let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
     let _ = cs.dev.ctx.bind_to_thread();
-    let mut b = cs.stream().launch_builder(&f);
+    let mut b = Launch::new(&f);
     b.arg(&out).arg(&px).arg(&r64).arg(&c64);
     // SAFETY: `out` holds `rows` (or rows*cols) elements and `x` rows*cols contiguous ones.
-    unsafe { b.launch(cfg) }.map_err(|e| super::backend_err("launch", e))?;
+    unsafe { b.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))?;
     Ok(())
 }
 
@@ -311,22 +312,21 @@ pub(crate) fn reduce(
     let cfg = |grid: u32| LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (RBLOCK, 1, 1), shared_mem_bytes: 0 };
     let warps = RBLOCK as usize / 32;
     let _ = dev.ctx.bind_to_thread();
-    let stream = cs.stream();
     match plan(rows, cols, vn, sms) {
         Plan::Warp => {
             let f = get("k_warp")?;
-            let mut b = stream.launch_builder(&f);
+            let mut b = Launch::new(&f);
             b.arg(&po).arg(&px).arg(&r64).arg(&c64);
             // SAFETY: `out` holds `rows` elements and `x` rows*cols contiguous ones.
-            unsafe { b.launch(cfg(blocks(rows.div_ceil(warps), sms * 64))) }.map_err(launch_err)?;
+            unsafe { b.launch(cs, cfg(blocks(rows.div_ceil(warps), sms * 64))) }.map_err(launch_err)?;
         }
         Plan::Block { splits: 1 } => {
             let f = get("k_block")?;
             let (none, one) = (0u64, 1i64);
-            let mut b = stream.launch_builder(&f);
+            let mut b = Launch::new(&f);
             b.arg(&po).arg(&none).arg(&px).arg(&r64).arg(&c64).arg(&one);
             // SAFETY: as above; with one split the partials pointer is not read.
-            unsafe { b.launch(cfg(blocks(rows, 1 << 30))) }.map_err(launch_err)?;
+            unsafe { b.launch(cs, cfg(blocks(rows, 1 << 30))) }.map_err(launch_err)?;
         }
         Plan::Block { splits } => {
             let acc_size = match d {
@@ -338,15 +338,15 @@ pub(crate) fn reduce(
             let pp = part.ptr();
             let s64 = splits as i64;
             let f = get("k_block")?;
-            let mut b = stream.launch_builder(&f);
+            let mut b = Launch::new(&f);
             b.arg(&po).arg(&pp).arg(&px).arg(&r64).arg(&c64).arg(&s64);
             // SAFETY: `part` holds rows*splits accumulators; `x` rows*cols elements.
-            unsafe { b.launch(cfg(blocks(rows * splits, 1 << 30))) }.map_err(launch_err)?;
+            unsafe { b.launch(cs, cfg(blocks(rows * splits, 1 << 30))) }.map_err(launch_err)?;
             let f = get("k_fin")?;
-            let mut b = stream.launch_builder(&f);
+            let mut b = Launch::new(&f);
             b.arg(&po).arg(&pp).arg(&r64).arg(&s64);
             // SAFETY: `out` holds `rows` elements; `part` was written by the launch above.
-            unsafe { b.launch(cfg(blocks(rows.div_ceil(warps), sms * 64))) }.map_err(launch_err)?;
+            unsafe { b.launch(cs, cfg(blocks(rows.div_ceil(warps), sms * 64))) }.map_err(launch_err)?;
             drop(part);
         }
     }
@@ -534,11 +534,11 @@ pub(crate) fn softmax(cs: &CudaStreamHandle, x: &Storage, axis: usize, log: bool
                 shared_mem_bytes: 0,
             };
             let _ = cs.dev.ctx.bind_to_thread();
-            let mut b = cs.stream().launch_builder(&f);
+            let mut b = Launch::new(&f);
             b.arg(&po).arg(&px).arg(&r64).arg(&c64).arg(&vec);
             // SAFETY: `out` and `x` hold rows*cols contiguous elements; `vec` is set only
             // when every row start is 16-byte aligned.
-            unsafe { b.launch(cfg) }.map_err(|e| super::backend_err("launch", e))?;
+            unsafe { b.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))?;
         }
         _ => {
             let key = format!("softmax:{log}:{}", d.name());

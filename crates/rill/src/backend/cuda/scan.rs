@@ -10,8 +10,6 @@
 //! neighbouring elements when `inner > 1`). Floats accumulate in f32 (f64 for f64)
 //! and are rounded to the dtype at each output, integers wrap in their own type.
 
-use cudarc::driver::PushKernelArg;
-
 use crate::backend::Storage;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -19,6 +17,7 @@ use crate::primitives::ArgReduceOp;
 
 use super::buffer::new_storage;
 use super::handles::CudaStreamHandle;
+use super::launch::Launch;
 use super::norm::elem_ptr;
 use super::nvrtc::{self, BLOCK, grid_for};
 use super::reduce::{launch_rows, rows_last};
@@ -144,10 +143,10 @@ extern "C" __global__ void k_scan({t}* out, const {t}* x, i64 outer, i64 len, i6
     let (o64, l64, i64_) = (outer as i64, len as i64, inner as i64);
     let (rv, ex) = (reverse as i32, exclusive as i32);
     let _ = cs.dev.ctx.bind_to_thread();
-    let mut b = cs.stream().launch_builder(&f);
+    let mut b = Launch::new(&f);
     b.arg(&po).arg(&px).arg(&o64).arg(&l64).arg(&i64_).arg(&rv).arg(&ex);
     // SAFETY: `out` and `x` hold outer*len*inner contiguous elements; the arguments match
     // the kernel's signature.
-    unsafe { b.launch(grid_for(&cs.dev, cols)) }.map_err(|e| super::backend_err("launch", e))?;
+    unsafe { b.launch(cs, grid_for(&cs.dev, cols)) }.map_err(|e| super::backend_err("launch", e))?;
     Ok(out)
 }

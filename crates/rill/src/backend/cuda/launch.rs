@@ -1,0 +1,424 @@
+//! Kernel launches, and the CUDA graphs that replay the launches of a batch.
+//!
+//! Every kernel of the backend is launched through [`Launch`], which copies its arguments.
+//! Outside a batch (and for other streams) a launch goes straight to `cuLaunchKernel`.
+//! While `execute_batch` runs on a stream it holds a [`Recording`]: launches on that stream
+//! are kept in order instead, and sent when the batch ends or when anything else is about
+//! to use the stream (a copy, cuBLAS, a synchronisation, an event: every such use goes
+//! through [`CudaStreamHandle::stream`], which flushes first) or to free memory allocated
+//! on it (a temporary's `Drop` flushes first, so the free is ordered after its kernels).
+//! Allocations do not flush: a stream-ordered allocation enqueued before the kernels that
+//! use it is what they need anyway.
+//!
+//! A flush of at least [`GRAPH_MIN`] launches becomes one CUDA graph launch. Graphs are
+//! cached per stream, keyed by the sequence of (function, grid, block, shared memory,
+//! argument size): the second time a sequence is seen it is instantiated; after that each
+//! replay only updates the kernels' arguments (`cuGraphExecKernelNodeSetParams`, the
+//! pointers change every evaluation) and launches the graph. Shorter flushes, sequences
+//! seen once, and any graph call that fails fall back to direct launches, so graphs never
+//! change results, only the cost per kernel. `RILL_CUDA_GRAPHS=0` turns them off.
+//!
+//! A launch that fails is charged to the node that made it ([`Recording::finish`] returns
+//! those nodes; the batch fails them and their dependants), as when launches were direct.
+
+use std::cell::RefCell;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::OnceLock;
+use std::sync::atomic::Ordering::Relaxed;
+
+use cudarc::driver::{CudaFunction, DriverError, LaunchConfig, sys};
+
+use crate::runtime::{lifecycle, stats};
+
+use super::handles::CudaStreamHandle;
+
+/// Flushes with fewer launches than this go out one by one.
+pub(crate) const GRAPH_MIN: usize = 8;
+/// Graphs kept per stream (least recently used evicted).
+const GRAPHS_PER_STREAM: usize = 16;
+/// Sequences remembered as "seen once" per stream.
+const SEEN: usize = 64;
+
+fn graphs_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("RILL_CUDA_GRAPHS").as_deref() != Ok("0"))
+}
+
+/// One kernel launch: the function and a copy of its arguments.
+pub(crate) struct Launch {
+    func: CudaFunction,
+    /// The arguments, each starting on an 8-byte boundary.
+    words: Vec<u64>,
+    /// Where each argument starts in `words`.
+    starts: Vec<u32>,
+}
+
+impl Launch {
+    pub fn new(func: &CudaFunction) -> Launch {
+        Launch { func: func.clone(), words: Vec::with_capacity(8), starts: Vec::with_capacity(8) }
+    }
+    /// Adds one argument: the bytes of `v`.
+    pub fn arg<T: Copy>(&mut self, v: &T) -> &mut Launch {
+        self.arg_slice(std::slice::from_ref(v))
+    }
+    /// Adds one argument made of the bytes of every element of `v` (a parameter struct
+    /// laid out as an array).
+    pub fn arg_slice<T: Copy>(&mut self, v: &[T]) -> &mut Launch {
+        debug_assert!(std::mem::align_of::<T>() <= 8);
+        let bytes = std::mem::size_of_val(v);
+        let start = self.words.len();
+        self.words.resize(start + bytes.div_ceil(8).max(1), 0);
+        // SAFETY: `words` has room for `bytes` bytes from `start`; `T: Copy` is plain data.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                v.as_ptr().cast::<u8>(),
+                self.words.as_mut_ptr().add(start).cast::<u8>(),
+                bytes,
+            )
+        };
+        self.starts.push(start as u32);
+        self
+    }
+    /// Launches on `cs` (or records the launch while `cs` runs a batch on this thread).
+    ///
+    /// # Safety
+    /// The arguments must match the kernel's signature and every address it touches must
+    /// stay valid until the kernel has run (buffers are freed in stream order after it).
+    pub unsafe fn launch(self, cs: &CudaStreamHandle, cfg: LaunchConfig) -> Result<(), DriverError> {
+        let p = Pending { launch: self, cfg, node: 0 };
+        let kept = REC.try_with(|r| match r.try_borrow_mut() {
+            Ok(mut g) => match g.as_mut() {
+                Some(rec) => rec.push(cs.id, p),
+                None => Some(p),
+            },
+            Err(_) => Some(p),
+        });
+        let p = match kept {
+            Ok(None) => return Ok(()), // recorded
+            Ok(Some(p)) => p,
+            Err(_) => return Err(DriverError(sys::CUresult::CUDA_ERROR_NOT_PERMITTED)), // thread exiting
+        };
+        cs.dev.ctx.bind_to_thread()?;
+        // SAFETY: forwarded from the caller.
+        unsafe { p.send(cs.raw_stream().cu_stream()) }
+    }
+}
+
+struct Pending {
+    launch: Launch,
+    cfg: LaunchConfig,
+    /// The batch node that made the launch.
+    node: u64,
+}
+
+impl Pending {
+    /// The argument pointers (into `launch.words`, valid while `self` is).
+    fn params(&mut self) -> Vec<*mut std::ffi::c_void> {
+        let base = self.launch.words.as_mut_ptr();
+        // SAFETY: every start lies inside `words`.
+        self.launch.starts.iter().map(|&s| unsafe { base.add(s as usize) }.cast()).collect()
+    }
+    unsafe fn send(mut self, stream: sys::CUstream) -> Result<(), DriverError> {
+        let mut params = self.params();
+        let c = self.cfg;
+        // SAFETY: forwarded from `Launch::launch`.
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                self.launch.func.cu_function(),
+                c.grid_dim,
+                c.block_dim,
+                c.shared_mem_bytes,
+                stream,
+                &mut params,
+            )
+        }
+    }
+    fn key(&self) -> Key {
+        let c = &self.cfg;
+        (self.launch.func.cu_function() as usize, c.grid_dim, c.block_dim, c.shared_mem_bytes, self.launch.words.len())
+    }
+    fn node_params(&self, params: &mut [*mut std::ffi::c_void]) -> sys::CUDA_KERNEL_NODE_PARAMS {
+        let c = &self.cfg;
+        sys::CUDA_KERNEL_NODE_PARAMS {
+            func: self.launch.func.cu_function(),
+            gridDimX: c.grid_dim.0,
+            gridDimY: c.grid_dim.1,
+            gridDimZ: c.grid_dim.2,
+            blockDimX: c.block_dim.0,
+            blockDimY: c.block_dim.1,
+            blockDimZ: c.block_dim.2,
+            sharedMemBytes: c.shared_mem_bytes,
+            kernelParams: params.as_mut_ptr(),
+            extra: std::ptr::null_mut(),
+            kern: std::ptr::null_mut(),
+            ctx: std::ptr::null_mut(),
+        }
+    }
+}
+
+type Key = (usize, (u32, u32, u32), (u32, u32, u32), u32, usize);
+
+/// The launches recorded on this thread for one stream's batch.
+struct Recorder {
+    stream_id: u64,
+    /// The stream handle of the batch; valid while the [`Recording`] guard lives (it
+    /// clears the recorder when dropped).
+    cs: *const CudaStreamHandle,
+    pending: Vec<Pending>,
+    node: u64,
+    failed: Vec<(u64, DriverError)>,
+}
+
+impl Recorder {
+    /// Keeps `p` when it is for this recorder's stream; gives it back otherwise.
+    fn push(&mut self, stream_id: u64, mut p: Pending) -> Option<Pending> {
+        if stream_id != self.stream_id {
+            return Some(p);
+        }
+        p.node = self.node;
+        self.pending.push(p);
+        None
+    }
+}
+
+thread_local! {
+    static REC: RefCell<Option<Recorder>> = const { RefCell::new(None) };
+}
+
+/// Records the kernel launches of one batch on `cs` (see the module docs).
+pub(crate) struct Recording<'a> {
+    cs: &'a CudaStreamHandle,
+}
+
+impl<'a> Recording<'a> {
+    /// Starts recording on this thread; `None` when graphs are off or this thread already
+    /// records (a nested batch launches directly).
+    pub fn begin(cs: &'a CudaStreamHandle) -> Option<Recording<'a>> {
+        if !graphs_enabled() {
+            return None;
+        }
+        REC.try_with(|r| {
+            let mut r = r.try_borrow_mut().ok()?;
+            if r.is_some() {
+                return None;
+            }
+            *r = Some(Recorder { stream_id: cs.id, cs, pending: Vec::new(), node: 0, failed: Vec::new() });
+            Some(Recording { cs })
+        })
+        .ok()
+        .flatten()
+    }
+    /// The node whose launches follow.
+    pub fn node(&self, id: u64) {
+        let _ = REC.try_with(|r| {
+            if let Ok(mut r) = r.try_borrow_mut() {
+                if let Some(r) = r.as_mut() {
+                    r.node = id;
+                }
+            }
+        });
+    }
+    /// Sends what is recorded and stops recording; returns the nodes whose launches
+    /// failed, with the error.
+    pub fn finish(self) -> Vec<(u64, DriverError)> {
+        flush(self.cs);
+        let failed = REC
+            .try_with(|r| r.try_borrow_mut().ok().and_then(|mut r| r.take()).map(|r| r.failed).unwrap_or_default())
+            .unwrap_or_default();
+        std::mem::forget(self);
+        failed
+    }
+}
+
+impl Drop for Recording<'_> {
+    fn drop(&mut self) {
+        // Reached only when `finish` was not (a panic unwinding through the batch).
+        flush(self.cs);
+        let _ = REC.try_with(|r| r.try_borrow_mut().map(|mut r| r.take()));
+    }
+}
+
+/// Sends the launches recorded for `cs` on this thread, if any.
+pub(crate) fn flush(cs: &CudaStreamHandle) {
+    let pending = REC
+        .try_with(|r| match r.try_borrow_mut() {
+            Ok(mut r) => match r.as_mut() {
+                Some(r) if r.stream_id == cs.id && !r.pending.is_empty() => std::mem::take(&mut r.pending),
+                _ => Vec::new(),
+            },
+            Err(_) => Vec::new(),
+        })
+        .unwrap_or_default();
+    if pending.is_empty() {
+        return;
+    }
+    let failed = catch_unwind(AssertUnwindSafe(|| send_all(cs, pending)))
+        .unwrap_or_else(|_| vec![(0, DriverError(sys::CUresult::CUDA_ERROR_UNKNOWN))]);
+    if !failed.is_empty() {
+        let _ = REC.try_with(|r| {
+            if let Ok(mut r) = r.try_borrow_mut() {
+                if let Some(r) = r.as_mut() {
+                    r.failed.extend(failed);
+                }
+            }
+        });
+    }
+}
+
+/// Flushes the recording of the stream `stream_id` on this thread, if it is recording:
+/// called before memory allocated on that stream is freed.
+pub(crate) fn flush_stream(stream_id: u64) {
+    let cs = REC
+        .try_with(|r| match r.try_borrow() {
+            Ok(r) => r.as_ref().filter(|r| r.stream_id == stream_id && !r.pending.is_empty()).map(|r| r.cs),
+            Err(_) => None,
+        })
+        .ok()
+        .flatten();
+    if let Some(cs) = cs {
+        // SAFETY: the recorder (and so this pointer) exists only while its `Recording`
+        // guard, which borrows the stream handle, is alive on this thread.
+        flush(unsafe { &*cs });
+    }
+}
+
+/// Sends `pending` in order: as a graph when it qualifies, else one by one. Returns the
+/// failed launches' nodes.
+fn send_all(cs: &CudaStreamHandle, mut pending: Vec<Pending>) -> Vec<(u64, DriverError)> {
+    if let Err(e) = cs.dev.ctx.bind_to_thread() {
+        return pending.iter().map(|p| (p.node, e)).collect();
+    }
+    let stream = cs.raw_stream().cu_stream();
+    if pending.len() >= GRAPH_MIN && cs.graphs.lock().replay(stream, &mut pending) {
+        stats::GRAPH_LAUNCHES.fetch_add(1, Relaxed);
+        return Vec::new();
+    }
+    let mut failed = Vec::new();
+    for p in pending {
+        let node = p.node;
+        // SAFETY: recorded by `Launch::launch`, whose caller vouched for the arguments.
+        if let Err(e) = unsafe { p.send(stream) } {
+            failed.push((node, e));
+        }
+    }
+    failed
+}
+
+/// An instantiated graph of a launch sequence.
+struct Graph {
+    key: Vec<Key>,
+    hash: u64,
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+    nodes: Vec<sys::CUgraphNode>,
+    used: u64,
+    /// The kernels' functions: their modules stay loaded while the graph exists.
+    _funcs: Vec<CudaFunction>,
+}
+
+/// The graphs of one stream.
+#[derive(Default)]
+pub(crate) struct GraphCache {
+    graphs: Vec<Graph>,
+    seen: Vec<u64>,
+    clock: u64,
+}
+// SAFETY: graph handles may be used from any thread; the cache is behind the stream's mutex.
+unsafe impl Send for GraphCache {}
+
+fn hash_keys(keys: &[Key]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    keys.hash(&mut h);
+    h.finish()
+}
+
+impl GraphCache {
+    /// Launches `pending` as a cached graph; false (nothing launched) when the sequence has
+    /// no graph yet and is seen for the first time, or a graph call fails.
+    fn replay(&mut self, stream: sys::CUstream, pending: &mut [Pending]) -> bool {
+        let keys: Vec<Key> = pending.iter().map(Pending::key).collect();
+        let hash = hash_keys(&keys);
+        self.clock += 1;
+        let clock = self.clock;
+        if let Some(i) = self.graphs.iter().position(|g| g.hash == hash && g.key == keys) {
+            let g = &mut self.graphs[i];
+            g.used = clock;
+            let ok = pending.iter_mut().zip(&g.nodes).all(|(p, &node)| {
+                let mut params = p.params();
+                let np = p.node_params(&mut params);
+                // SAFETY: `node` belongs to the graph `exec` was made from, with the same
+                // function and argument size; the arguments are copied by the call.
+                unsafe { sys::cuGraphExecKernelNodeSetParams_v2(g.exec, node, &np) }.result().is_ok()
+            });
+            // SAFETY: a live executable graph and stream of the current context.
+            if ok && unsafe { sys::cuGraphLaunch(g.exec, stream) }.result().is_ok() {
+                return true;
+            }
+            self.graphs.swap_remove(i); // partly updated or unusable: rebuilt next time
+            return false;
+        }
+        if !self.seen.contains(&hash) {
+            if self.seen.len() >= SEEN {
+                self.seen.remove(0);
+            }
+            self.seen.push(hash);
+            return false;
+        }
+        let Some(g) = build(pending, keys, hash, clock) else { return false };
+        // SAFETY: as above.
+        if unsafe { sys::cuGraphLaunch(g.exec, stream) }.result().is_err() {
+            return false;
+        }
+        stats::GRAPHS_BUILT.fetch_add(1, Relaxed);
+        if self.graphs.len() >= GRAPHS_PER_STREAM {
+            if let Some(old) = self.graphs.iter().enumerate().min_by_key(|(_, g)| g.used).map(|(i, _)| i) {
+                self.graphs.swap_remove(old);
+            }
+        }
+        self.graphs.push(g);
+        true
+    }
+}
+
+/// Builds and instantiates the chain of kernel nodes of `pending`.
+fn build(pending: &mut [Pending], key: Vec<Key>, hash: u64, used: u64) -> Option<Graph> {
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: creates an empty graph.
+    unsafe { sys::cuGraphCreate(&mut graph, 0) }.result().ok()?;
+    let funcs = pending.iter().map(|p| p.launch.func.clone()).collect();
+    let nodes = Vec::with_capacity(pending.len());
+    let mut g = Graph { key, hash, graph, exec: std::ptr::null_mut(), nodes, used, _funcs: funcs };
+    for p in pending.iter_mut() {
+        let mut params = p.params();
+        let np = p.node_params(&mut params);
+        let mut node: sys::CUgraphNode = std::ptr::null_mut();
+        let (deps, n) = match g.nodes.last() {
+            Some(prev) => (prev as *const sys::CUgraphNode, 1),
+            None => (std::ptr::null(), 0),
+        };
+        // SAFETY: a live graph, at most one dependency from it; the arguments are copied.
+        unsafe { sys::cuGraphAddKernelNode_v2(&mut node, g.graph, deps, n, &np) }.result().ok()?;
+        g.nodes.push(node);
+    }
+    // SAFETY: a complete graph; dropped with `g` on failure.
+    unsafe { sys::cuGraphInstantiateWithFlags(&mut g.exec, g.graph, 0) }.result().ok()?;
+    Some(g)
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // Leaked on purpose once shutdown began (like every CUDA handle).
+        let Some(_pass) = lifecycle::release_pass() else { return };
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: destroyed once, here; an executable graph still running is freed by
+            // the driver when it completes.
+            unsafe {
+                if !self.exec.is_null() {
+                    let _ = sys::cuGraphExecDestroy(self.exec);
+                }
+                let _ = sys::cuGraphDestroy(self.graph);
+            }
+        }));
+    }
+}

@@ -1,0 +1,124 @@
+//! CUDA graphs (`backend/cuda/launch.rs`): a batch's kernel launches are recorded and
+//! sent as one graph launch once the same launch sequence is seen again on a stream, with
+//! each replay's new buffer addresses written into the graph's kernel nodes.
+//!
+//! Each test evaluates the same graph shape several times with new inputs (so the first
+//! round launches directly, the second builds a graph, later rounds replay it with new
+//! arguments) and compares every round with a float64 evaluation on the CPU. The mixed
+//! batch also makes the recorder flush mid-batch: a split reduction frees a temporary,
+//! `take` reads an error flag back, matmul calls cuBLAS. Skipped without a GPU
+//! (`RILL_REQUIRE_GPU=1` makes a missing GPU a failure).
+
+mod common;
+
+use common::{Rng, assert_close, gpu};
+use rill::{Array, DType, Device, Result};
+
+/// A long chain of dependent tiny ops with scalar operands (the launch-bound case).
+fn tiny_chain(x: &Array, n: usize) -> Result<Array> {
+    let mut y = x.clone();
+    for i in 0..n {
+        y = match i % 3 {
+            0 => y.mul(1.001)?,
+            1 => y.add(x)?,
+            _ => y.tanh()?,
+        };
+    }
+    Ok(y)
+}
+
+/// Elementwise ops, a broadcast, a split full reduction, row sums, softmax, take, a
+/// transposed cumsum, a matmul and a tiny chain, all in one batch.
+fn mixed(x: &[Array]) -> Result<Vec<Array>> {
+    let (a, b, idx, m1, m2, t) = (&x[0], &x[1], &x[2], &x[3], &x[4], &x[5]);
+    let y = a.mul(1.0001)?.add(0.5)?.tanh()?.mul(b)?;
+    let total = y.sum(&[], false)?;
+    let rows = y.sum(&[1], false)?;
+    let sm = y.softmax(-1)?;
+    let picked = y.take(idx, 0)?.mul(2.0)?;
+    let cum = y.transpose(&[1, 0])?.cumsum(1)?;
+    let mm = m1.mul(0.5)?.matmul(m2)?.add(1.0)?;
+    let chain = tiny_chain(t, 30)?;
+    Ok(vec![total, rows, sm, picked, cum, mm, chain])
+}
+
+/// Inputs of `mixed` in `dtype` (indices stay i32) from a seeded generator.
+fn inputs(rng: &mut Rng, dtype: DType) -> Vec<Array> {
+    let f = |v: Vec<f64>, shape: &[usize]| Array::from_slice(&v, shape).unwrap().astype(dtype).unwrap();
+    let idx: Vec<i32> = (0..32).map(|_| (rng.next_u64() % 256) as i32).collect();
+    vec![
+        f(rng.vec(256 * 1024, -1.0, 1.0), &[256, 1024]),
+        f(rng.vec(1024, 0.5, 1.5), &[1024]),
+        Array::from_slice(&idx, &[32]).unwrap(),
+        f(rng.vec(64 * 128, -1.0, 1.0), &[64, 128]),
+        f(rng.vec(128 * 32, -1.0, 1.0), &[128, 32]),
+        f(rng.vec(16, -1.0, 1.0), &[16]),
+    ]
+}
+
+/// Evaluates `mixed` on `device` in one `eval` (inputs first, separately) and reads back.
+fn run(device: Device, x: &[Array]) -> Vec<Vec<f64>> {
+    common::on(device, || {
+        // A cast to the same dtype inside the scope: a copy on `device`.
+        let x: Vec<Array> = x.iter().map(|a| a.astype(a.dtype()).unwrap()).collect();
+        rill::eval(&x).unwrap();
+        let out = mixed(&x).unwrap();
+        rill::eval(&out).unwrap();
+        out.iter().map(|o| o.to_f64_vec().unwrap()).collect()
+    })
+}
+
+#[test]
+fn repeated_batches_replay_as_graphs_with_new_inputs() {
+    let Some(g) = gpu() else { return };
+    let before = rill::runtime::stats();
+    let mut rng = Rng::new(7);
+    let names = ["total", "rows", "softmax", "take", "cumsum", "matmul", "chain"];
+    for round in 0..4 {
+        let x = inputs(&mut rng, DType::F32);
+        let got = run(g, &x);
+        let x64: Vec<Array> =
+            x.iter().map(|a| if a.dtype() == DType::I32 { a.clone() } else { a.astype(DType::F64).unwrap() }).collect();
+        let want = run(Device::cpu(), &x64);
+        for ((name, g), w) in names.iter().zip(&got).zip(&want) {
+            // f32 sums of 2^18 terms round that often; the rest are a few ops deep.
+            let tol = if *name == "total" || *name == "cumsum" { 1e-3 } else { 1e-4 };
+            assert_close(g, w, tol, &format!("round {round}: {name}"));
+        }
+    }
+    let after = rill::runtime::stats();
+    if std::env::var("RILL_CUDA_GRAPHS").as_deref() != Ok("0") {
+        assert!(after.graphs_built > before.graphs_built, "no graph was built: {before:?} -> {after:?}");
+        assert!(after.graph_launches >= before.graph_launches + 2, "graphs were not replayed: {before:?} -> {after:?}");
+    }
+}
+
+#[test]
+fn tiny_chains_on_several_streams_replay_their_own_graphs() {
+    let Some(g) = gpu() else { return };
+    let threads: Vec<_> = (0..4u64)
+        .map(|k| {
+            std::thread::spawn(move || {
+                let s = rill::Stream::new(&g).unwrap();
+                let mut rng = Rng::new(100 + k);
+                for round in 0..5 {
+                    let v = rng.vec(16, -1.0, 1.0);
+                    let x = Array::from_slice(&v, &[16]).unwrap();
+                    let got = rill::with_stream(&s, || {
+                        let xg = x.astype(DType::F32).unwrap();
+                        xg.eval().unwrap();
+                        let y = tiny_chain(&xg, 300 + k as usize).unwrap();
+                        y.to_f64_vec().unwrap()
+                    });
+                    let want = common::on(Device::cpu(), || {
+                        tiny_chain(&x.astype(DType::F64).unwrap(), 300 + k as usize).unwrap().to_f64_vec().unwrap()
+                    });
+                    assert_close(&got, &want, 1e-4, &format!("stream {k}, round {round}"));
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
