@@ -79,6 +79,7 @@
 //! of the reduction's launch shapes (its elements are combined in another order than the
 //! unfused reduction's, so sums may differ from it in the last bits); other layouts run
 //! the fused kernel, store the values, and reduce them with the reduction kernels.
+//! `runtime::stats().fused_reduce_kernels` counts the nodes that ran as one kernel.
 //!
 //! **Per call.** A replay looks the key up (one map lookup under a lock), records one
 //! node per tape node, and at evaluation the fused kernel's function is found in a memo

@@ -11,6 +11,7 @@
 //! | `backend_calls_after_shutdown` | every backend entry point | must stay 0 |
 //! | `threads_in_backend` | the backend gate (`gate.rs`) | threads inside a backend library now; 0 after shutdown |
 //! | `memory_waits`, `queue_waits` | the scheduler | times a submitter waited (memory limit, full queue) |
+//! | `fused_reduce_kernels` | the CUDA backend | `FusedReduce` nodes computed by one generated kernel |
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
@@ -23,6 +24,7 @@ pub(crate) static NODES_COMPUTED: AtomicU64 = AtomicU64::new(0);
 pub(crate) static BACKEND_CALLS_AFTER_SHUTDOWN: AtomicU64 = AtomicU64::new(0);
 pub(crate) static MEMORY_WAITS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static QUEUE_WAITS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static FUSED_REDUCE_KERNELS: AtomicU64 = AtomicU64::new(0);
 
 /// A snapshot of the runtime's counters (see the module docs for each one).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,6 +56,10 @@ pub struct Stats {
     pub memory_waits: u64,
     /// Times a submitter waited because a stream's queue was full (backpressure).
     pub queue_waits: u64,
+    /// `rill::compile` reductions (`FusedReduce` nodes) that a GPU computed with one
+    /// generated kernel, the reduced values never stored; the others store the values
+    /// first (see the CUDA backend's `fused.rs`). The CPU never counts here.
+    pub fused_reduce_kernels: u64,
 }
 
 /// Reads every counter.
@@ -72,5 +78,6 @@ pub fn stats() -> Stats {
         threads_in_backend: super::lifecycle::threads_in_backend(),
         memory_waits: MEMORY_WAITS.load(Relaxed),
         queue_waits: QUEUE_WAITS.load(Relaxed),
+        fused_reduce_kernels: FUSED_REDUCE_KERNELS.load(Relaxed),
     }
 }

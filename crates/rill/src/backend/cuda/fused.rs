@@ -20,6 +20,8 @@
 //! reduction kernels. The module is memoised in the program under (device, op, each
 //! input's read), and compiled once per device under its full source.
 
+use std::sync::atomic::Ordering::Relaxed;
+
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 
 use crate::backend::Storage;
@@ -29,6 +31,7 @@ use crate::compile::shapes::broadcast_all;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::primitives::ReduceOp;
+use crate::runtime::stats;
 use crate::shape::{Layout, broadcast_shapes, numel};
 
 use super::buffer::{cuda_of, new_storage};
@@ -270,6 +273,7 @@ pub(crate) fn fused_reduce(
     // strides, as `reduce_read` declares them; every index `r * rs + j` (j < cols only
     // where the input steps along the row) lies inside its input's broadcast layout.
     reduce::launch(cs, &mut get, d, how, po, &ptrs, &ints, g.rows, g.cols)?;
+    stats::FUSED_REDUCE_KERNELS.fetch_add(1, Relaxed);
     Ok(out)
 }
 
