@@ -1,6 +1,8 @@
 //! `compile` fuses a reduction that follows an elementwise group (`FusedReduce`): results
 //! against a float64 reference, equal to the uncompiled graph (bit for bit on the CPU),
 //! on every reduction layout, and not fused where the group's values are needed elsewhere.
+//! On a GPU, the layouts that read as rows (reduced axes last, every input contiguous or
+//! broadcast along them) must run as one kernel (`stats().fused_reduce_kernels`).
 
 mod common;
 
@@ -84,7 +86,9 @@ fn graph_has(a: &Array, name: &str) -> bool {
 
 /// Every layout the CPU reduction distinguishes: trailing rows (short and long), one long
 /// row split into blocks, leading and middle blocks with few or many slabs, every axis,
-/// separated axes (the stored fallback) and empty shapes.
+/// separated axes (the stored fallback) and empty shapes; then the GPU's launch shapes for
+/// trailing rows (a warp per short row above, a block per long row, a few long rows split
+/// over blocks).
 const CASES: &[(&[usize], &[usize])] = &[
     (&[64, 33], &[1]),
     (&[3, 70_000], &[1]),
@@ -97,7 +101,32 @@ const CASES: &[(&[usize], &[usize])] = &[
     (&[4, 5, 6], &[0, 2]),
     (&[0, 5], &[1]),
     (&[5, 0], &[1]),
+    (&[300, 1500], &[1]),
+    (&[4, 20_000], &[1]),
 ];
+
+/// True when the GPU computes `body` reduced over `axes` with one kernel: the reduced
+/// axes are last, and `b` (broadcast along the leading axes) merges with them, which it
+/// does only when a single reduced axis is longer than 1.
+fn single_kernel_on_gpu(shape: &[usize], axes: &[usize]) -> bool {
+    let nd = shape.len();
+    let trailing = axes.iter().enumerate().all(|(i, &a)| a == nd - axes.len() + i);
+    let long_axes = axes.iter().filter(|&&a| shape[a] > 1).count();
+    shape.iter().all(|&d| d > 0) && trailing && long_axes == 1
+}
+
+/// Runs `f` and, on a GPU, asserts that it ran a fused reduction as one kernel when
+/// `single` (other tests may run fused reductions at the same time, so a fallback cannot
+/// be told apart by the counter; only the single kernel is checked).
+fn expect_single<R>(device: Device, single: bool, what: &str, f: impl FnOnce() -> R) -> R {
+    let before = rill::runtime::stats().fused_reduce_kernels;
+    let r = f();
+    if device.is_gpu() && single {
+        let after = rill::runtime::stats().fused_reduce_kernels;
+        assert!(after > before, "{what}: the fused reduction did not run as one kernel");
+    }
+    r
+}
 
 fn check(device: Device, dtype: DType, op: Op, shape: &[usize], axes: &[usize], rng: &mut Rng) {
     let n: usize = shape.iter().product();
@@ -113,7 +142,7 @@ fn check(device: Device, dtype: DType, op: Op, shape: &[usize], axes: &[usize], 
         let f = compile(move |x: &[Array]| Ok(vec![body(x, op, &ax)?]));
         let out = f.call(&[a.clone(), b.clone()]).unwrap().remove(0);
         assert!(graph_has(&out, "fused_reduce"), "{what}: no fused_reduce node in the compiled graph");
-        let got = out.to_f64_vec().unwrap();
+        let got = expect_single(device, single_kernel_on_gpu(shape, axes), &what, || out.to_f64_vec().unwrap());
         let plain = body(&[a.clone(), b.clone()], op, &iaxes).unwrap().to_f64_vec().unwrap();
         if device == Device::cpu() {
             // Same values, same combination order: the same bits.
@@ -149,11 +178,59 @@ fn fused_reductions_match_reference_and_uncompiled() {
         }
         for dtype in [DType::F64, DType::F16, DType::BF16] {
             // Sums stay below f16's largest value (65504).
-            for &(shape, axes) in [CASES[0], CASES[3], CASES[5]].iter() {
+            for &(shape, axes) in [CASES[0], CASES[3], CASES[5], CASES[11], CASES[12]].iter() {
                 check(device, dtype, Op::Sum, shape, axes, &mut rng);
                 check(device, dtype, Op::Max, shape, axes, &mut rng);
             }
         }
+    }
+}
+
+/// Inputs broadcast along the reduced axis (a column and a 0-d input, read once per row
+/// on the GPU) and a full reduction of a large 3-d array (split over many blocks).
+#[test]
+fn broadcast_inputs_and_full_reductions() {
+    let mut rng = Rng::new(11);
+    let (rows, cols) = (300, 1500);
+    for device in devices() {
+        for dtype in [DType::F32, DType::F64, DType::BF16] {
+            let (x, x64) = array_of(&rng.vec(rows * cols, -1.0, 1.0), &[rows, cols], dtype);
+            let (c, c64) = array_of(&rng.vec(rows, -0.5, 0.5), &[rows, 1], dtype);
+            let (s, s64) = array_of(&[0.75], &[], dtype);
+            let what = format!("{device} {dtype} ((x - c) * s)^2 row sums and maxima");
+            on(device, || {
+                // Two functions: in one, the shared `(x - c) * s` would be computed once.
+                let fs = compile(|x: &[Array]| Ok(vec![x[0].sub(&x[1])?.mul(&x[2])?.square()?.sum(&[-1], false)?]));
+                let fm = compile(|x: &[Array]| Ok(vec![x[0].sub(&x[1])?.mul(&x[2])?.max(&[1], true)?]));
+                let args = [x.clone(), c.clone(), s.clone()];
+                let outs = [fs.call(&args).unwrap().remove(0), fm.call(&args).unwrap().remove(0)];
+                assert!(graph_has(&outs[0], "fused_reduce") && graph_has(&outs[1], "fused_reduce"), "{what}");
+                assert_eq!(outs[1].shape(), &[rows, 1]);
+                let (sum, max) = expect_single(device, true, &what, || {
+                    (outs[0].to_f64_vec().unwrap(), outs[1].to_f64_vec().unwrap())
+                });
+                let v = |r: usize, j: usize| (x64[r * cols + j] - c64[r]) * s64[0];
+                let want_sum: Vec<f64> = (0..rows).map(|r| (0..cols).map(|j| v(r, j) * v(r, j)).sum()).collect();
+                let want_max: Vec<f64> =
+                    (0..rows).map(|r| (0..cols).map(|j| v(r, j)).fold(f64::NEG_INFINITY, f64::max)).collect();
+                // bf16 rounds the difference, the product and the square before summing.
+                let t = if dtype == DType::BF16 { 3.0 * tol(dtype) } else { tol(dtype) * 40.0 };
+                assert_close(&sum, &want_sum, t, &what);
+                assert_close(&max, &want_max, 2.0 * tol(dtype), &what);
+            });
+        }
+        let shape = [16, 256, 256];
+        let n: usize = shape.iter().product();
+        let (x, x64) = array_of(&rng.vec(n, -1.0, 1.0), &shape, DType::F32);
+        let what = format!("{device} full sum of squares of {shape:?}");
+        on(device, || {
+            let f = compile(|x: &[Array]| Ok(vec![x[0].square()?.sum(&[0, 1, 2], false)?]));
+            let out = f.call(std::slice::from_ref(&x)).unwrap().remove(0);
+            assert!(graph_has(&out, "fused_reduce"), "{what}");
+            let got = expect_single(device, true, &what, || out.to_f64_vec().unwrap());
+            let want: f64 = x64.iter().map(|v| v * v).sum();
+            assert_close(&got, &[want], 1e-4, &what);
+        });
     }
 }
 

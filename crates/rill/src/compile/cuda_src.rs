@@ -16,6 +16,11 @@
 //! (read at `i % cols` or `i / cols`), using 16-byte vector loads and stores when the
 //! pointers line up; otherwise a *strided* kernel, unrolled for the number of merged
 //! axes. Both use 32-bit index arithmetic when every index fits.
+//!
+//! For a fused reduction, [`reduce_read`] gives the pieces with which the CUDA backend's
+//! reduction kernels compute each element they reduce: the program as a device function
+//! of its input values, the input parameters, each row's pointers and the element
+//! expression.
 
 #![cfg_attr(not(feature = "cuda"), allow(dead_code))]
 
@@ -289,6 +294,50 @@ fn op_function(prog: &FusedProgram) -> String {
     s
 }
 
+/// How a reduction kernel computes the elements of one row of a program's values (see
+/// [`reduce_read`]); the CUDA backend's reduction module places the pieces.
+pub(crate) struct RowRead {
+    /// Device code the element expression calls: the program as `fused_op`.
+    pub decls: String,
+    /// The kernel's data parameters: `const IN0* __restrict__ in0, ...` (one per input, in
+    /// [`FusedProgram::input_dtypes`] order), then `i64 rs0, ...`, each input's element
+    /// stride between rows. Empty for a program without inputs.
+    pub params: String,
+    /// Statements run once per row, with the row index `i64 r` in scope.
+    pub row: String,
+    /// The body of the C macro `ELEM(j)`: the program's value (its output dtype's C type)
+    /// at element `j` of the row.
+    pub elem: String,
+}
+
+/// The row reader of a reduction over `prog`'s values laid out as rows: element `j` of row
+/// `r` reads input `k` at `in_k[r * rs_k + j]` when `along[k]`, else at `in_k[r * rs_k]`
+/// (constant along the row, read once per row), the pointers already advanced by each
+/// layout's offset.
+pub(crate) fn reduce_read(prog: &FusedProgram, along: &[bool]) -> RowRead {
+    let mut params: Vec<String> = Vec::new();
+    let mut row = String::new();
+    let mut args: Vec<String> = Vec::new();
+    for (k, (&d, &a)) in prog.input_dtypes.iter().zip(along).enumerate() {
+        let t = c_type(d);
+        params.push(format!("const {t}* __restrict__ in{k}"));
+        if a {
+            let _ = write!(row, "const {t}* p{k} = in{k} + r * rs{k}; ");
+            args.push(format!("p{k}[(j)]"));
+        } else {
+            let _ = write!(row, "const {t} s{k} = in{k}[r * rs{k}]; ");
+            args.push(format!("s{k}"));
+        }
+    }
+    params.extend((0..prog.input_dtypes.len()).map(|k| format!("i64 rs{k}")));
+    RowRead {
+        decls: op_function(prog),
+        params: params.join(", "),
+        row: row.trim_end().to_string(),
+        elem: format!("fused_op({})", args.join(", ")),
+    }
+}
+
 /// CUDA C source of the kernel `kernel_name` computing `prog` with launch plan `plan`.
 ///
 /// The source expects the CUDA backend's prelude before it (the types `u8`, `u16`, `u32`,
@@ -543,6 +592,15 @@ pub(crate) mod tests {
         assert!(src.contains("__longlong_as_double("), "{src}");
         assert!(src.contains("return (u8)(r4 != 0);"), "{src}");
         assert!(src.contains("k(u8* __restrict__ out, const double* __restrict__ in0"), "{src}");
+    }
+
+    #[test]
+    fn reduce_read_pieces() {
+        let r = reduce_read(&f16_program(), &[true, false]);
+        assert!(r.decls.contains("__device__ __forceinline__ float fused_op(u16 v0, u16 v1) {"), "{}", r.decls);
+        assert_eq!(r.params, "const u16* __restrict__ in0, const u16* __restrict__ in1, i64 rs0, i64 rs1");
+        assert_eq!(r.row, "const u16* p0 = in0 + r * rs0; const u16 s1 = in1[r * rs1];");
+        assert_eq!(r.elem, "fused_op(p0[(j)], s1)");
     }
 
     fn op(strides: &[isize], addr: u64, size: usize) -> Operand<'_> {

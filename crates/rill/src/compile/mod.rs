@@ -72,9 +72,14 @@
 //! rows for trailing axes) and the program computes each piece on demand, so the group's
 //! values are never stored whole; the pieces and the order of combination are those of
 //! the unfused reduction, so the result has the same bits. Reductions over separated
-//! axes and empty shapes store the values first. On the GPU the node still runs as the
-//! fused kernel followed by the reduction kernels (the values are stored once); a single
-//! generated kernel for both is future work.
+//! axes and empty shapes store the values first. On the GPU, when the reduced axes are
+//! last and every input is contiguous or broadcast along them (`sum(axis=-1)`, full
+//! reductions), the node is one generated kernel: the reduction kernels' source with each
+//! element read by calling the program on its inputs (`cuda_src::reduce_read`), in each
+//! of the reduction's launch shapes (its elements are combined in another order than the
+//! unfused reduction's, so sums may differ from it in the last bits); other layouts run
+//! the fused kernel, store the values, and reduce them with the reduction kernels.
+//! `runtime::stats().fused_reduce_kernels` counts the nodes that ran as one kernel.
 //!
 //! **Per call.** A replay looks the key up (one map lookup under a lock), records one
 //! node per tape node, and at evaluation the fused kernel's function is found in a memo

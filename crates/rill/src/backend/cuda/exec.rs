@@ -264,13 +264,7 @@ fn eval(cs: &CudaStreamHandle, prim: &Primitive, shape: &[usize], dtype: DType, 
         Pad { widths, value } => copy::pad(cs, x(), widths, *value, shape),
         Placeholder { .. } => Err(Error::invalid("placeholder", "a compile placeholder cannot be evaluated")),
         Fused(p) => fused::fused(cs, p, &inputs, shape, dtype),
-        FusedReduce { program, op, axes } => {
-            // The program's values are stored once, then reduced by the reduction kernels.
-            let ins: Vec<&[usize]> = inputs.iter().map(|s| &s.layout.shape[..]).collect();
-            let in_shape = crate::compile::shapes::broadcast_all("fused_reduce", &ins)?;
-            let x = fused::fused(cs, program, &inputs, &in_shape, program.output_dtype())?;
-            reduce::reduce(cs, *op, &x, axes, shape)
-        }
+        FusedReduce { program, op, axes } => fused::fused_reduce(cs, program, *op, axes, &inputs, shape, dtype),
         ToDevice | Host { .. } => Err(Error::invalid(prim.name(), "handled above")),
     }
 }

@@ -6,15 +6,33 @@
 //! loaded function is memoised in the program itself under (device, plan), so a replayed
 //! call generates no source and formats no key: it merges axes, picks the plan, finds
 //! the function and launches.
+//!
+//! `FusedReduce` nodes ([`fused_reduce`]) run as one reduction module of `reduce.rs` whose
+//! elements are the program's values ([`crate::compile::cuda_src::reduce_read`]), so the
+//! values are never stored, when they read as rows: the kept axes merge into one row
+//! index and the reduced axes into one column index for every input, each input
+//! contiguous (stride 1) or broadcast (stride 0) along the reduced axes, any stride
+//! between rows. That covers reducing the last axes (`sum(axis=-1)`, full reductions)
+//! with inputs that are contiguous, row vectors, columns or scalars, in every launch
+//! shape (a warp per row, a block per row, rows split over blocks). Other layouts
+//! (reduced axes not last, broadcasts that do not merge with the reduced axes, transposed
+//! inputs, empty arrays) store the values with the fused kernel and reduce them with the
+//! reduction kernels. The module is memoised in the program under (device, op, each
+//! input's read), and compiled once per device under its full source.
+
+use std::sync::atomic::Ordering::Relaxed;
 
 use cudarc::driver::{CudaFunction, LaunchConfig};
 
 use crate::backend::Storage;
 use crate::compile::FusedProgram;
-use crate::compile::cuda_src::{CUDA_MAX_DIMS, FUSED_BLOCK, Operand, Plan, cuda_source, plan};
+use crate::compile::cuda_src::{CUDA_MAX_DIMS, FUSED_BLOCK, Operand, Plan, cuda_source, plan, reduce_read};
+use crate::compile::shapes::broadcast_all;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::shape::{Layout, broadcast_shapes};
+use crate::primitives::ReduceOp;
+use crate::runtime::stats;
+use crate::shape::{Layout, broadcast_shapes, numel};
 
 use super::buffer::{cuda_of, new_storage};
 use super::device::DeviceState;
@@ -22,6 +40,7 @@ use super::handles::CudaStreamHandle;
 use super::launch::Launch;
 use super::map::merge_dims;
 use super::nvrtc;
+use super::reduce::{self, Elems};
 use super::source::PRELUDE;
 
 /// The kernel's name in every generated module.
@@ -53,15 +72,8 @@ fn kernel(cs: &CudaStreamHandle, p: &FusedProgram, plan: &Plan) -> Result<CudaFu
     })
 }
 
-/// Runs the fused program `p` over `inputs` (broadcast to `shape`) into a new contiguous
-/// storage of `dtype`.
-pub(crate) fn fused(
-    cs: &CudaStreamHandle,
-    p: &FusedProgram,
-    inputs: &[Storage],
-    shape: &[usize],
-    dtype: DType,
-) -> Result<Storage> {
+/// Checks that `inputs` fit `p` run over `shape` with output `dtype`.
+fn check(p: &FusedProgram, inputs: &[Storage], shape: &[usize], dtype: DType) -> Result<()> {
     if inputs.len() != p.input_dtypes().len() || dtype != p.output_dtype() {
         return Err(Error::invalid(
             "fused",
@@ -83,6 +95,19 @@ pub(crate) fn fused(
             ));
         }
     }
+    Ok(())
+}
+
+/// Runs the fused program `p` over `inputs` (broadcast to `shape`) into a new contiguous
+/// storage of `dtype`.
+pub(crate) fn fused(
+    cs: &CudaStreamHandle,
+    p: &FusedProgram,
+    inputs: &[Storage],
+    shape: &[usize],
+    dtype: DType,
+) -> Result<Storage> {
+    check(p, inputs, shape, dtype)?;
     let out = new_storage(cs, dtype, shape)?;
     let n: usize = shape.iter().product();
     if n == 0 {
@@ -153,6 +178,103 @@ pub(crate) fn fused(
     // returns); every offset the plan produces lies inside its input (views are checked
     // by the op layer), and vector plans were chosen only for aligned pointers.
     unsafe { b.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))?;
+    Ok(out)
+}
+
+/// A fused reduction read as rows: each row is the reduced axes (merged), the rows are
+/// the kept axes (merged) in output order; input `k` is read at `r * row_strides[k] + j`
+/// when `along[k]`, else at `r * row_strides[k]` (broadcast along the row).
+#[derive(Debug, PartialEq, Eq)]
+struct Rows {
+    rows: usize,
+    cols: usize,
+    row_strides: Vec<isize>,
+    along: Vec<bool>,
+}
+
+/// The rows of a reduction of `shape` over `axes` whose inputs have the (broadcast)
+/// `strides`, or None when an input needs more than one stride for the kept or the
+/// reduced axes, or steps by other than 0 or 1 element along the reduced ones.
+fn rows_of(shape: &[usize], axes: &[usize], strides: &[Vec<isize>]) -> Option<Rows> {
+    // (elements, one stride per input) of the kept (`reduced == false`) or reduced axes.
+    let side = |reduced: bool| -> Option<(usize, Vec<isize>)> {
+        let ax: Vec<usize> = (0..shape.len()).filter(|a| axes.contains(a) == reduced).collect();
+        let sh: Vec<usize> = ax.iter().map(|&a| shape[a]).collect();
+        let st: Vec<Vec<isize>> = strides.iter().map(|s| ax.iter().map(|&a| s[a]).collect()).collect();
+        let (dims, st) = merge_dims(&sh, &st);
+        match dims.len() {
+            0 => Some((1, vec![0; strides.len()])),
+            1 => Some((dims[0], st.iter().map(|s| s[0]).collect())),
+            _ => None,
+        }
+    };
+    let (rows, row_strides) = side(false)?;
+    let (cols, col_strides) = side(true)?;
+    if col_strides.iter().any(|&c| c != 0 && c != 1) {
+        return None;
+    }
+    let along = col_strides.iter().map(|&c| c == 1).collect();
+    Some(Rows { rows, cols, row_strides, along })
+}
+
+/// Runs a `FusedReduce` node: `p`'s values over the broadcast of `inputs`, reduced by `op`
+/// over `axes` into a new contiguous storage of `shape` (the reduced axes kept as 1).
+///
+/// When the reduced values read as rows ([`rows_of`]: the reduced axes are contiguous or
+/// broadcast for every input, and the kept and reduced axes each merge into one), one
+/// reduction module whose elements are the program's values runs (any of the reduction's
+/// launch shapes), so the values are never stored. Otherwise (reduced axes not last, or
+/// not mergeable strides, or no elements) the values are stored by [`fused`] and reduced
+/// by [`reduce::reduce`].
+pub(crate) fn fused_reduce(
+    cs: &CudaStreamHandle,
+    p: &FusedProgram,
+    op: ReduceOp,
+    axes: &[usize],
+    inputs: &[Storage],
+    shape: &[usize],
+    dtype: DType,
+) -> Result<Storage> {
+    let ins: Vec<&[usize]> = inputs.iter().map(|s| &s.layout.shape[..]).collect();
+    let in_shape = broadcast_all("fused_reduce", &ins)?;
+    let d = p.output_dtype();
+    check(p, inputs, &in_shape, d)?;
+    let lays: Vec<Layout> = inputs.iter().map(|s| s.layout.broadcast_to(&in_shape)).collect();
+    let strides: Vec<Vec<isize>> = lays.iter().map(|l| l.strides.clone()).collect();
+    let simple = dtype == d && numel(&in_shape) > 0 && axes.iter().all(|&a| a < in_shape.len());
+    let Some(g) = rows_of(&in_shape, axes, &strides).filter(|g| simple && g.rows == numel(shape)) else {
+        let x = fused(cs, p, inputs, &in_shape, d)?;
+        return reduce::reduce(cs, op, &x, axes, shape);
+    };
+    let out = new_storage(cs, d, shape)?;
+    let po = cuda_of(&out).map(|b| b.ptr()).unwrap_or(0);
+    let ptrs: Vec<u64> = inputs
+        .iter()
+        .zip(&lays)
+        .map(|(s, l)| cuda_of(s).map(|b| b.ptr()).unwrap_or(0) + (l.offset * s.dtype.size()) as u64)
+        .collect();
+    let ints: Vec<i64> = g.row_strides.iter().map(|&s| s as i64).collect();
+    // The program fixes the dtypes; the op and the inputs' reads complete the source.
+    let mut key = Vec::with_capacity(6 + inputs.len());
+    key.extend((cs.dev.ordinal as u32).to_le_bytes());
+    key.extend([2, op as u8]);
+    key.extend(g.along.iter().map(|&a| a as u8));
+    let fs: [CudaFunction; 3] = p.kernels.get_or_try_insert(&key, || {
+        let mut src = Some(reduce::source(op, d, &Elems::Computed(&reduce_read(p, &g.along))));
+        let nkey = format!("fused_reduce:{}", src.as_deref().unwrap_or_default());
+        let mut load = |name| nvrtc::function(&cs.dev, &nkey, name, || src.take().unwrap_or_default());
+        Ok::<_, Error>([load(reduce::KERNELS[0])?, load(reduce::KERNELS[1])?, load(reduce::KERNELS[2])?])
+    })?;
+    let mut get = |name: &str| match reduce::KERNELS.iter().position(|&k| k == name) {
+        Some(i) => Ok(fs[i].clone()),
+        None => Err(Error::backend("fused_reduce", format!("no kernel {name}"))),
+    };
+    let how = reduce::plan_computed(g.rows, g.cols, cs.dev.sms as usize);
+    // The data parameters are the inputs (advanced by their offsets) and their row
+    // strides, as `reduce_read` declares them; every index `r * rs + j` (j < cols only
+    // where the input steps along the row) lies inside its input's broadcast layout.
+    reduce::launch(cs, &mut get, d, how, po, &ptrs, &ints, g.rows, g.cols)?;
+    stats::FUSED_REDUCE_KERNELS.fetch_add(1, Relaxed);
     Ok(out)
 }
 
@@ -270,6 +392,62 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The reduction modules of fused programs compile: every op over programs in each
+    /// float dtype (and one with a bool output), with inputs read along the row or once
+    /// per row, and a program without inputs.
+    #[test]
+    fn fused_reduction_kernels_compile_for_sm90() {
+        let mut progs: Vec<(String, FusedProgram, Vec<Vec<bool>>)> = Vec::new();
+        for d in [DType::F32, DType::F16, DType::BF16, DType::F64] {
+            progs.push((format!("chain_{d}"), chain(d), vec![vec![true, true], vec![true, false]]));
+            progs.push((format!("bias_gelu_{d}"), bias_gelu(d), vec![vec![true, false, true], vec![false; 3]]));
+        }
+        progs.push(("f16_mixed".into(), f16_program(), vec![vec![false, true]]));
+        progs.push(("int_bool".into(), mixed(), vec![vec![true, false, true, true]]));
+        let mut b = Builder::default();
+        let c = b.constant(2.0, DType::F32);
+        let e = b.push(Inst::Unary(UnaryOp::Exp, c), DType::F32);
+        progs.push(("no_inputs".into(), b.finish(e), vec![vec![]]));
+        for (name, prog, reads) in &progs {
+            for along in reads {
+                for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
+                    let read = reduce_read(prog, along);
+                    let src = reduce::source(op, prog.output_dtype(), &Elems::Computed(&read));
+                    if !nvrtc::check_compiles(&format!("fused_reduce_{name}_{op:?}_{along:?}"), &src) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn reductions_read_as_rows() {
+        let rows = |shape: &[usize], axes: &[usize], st: &[&[isize]]| {
+            rows_of(shape, axes, &st.iter().map(|s| s.to_vec()).collect::<Vec<_>>())
+                .map(|g| (g.rows, g.cols, g.row_strides, g.along))
+        };
+        // sum(axis=-1) of a [64, 33] value with a row vector `b`.
+        assert_eq!(rows(&[64, 33], &[1], &[&[33, 1], &[0, 1]]), Some((64, 33, vec![33, 0], vec![true, true])));
+        // A full reduction of a 3-d value; a column broadcast (constant along each row).
+        assert_eq!(rows(&[4, 5, 6], &[0, 1, 2], &[&[30, 6, 1]]), Some((1, 120, vec![0], vec![true])));
+        assert_eq!(rows(&[8, 50], &[1], &[&[1, 0], &[50, 1]]), Some((8, 50, vec![1, 50], vec![false, true])));
+        // Trailing axes [1, 2] of [2, 3, 4] merge; kept leading axes merge too.
+        assert_eq!(rows(&[2, 3, 4, 5], &[2, 3], &[&[60, 20, 5, 1]]), Some((6, 20, vec![20], vec![true])));
+        // Size-1 axes anywhere are ignored; a sliced input keeps its row stride.
+        assert_eq!(rows(&[7, 1, 9], &[2], &[&[16, 16, 1]]), Some((7, 9, vec![16], vec![true])));
+        // Reduced axes not last: the values would be read down columns.
+        assert_eq!(rows(&[300, 200], &[0], &[&[200, 1]]), None);
+        assert_eq!(rows(&[5, 4000, 7], &[1], &[&[28000, 7, 1]]), None);
+        // Separated reduced axes, and kept axes that do not merge.
+        assert_eq!(rows(&[4, 5, 6], &[0, 2], &[&[30, 6, 1]]), None);
+        assert_eq!(rows(&[4, 5, 6], &[2], &[&[60, 6, 1]]), None);
+        // A transposed input.
+        assert_eq!(rows(&[8, 30], &[1], &[&[1, 8]]), None);
+        // A value broadcast along the reduced axes only: read once per row.
+        assert_eq!(rows(&[5, 300, 200], &[1, 2], &[&[1, 0, 0]]), Some((5, 60000, vec![1], vec![false])));
     }
 
     #[test]

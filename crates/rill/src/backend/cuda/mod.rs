@@ -16,7 +16,7 @@
 //! | take (checked indices), concatenate, pad | `copy.rs` | nothing |
 //! | threefry random arrays (the CPU's values) | `random.rs` | nothing |
 //! | matmul | `matmul.rs` | nothing |
-//! | fused elementwise programs (`rill::compile`) | `fused.rs` | nothing |
+//! | fused elementwise programs and fused reductions (`rill::compile`) | `fused.rs` | nothing |
 //!
 //! Synchronisation model: a storage exists once its kernel is enqueued. Work on the same
 //! stream is ordered by the stream; another stream that reads a buffer first makes its

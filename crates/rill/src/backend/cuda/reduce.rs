@@ -10,14 +10,22 @@
 //! - few long rows (a full reduction): each row is split over many blocks that write
 //!   partial results to a temporary buffer, and `k_fin` combines them (one warp per row).
 //!
+//! The module's source is generated for one way of reading the elements ([`Elems`]): a
+//! contiguous array, or values computed by generated code at each element (a fused
+//! program's, see `fused.rs`), which `k_warp` and `k_block` read through the macro
+//! `ELEM(j)` after declaring each row's state; computed rows are read one element at a
+//! time (four per thread in flight in `k_block`), not as 16-byte vectors. [`launch`]
+//! enqueues either kind with the same plans.
+//!
 //! Softmax of rows up to `1024 * 32` elements (16384 for f64) loads each row once into
 //! registers (16-byte loads when rows are aligned), reduces the maximum and the sum of
 //! exponentials across the block, and writes the row once. Longer rows use a generic
 //! kernel with an online (max, sum) pair per thread that reads the row twice.
 
-use cudarc::driver::LaunchConfig;
+use cudarc::driver::{CudaFunction, LaunchConfig};
 
 use crate::backend::Storage;
+use crate::compile::cuda_src::RowRead;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::primitives::ReduceOp;
@@ -142,16 +150,67 @@ fn vec_elems(d: DType) -> usize {
     (16 / d.size()).max(1)
 }
 
+/// Where a reduction kernel reads the elements of its row-major `rows x cols` matrix.
+pub(crate) enum Elems<'a> {
+    /// A contiguous array `x` of the reduced dtype: `k_block` reads the 16-byte aligned
+    /// middle of each row with vector loads.
+    Array,
+    /// Elements computed by generated code (a fused program, see
+    /// [`crate::compile::cuda_src::reduce_read`]), read one at a time.
+    Computed(&'a RowRead),
+}
+
+impl Elems<'_> {
+    /// (kernel data parameters, per-row statements, body of the `ELEM(j)` macro).
+    fn parts(&self) -> (&str, &str, &str) {
+        match self {
+            Elems::Array => ("const T* __restrict__ x", "const T* p = x + r * cols;", "p[(j)]"),
+            Elems::Computed(r) => (&r.params, &r.row, &r.elem),
+        }
+    }
+}
+
 /// The reduction module: `k_warp` (a warp per row), `k_block` (a block per row chunk, to
-/// the output or to partials) and `k_fin` (a warp per row over partials).
-fn reduce_source(s: &ReduceSpec, vn: usize) -> String {
+/// the output or to partials) and `k_fin` (a warp per row over partials). Element `j` of
+/// row `r` is read as `e` says: the kernels declare the row's state (`{row}`, with `r` in
+/// scope) and then read `ELEM(j)`, a value of the stored type `T`.
+///
+/// Kernel parameters: `k_warp(T* out, DATA, i64 rows, i64 cols)`,
+/// `k_block(T* out, A* part, DATA, i64 rows, i64 cols, i64 splits)` and
+/// `k_fin(T* out, const A* part, i64 rows, i64 splits)`, where `DATA` is `const T* x` for
+/// [`Elems::Array`] and [`RowRead::params`] for computed elements.
+fn reduce_source(s: &ReduceSpec, vn: usize, e: &Elems<'_>) -> String {
     let ReduceSpec { t, acc, shfl, init, combine, ld, st } = s;
+    let (params, row, elem) = e.parts();
+    // The data parameters and the comma after them (none for a program without inputs).
+    let data = if params.is_empty() { String::new() } else { format!("{params}, ") };
+    let decls = match e {
+        Elems::Array => "",
+        Elems::Computed(r) => &r.decls,
+    };
+    // This thread's share of chunk `c` of `splits` of row `r`, accumulated into `a`.
+    let chunk = match e {
+        Elems::Array => "a = chunk(p, cols, c, splits);",
+        Elems::Computed(_) => {
+            r#"{
+            i64 j1 = cols * (c + 1) / splits, bd = blockDim.x;
+            i64 j = cols * c / splits + threadIdx.x;
+            for (; j + 3 * bd < j1; j += 4 * bd) {
+                T x0 = ELEM(j), x1 = ELEM(j + bd), x2 = ELEM(j + 2 * bd), x3 = ELEM(j + 3 * bd);
+                a = comb(a, ldv(x0)); a = comb(a, ldv(x1)); a = comb(a, ldv(x2)); a = comb(a, ldv(x3));
+            }
+            for (; j < j1; j += bd) { T x0 = ELEM(j); a = comb(a, ldv(x0)); }
+        }"#
+        }
+    };
     format!(
         r#"{PRELUDE}
 #define VN {vn}
 template <typename T, int N> struct alignas(sizeof(T) * N) V {{ T v[N]; }};
 typedef {t} T;
 typedef {acc} A;
+{decls}
+#define ELEM(j) ({elem})
 __device__ __forceinline__ A comb(A a, A b) {{ return {combine}; }}
 __device__ __forceinline__ A ldv(T v) {{ return (A)({ld}); }}
 __device__ __forceinline__ T st(A a) {{ return {st}; }}
@@ -174,9 +233,9 @@ __device__ __forceinline__ A block_red(A a, A* sh) {{
     }}
     return a;
 }}
-// This thread's share of chunk `c` of `splits` of the row `p` (`cols` elements): the
-// 16-byte aligned middle of the row as vectors, split evenly; chunk 0 also takes the
-// unaligned head and the tail.
+// This thread's share of chunk `c` of `splits` of the contiguous row `p` (`cols`
+// elements): the 16-byte aligned middle of the row as vectors, split evenly; chunk 0 also
+// takes the unaligned head and the tail.
 __device__ __forceinline__ A chunk(const T* p, i64 cols, i64 c, i64 splits) {{
     A a = (A)({init});
     i64 head = (i64)(((16u - ((u32)(u64)p & 15u)) & 15u) / sizeof(T));
@@ -214,12 +273,15 @@ __device__ __forceinline__ A chunk(const T* p, i64 cols, i64 c, i64 splits) {{
 }}
 // Item `it` of `rows * splits` is chunk `it % splits` of row `it / splits`. With one
 // split the result is stored in `out`, otherwise as a partial in `part`.
-extern "C" __global__ void __launch_bounds__({RBLOCK}) k_block(T* __restrict__ out, A* __restrict__ part, const T* __restrict__ x, i64 rows, i64 cols, i64 splits) {{
+extern "C" __global__ void __launch_bounds__({RBLOCK}) k_block(T* __restrict__ out, A* __restrict__ part, {data}i64 rows, i64 cols, i64 splits) {{
     __shared__ A sh[32];
     i64 items = rows * splits;
     for (i64 it = blockIdx.x; it < items; it += gridDim.x) {{
         i64 r = it / splits, c = it - r * splits;
-        A a = block_red(chunk(x + r * cols, cols, c, splits), sh);
+        {row}
+        A a = (A)({init});
+        {chunk}
+        a = block_red(a, sh);
         if (threadIdx.x == 0) {{
             if (splits == 1) out[r] = st(a);
             else part[it] = a;
@@ -227,15 +289,15 @@ extern "C" __global__ void __launch_bounds__({RBLOCK}) k_block(T* __restrict__ o
     }}
 }}
 // One warp per row (rows are warp-uniform, so the shuffles see all 32 lanes).
-extern "C" __global__ void k_warp(T* __restrict__ out, const T* __restrict__ x, i64 rows, i64 cols) {{
+extern "C" __global__ void k_warp(T* __restrict__ out, {data}i64 rows, i64 cols) {{
     int lane = threadIdx.x & 31;
     i64 w = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
     i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;
     for (i64 r = w; r < rows; r += nw) {{
-        const T* p = x + r * cols;
+        {row}
         A a = (A)({init});
 #pragma unroll 4
-        for (i64 j = lane; j < cols; j += 32) {{ T v = p[j]; a = comb(a, ldv(v)); }}
+        for (i64 j = lane; j < cols; j += 32) {{ T v = ELEM(j); a = comb(a, ldv(v)); }}
         a = warp_red(a);
         if (lane == 0) out[r] = st(a);
     }}
@@ -259,7 +321,7 @@ extern "C" __global__ void k_fin(T* __restrict__ out, const A* __restrict__ part
 
 /// How a `rows x cols` reduction is launched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Plan {
+pub(crate) enum Plan {
     /// One warp per row.
     Warp,
     /// Each row split into this many chunks (1: one block per row).
@@ -293,7 +355,6 @@ pub(crate) fn reduce(
     shape: &[usize],
 ) -> Result<Storage> {
     let d = x.dtype;
-    let spec = reduce_spec(op, d);
     let (xs, rows, cols) = rows_last(cs, x, axes)?;
     let out = new_storage(cs, d, shape)?;
     if rows == 0 {
@@ -302,29 +363,81 @@ pub(crate) fn reduce(
     let vn = vec_elems(d);
     let key = format!("reduce2:{op:?}:{}", d.name());
     let dev = &cs.dev;
-    let mut src = Some(move || reduce_source(&spec, vn));
+    let mut src = Some(move || reduce_source(&reduce_spec(op, d), vn, &Elems::Array));
     let mut get = |name: &str| nvrtc::function(dev, &key, name, || src.take().map(|f| f()).unwrap_or_default());
     let po = cuda_of(&out).map(|b| b.ptr()).unwrap_or(0);
-    let px = elem_ptr(&xs);
+    let how = plan(rows, cols, vn, dev.sms as usize);
+    launch(cs, &mut get, d, how, po, &[elem_ptr(&xs)], &[], rows, cols)?;
+    Ok(out)
+}
+
+/// The launch plan of a reduction of `rows x cols` elements of `d` read one at a time
+/// ([`Elems::Computed`]).
+pub(crate) fn plan_computed(rows: usize, cols: usize, sms: usize) -> Plan {
+    plan(rows, cols, 1, sms)
+}
+
+/// The names of the reduction module's kernels, in the order [`launch`] may ask for them.
+pub(crate) const KERNELS: [&str; 3] = ["k_warp", "k_block", "k_fin"];
+
+/// The reduction module of `op` over `d` reading its elements as `e` says (the source
+/// [`launch`] expects; the backend's prelude included).
+pub(crate) fn source(op: ReduceOp, d: DType, e: &Elems<'_>) -> String {
+    reduce_source(&reduce_spec(op, d), vec_elems(d), e)
+}
+
+/// Enqueues a `rows x cols` reduction (`rows > 0`) of the reduced dtype `d` into `out`
+/// (`rows` elements) as `how` says, with the kernels `get` returns by name (from a
+/// module of [`reduce_source`]). The kernels' data parameters are the pointers `ptrs`
+/// followed by the integers `ints` (`x` for an array; a program's inputs and row strides
+/// for computed elements).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch(
+    cs: &CudaStreamHandle,
+    get: &mut dyn FnMut(&str) -> Result<CudaFunction>,
+    d: DType,
+    how: Plan,
+    po: u64,
+    ptrs: &[u64],
+    ints: &[i64],
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    let dev = &cs.dev;
     let (r64, c64) = (rows as i64, cols as i64);
     let sms = dev.sms as usize;
     let launch_err = |e| super::backend_err("launch", e);
     let cfg = |grid: u32| LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (RBLOCK, 1, 1), shared_mem_bytes: 0 };
     let warps = RBLOCK as usize / 32;
     let _ = dev.ctx.bind_to_thread();
-    match plan(rows, cols, vn, sms) {
+    match how {
         Plan::Warp => {
             let f = get("k_warp")?;
             let mut b = Launch::new(&f);
-            b.arg(&po).arg(&px).arg(&r64).arg(&c64);
-            // SAFETY: `out` holds `rows` elements and `x` rows*cols contiguous ones.
+            b.arg(&po);
+            for p in ptrs {
+                b.arg(p);
+            }
+            for i in ints {
+                b.arg(i);
+            }
+            b.arg(&r64).arg(&c64);
+            // SAFETY: `out` holds `rows` elements; the data parameters match the module's
+            // signature and address rows*cols elements (the caller's contract).
             unsafe { b.launch(cs, cfg(blocks(rows.div_ceil(warps), sms * 64))) }.map_err(launch_err)?;
         }
         Plan::Block { splits: 1 } => {
             let f = get("k_block")?;
             let (none, one) = (0u64, 1i64);
             let mut b = Launch::new(&f);
-            b.arg(&po).arg(&none).arg(&px).arg(&r64).arg(&c64).arg(&one);
+            b.arg(&po).arg(&none);
+            for p in ptrs {
+                b.arg(p);
+            }
+            for i in ints {
+                b.arg(i);
+            }
+            b.arg(&r64).arg(&c64).arg(&one);
             // SAFETY: as above; with one split the partials pointer is not read.
             unsafe { b.launch(cs, cfg(blocks(rows, 1 << 30))) }.map_err(launch_err)?;
         }
@@ -339,8 +452,15 @@ pub(crate) fn reduce(
             let s64 = splits as i64;
             let f = get("k_block")?;
             let mut b = Launch::new(&f);
-            b.arg(&po).arg(&pp).arg(&px).arg(&r64).arg(&c64).arg(&s64);
-            // SAFETY: `part` holds rows*splits accumulators; `x` rows*cols elements.
+            b.arg(&po).arg(&pp);
+            for p in ptrs {
+                b.arg(p);
+            }
+            for i in ints {
+                b.arg(i);
+            }
+            b.arg(&r64).arg(&c64).arg(&s64);
+            // SAFETY: `part` holds rows*splits accumulators; the data parameters as above.
             unsafe { b.launch(cs, cfg(blocks(rows * splits, 1 << 30))) }.map_err(launch_err)?;
             let f = get("k_fin")?;
             let mut b = Launch::new(&f);
@@ -350,7 +470,7 @@ pub(crate) fn reduce(
             drop(part);
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The register-cached softmax module: rows of at most `NV * VN * blockDim.x` elements,
@@ -569,7 +689,7 @@ mod tests {
     fn reduction_kernels_compile() {
         for d in DTYPES.into_iter().chain([DType::U32]) {
             for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
-                let src = reduce_source(&reduce_spec(op, d), vec_elems(d));
+                let src = reduce_source(&reduce_spec(op, d), vec_elems(d), &Elems::Array);
                 if !check_compiles(&format!("test:reduce:{op:?}:{}", d.name()), &src) {
                     return;
                 }
