@@ -15,6 +15,7 @@ use crate::runtime::{lifecycle, memory};
 use crate::shape::Layout;
 use crate::sync::{Arc, Mutex};
 
+use super::cache::{self, BufferCache};
 use super::handles::{CudaStreamHandle, Ev};
 
 /// Device memory of one array (or of several views of it).
@@ -35,18 +36,35 @@ pub(crate) struct CudaBuffer {
     /// Complete when created and never written again (the scalar slab): readers need no
     /// producer event and the buffer records no users.
     pub constant: bool,
+    /// The allocating stream's cache and the size class, when the memory goes back there
+    /// instead of being freed (see `cache.rs`).
+    cache: Option<(Arc<BufferCache>, usize)>,
 }
 
 impl CudaBuffer {
     /// Allocates `bytes` (unspecified contents) in stream order on `cs`.
     pub fn alloc(cs: &CudaStreamHandle, bytes: usize) -> Result<CudaBuffer> {
         let oom = || Error::OutOfMemory { device: format!("gpu:{}", cs.dev.ordinal), bytes };
-        let slice = if bytes == 0 {
-            None
-        } else {
+        let class = cache::class(bytes);
+        let fresh = |n: usize| {
             // SAFETY: the contents are written by the kernel that receives the buffer.
             // Not `stream()`: an allocation need not wait for recorded launches.
-            Some(unsafe { cs.raw_stream().alloc::<u8>(bytes) }.map_err(|_| oom())?)
+            let r = unsafe { cs.raw_stream().alloc::<u8>(n) };
+            r.or_else(|_| {
+                // Out of memory: return this stream's cached buffers and try once more.
+                cs.cache.trim();
+                // SAFETY: as above.
+                unsafe { cs.raw_stream().alloc::<u8>(n) }
+            })
+            .map_err(|_| oom())
+        };
+        let slice = match class {
+            _ if bytes == 0 => None,
+            Some(c) => Some(match cs.cache.take(c) {
+                Some(s) => s,
+                None => fresh(c)?,
+            }),
+            None => Some(fresh(bytes)?),
         };
         let ptr = match &slice {
             Some(s) => {
@@ -67,6 +85,7 @@ impl CudaBuffer {
             producer: OnceLock::new(),
             users: Mutex::new(Vec::new()),
             constant: false,
+            cache: class.map(|c| (cs.cache.clone(), c)),
         })
     }
     /// The device address of byte 0.
@@ -100,10 +119,15 @@ impl Drop for CudaBuffer {
             for (_, ev) in &users {
                 let _ = ev.wait_on(&self.alloc_stream);
             }
-            // SAFETY: each field is dropped exactly once, here; the free is ordered on the
-            // allocating stream after the waits above.
+            // SAFETY: each field is taken or dropped exactly once, here; the free (or the
+            // reuse, on the same stream) is ordered on the allocating stream after the
+            // waits above.
             unsafe {
-                ManuallyDrop::drop(&mut self.slice);
+                let mut slice = ManuallyDrop::take(&mut self.slice);
+                if let (Some((cache, class)), Some(s)) = (&self.cache, slice.take()) {
+                    slice = cache.give(*class, s);
+                }
+                drop(slice);
                 ManuallyDrop::drop(&mut self.alloc_stream);
             }
         }));

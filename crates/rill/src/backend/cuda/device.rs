@@ -17,7 +17,7 @@ use cudarc::driver::{CudaContext, CudaStream, sys};
 use crate::backend::Fence;
 use crate::error::{Error, Result};
 use crate::runtime::{lifecycle, pool, stats};
-use crate::sync::{Arc, Condvar, Mutex};
+use crate::sync::{Arc, Condvar, Mutex, Weak};
 
 use super::handles::Ev;
 
@@ -33,7 +33,20 @@ pub(crate) struct DeviceState {
     pub transfer: Arc<CudaStream>,
     /// Device copies of one-element host values (see `buffer::scalar_on_device`).
     pub scalars: Mutex<super::buffer::ScalarCache>,
+    /// Elementwise kernels already loaded, by what they compute (see `map::map`).
+    pub map_fns: Mutex<super::map::MapFns>,
+    /// The buffer caches of this device's streams, for `clear_cache`.
+    caches: Mutex<Vec<Weak<super::cache::BufferCache>>>,
     worker: Worker,
+}
+
+impl DeviceState {
+    /// Lists a stream's buffer cache so that `clear_cache` can empty it.
+    pub fn register_cache(&self, cache: &Arc<super::cache::BufferCache>) {
+        let mut g = self.caches.lock();
+        g.retain(|w| w.strong_count() > 0);
+        g.push(Arc::downgrade(cache));
+    }
 }
 
 struct WorkerQueue {
@@ -146,6 +159,8 @@ fn init(ordinal: usize) -> Result<Arc<DeviceState>> {
         sms,
         transfer,
         scalars: Mutex::new(super::buffer::ScalarCache::default()),
+        map_fns: Mutex::new(Default::default()),
+        caches: Mutex::new(Vec::new()),
         worker: Worker { q, handle: Mutex::new(Some(handle)) },
     }))
 }
@@ -269,6 +284,10 @@ pub(crate) fn clear_cache() {
     let Some(_pass) = lifecycle::release_pass() else { return };
     let devices: Vec<Arc<DeviceState>> = DEVICES.lock().iter().flatten().cloned().collect();
     for d in devices {
+        let caches: Vec<_> = d.caches.lock().iter().filter_map(Weak::upgrade).collect();
+        for c in caches {
+            c.trim();
+        }
         let _ = catch_unwind(AssertUnwindSafe(|| {
             let _ = d.ctx.bind_to_thread();
             let _ = d.transfer.synchronize();

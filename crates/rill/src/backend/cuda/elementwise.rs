@@ -12,7 +12,7 @@ use crate::primitives::{BinaryOp, UnaryOp};
 use super::buffer::{cuda_of, new_storage};
 use super::handles::CudaStreamHandle;
 use super::launch::Launch;
-use super::map::{In, map};
+use super::map::{In, MapFn, map};
 use super::nvrtc::{self, grid_for};
 use super::source::{PRELUDE, bits_type, ctype, ftype, load, store_float, utype};
 
@@ -71,21 +71,25 @@ pub(crate) fn unary(cs: &CudaStreamHandle, op: UnaryOp, x: &Storage, dtype: DTyp
     if op == UnaryOp::LogicalNot {
         let v = if d.is_float() { load(d, "a") } else { "a".into() };
         let fsrc = move || format!("__device__ __forceinline__ u8 fop({t} a) {{ return (u8)(({v}) == 0); }}");
-        return map(cs, "logical_not", fsrc, DType::Bool, &[In::new(x, t)], &shape);
+        return map(cs, MapFn::LogicalNot, fsrc, DType::Bool, &[In::new(x, t)], &shape);
     }
-    let body = if d.is_float() {
-        let f = ftype(d);
-        let e = float_unary_expr(op, f);
-        let l = load(d, "a");
-        let st = store_float(d, "y", d == DType::F64);
-        format!("__device__ __forceinline__ {t} fop({t} a) {{ {f} x = {l}; {f} y = {e}; return {st}; }}")
-    } else {
-        let Some(e) = int_unary_expr(op, d) else {
-            return Err(Error::dtype(op.name(), dtype, "integer inputs are converted to float by the op"));
-        };
-        format!("__device__ __forceinline__ {t} fop({t} x) {{ return {e}; }}")
+    if !d.is_float() && int_unary_expr(op, d).is_none() {
+        return Err(Error::dtype(op.name(), dtype, "integer inputs are converted to float by the op"));
+    }
+    // The source is written only when the device has no kernel for it yet.
+    let body = move || {
+        if d.is_float() {
+            let f = ftype(d);
+            let e = float_unary_expr(op, f);
+            let l = load(d, "a");
+            let st = store_float(d, "y", d == DType::F64);
+            format!("__device__ __forceinline__ {t} fop({t} a) {{ {f} x = {l}; {f} y = {e}; return {st}; }}")
+        } else {
+            let e = int_unary_expr(op, d).unwrap_or_default();
+            format!("__device__ __forceinline__ {t} fop({t} x) {{ return {e}; }}")
+        }
     };
-    map(cs, &format!("unary:{}", op.name()), move || body, dtype, &[In::new(x, t)], &shape)
+    map(cs, MapFn::Unary(op), body, dtype, &[In::new(x, t)], &shape)
 }
 
 fn ipow_src(d: DType) -> String {
@@ -111,22 +115,36 @@ pub(crate) fn binary(
 ) -> Result<Storage> {
     use BinaryOp::*;
     let d = a.dtype;
+    let t = ctype(d);
+    let out_dtype = match op {
+        Equal | NotEqual | Less | LessEqual | Greater | GreaterEqual | LogicalAnd | LogicalOr => DType::Bool,
+        Maximum | Minimum => d,
+        _ => dtype,
+    };
+    // The source is written only when the device has no kernel for it yet.
+    let fsrc = move || binary_source(op, d);
+    map(cs, MapFn::Binary(op), fsrc, out_dtype, &[In::new(a, t), In::new(b, t)], shape)
+}
+
+/// The `fop` of a binary op on inputs of `d`.
+fn binary_source(op: BinaryOp, d: DType) -> String {
+    use BinaryOp::*;
     let (t, u) = (ctype(d), utype(d));
     let float = d.is_float();
     let c = if float { ftype(d) } else { t };
     let (la, lb) = if float { (load(d, "p"), load(d, "q")) } else { ("p".into(), "q".into()) };
     let pred = |e: &str| format!("(u8)({e})");
-    let (out_dtype, out_t, expr, extra) = match op {
-        Equal => (DType::Bool, "u8", pred("x == y"), String::new()),
-        NotEqual => (DType::Bool, "u8", pred("x != y"), String::new()),
-        Less => (DType::Bool, "u8", pred("x < y"), String::new()),
-        LessEqual => (DType::Bool, "u8", pred("x <= y"), String::new()),
-        Greater => (DType::Bool, "u8", pred("x > y"), String::new()),
-        GreaterEqual => (DType::Bool, "u8", pred("x >= y"), String::new()),
-        LogicalAnd => (DType::Bool, "u8", pred("x != 0 && y != 0"), String::new()),
-        LogicalOr => (DType::Bool, "u8", pred("x != 0 || y != 0"), String::new()),
-        Maximum => (d, t, "((x != x || x > y) ? p : q)".to_string(), String::new()),
-        Minimum => (d, t, "((x != x || x < y) ? p : q)".to_string(), String::new()),
+    let (out_t, expr, extra) = match op {
+        Equal => ("u8", pred("x == y"), String::new()),
+        NotEqual => ("u8", pred("x != y"), String::new()),
+        Less => ("u8", pred("x < y"), String::new()),
+        LessEqual => ("u8", pred("x <= y"), String::new()),
+        Greater => ("u8", pred("x > y"), String::new()),
+        GreaterEqual => ("u8", pred("x >= y"), String::new()),
+        LogicalAnd => ("u8", pred("x != 0 && y != 0"), String::new()),
+        LogicalOr => ("u8", pred("x != 0 || y != 0"), String::new()),
+        Maximum => (t, "((x != x || x > y) ? p : q)".to_string(), String::new()),
+        Minimum => (t, "((x != x || x < y) ? p : q)".to_string(), String::new()),
         _ if float => {
             let s = if c == "float" { "f" } else { "" };
             let e = match op {
@@ -136,7 +154,7 @@ pub(crate) fn binary(
                 Div => "x / y".to_string(),
                 _ => format!("pow{s}(x, y)"),
             };
-            (dtype, t, store_float(d, &e, d == DType::F64), String::new())
+            (t, store_float(d, &e, d == DType::F64), String::new())
         }
         _ => {
             let e = match op {
@@ -149,15 +167,12 @@ pub(crate) fn binary(
                 Div => format!("(q == 0 ? ({t})0 : ({t})(p / q))"),
                 _ => "ipow(p, q)".to_string(),
             };
-            (dtype, t, e, if op == Pow { ipow_src(d) } else { String::new() })
+            (t, e, if op == Pow { ipow_src(d) } else { String::new() })
         }
     };
-    let fsrc = move || {
-        format!(
-            "{extra}\n__device__ __forceinline__ {out_t} fop({t} p, {t} q) {{ {c} x = {la}; {c} y = {lb}; (void)x; (void)y; return {expr}; }}"
-        )
-    };
-    map(cs, &format!("binary:{}", op.name()), fsrc, out_dtype, &[In::new(a, t), In::new(b, t)], shape)
+    format!(
+        "{extra}\n__device__ __forceinline__ {out_t} fop({t} p, {t} q) {{ {c} x = {la}; {c} y = {lb}; (void)x; (void)y; return {expr}; }}"
+    )
 }
 
 pub(crate) fn where_(
@@ -171,7 +186,7 @@ pub(crate) fn where_(
     // The dtype's own C type, which is also what `map` writes to `out`.
     let t = ctype(dtype);
     let fsrc = move || format!("__device__ __forceinline__ {t} fop(u8 c, {t} x, {t} y) {{ return c != 0 ? x : y; }}");
-    map(cs, "where", fsrc, dtype, &[In::new(c, "u8"), In::new(x, t), In::new(y, t)], shape)
+    map(cs, MapFn::Where, fsrc, dtype, &[In::new(c, "u8"), In::new(x, t), In::new(y, t)], shape)
 }
 
 /// A row-major copy of any layout (bits only).
@@ -181,7 +196,7 @@ pub(crate) fn copy(cs: &CudaStreamHandle, x: &Storage) -> Result<Storage> {
     let t = ctype(x.dtype);
     let fsrc = move || format!("__device__ __forceinline__ {t} fop({t} x) {{ return x; }}");
     let shape = x.layout.shape.clone();
-    map(cs, "copy", fsrc, x.dtype, &[In::new(x, t)], &shape)
+    map(cs, MapFn::Copy, fsrc, x.dtype, &[In::new(x, t)], &shape)
 }
 
 pub(crate) fn cast(cs: &CudaStreamHandle, x: &Storage, to: DType) -> Result<Storage> {
@@ -206,7 +221,7 @@ pub(crate) fn cast(cs: &CudaStreamHandle, x: &Storage, to: DType) -> Result<Stor
     };
     let fsrc = move || format!("__device__ __forceinline__ {tt} fop({ft} a) {{ {body} }}");
     let shape = x.layout.shape.clone();
-    map(cs, "cast", fsrc, to, &[In::new(x, ft)], &shape)
+    map(cs, MapFn::Cast, fsrc, to, &[In::new(x, ft)], &shape)
 }
 
 // ---- sources ----

@@ -126,6 +126,8 @@ pub(crate) struct CudaStreamHandle {
     pub blas: Mutex<Option<Blas>>,
     /// The CUDA graphs of this stream's batches (see `launch.rs`).
     pub graphs: Mutex<super::launch::GraphCache>,
+    /// Small buffers freed on this stream, kept for its next allocations (`cache.rs`).
+    pub cache: Arc<super::cache::BufferCache>,
 }
 
 /// Creates a non-blocking CUDA stream on GPU `ordinal` (never the legacy default stream).
@@ -133,12 +135,15 @@ pub(crate) fn new_stream(ordinal: usize) -> Result<CudaStreamHandle> {
     let dev = device::device(ordinal)?;
     let _pass = lifecycle::enter_backend().ok_or(crate::error::Error::ShutDown)?;
     let s = dev.ctx.new_stream().map_err(|e| super::backend_err("new_stream", e))?;
+    let cache = Arc::new(super::cache::BufferCache::default());
+    dev.register_cache(&cache);
     Ok(CudaStreamHandle {
         id: NEXT_ID.fetch_add(1, Relaxed),
         dev,
         stream: ManuallyDrop::new(s),
         blas: Mutex::new(None),
         graphs: Mutex::new(Default::default()),
+        cache,
     })
 }
 

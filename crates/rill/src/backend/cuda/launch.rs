@@ -13,8 +13,9 @@
 //! A flush of at least [`GRAPH_MIN`] launches becomes one CUDA graph launch. Graphs are
 //! cached per stream, keyed by the sequence of (function, grid, block, shared memory,
 //! argument size): the second time a sequence is seen it is instantiated; after that each
-//! replay only updates the kernels' arguments (`cuGraphExecKernelNodeSetParams`, the
-//! pointers change every evaluation) and launches the graph. Shorter flushes, sequences
+//! replay updates the arguments of the kernels whose arguments changed
+//! (`cuGraphExecKernelNodeSetParams`: buffers are often new; with the stream's buffer
+//! cache they are often the same) and launches the graph. Shorter flushes, sequences
 //! seen once, and any graph call that fails fall back to direct launches, so graphs never
 //! change results, only the cost per kernel. `RILL_CUDA_GRAPHS=0` turns them off.
 //!
@@ -311,6 +312,8 @@ struct Graph {
     graph: sys::CUgraph,
     exec: sys::CUgraphExec,
     nodes: Vec<sys::CUgraphNode>,
+    /// Each node's arguments as last set.
+    args: Vec<Vec<u64>>,
     used: u64,
     /// The kernels' functions: their modules stay loaded while the graph exists.
     _funcs: Vec<CudaFunction>,
@@ -344,12 +347,17 @@ impl GraphCache {
         if let Some(i) = self.graphs.iter().position(|g| g.hash == hash && g.key == keys) {
             let g = &mut self.graphs[i];
             g.used = clock;
-            let ok = pending.iter_mut().zip(&g.nodes).all(|(p, &node)| {
+            let ok = pending.iter_mut().zip(g.nodes.iter().zip(&mut g.args)).all(|(p, (&node, last))| {
+                if p.launch.words == *last {
+                    return true; // the same arguments as the last launch (reused buffers)
+                }
                 let mut params = p.params();
                 let np = p.node_params(&mut params);
                 // SAFETY: `node` belongs to the graph `exec` was made from, with the same
                 // function and argument size; the arguments are copied by the call.
-                unsafe { sys::cuGraphExecKernelNodeSetParams_v2(g.exec, node, &np) }.result().is_ok()
+                let r = unsafe { sys::cuGraphExecKernelNodeSetParams_v2(g.exec, node, &np) }.result();
+                std::mem::swap(last, &mut p.launch.words);
+                r.is_ok()
             });
             // SAFETY: a live executable graph and stream of the current context.
             if ok && unsafe { sys::cuGraphLaunch(g.exec, stream) }.result().is_ok() {
@@ -388,7 +396,8 @@ fn build(pending: &mut [Pending], key: Vec<Key>, hash: u64, used: u64) -> Option
     unsafe { sys::cuGraphCreate(&mut graph, 0) }.result().ok()?;
     let funcs = pending.iter().map(|p| p.launch.func.clone()).collect();
     let nodes = Vec::with_capacity(pending.len());
-    let mut g = Graph { key, hash, graph, exec: std::ptr::null_mut(), nodes, used, _funcs: funcs };
+    let args = pending.iter().map(|p| p.launch.words.clone()).collect();
+    let mut g = Graph { key, hash, graph, exec: std::ptr::null_mut(), nodes, args, used, _funcs: funcs };
     for p in pending.iter_mut() {
         let mut params = p.params();
         let np = p.node_params(&mut params);

@@ -8,7 +8,9 @@
 //! or a broadcast scalar, and `k_strided` (shape/strides passed by value, after merging
 //! axes that are contiguous for every operand) otherwise.
 
-use cudarc::driver::{DeviceRepr, LaunchConfig};
+use std::collections::HashMap;
+
+use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig};
 
 use crate::backend::Storage;
 use crate::dtype::DType;
@@ -65,6 +67,34 @@ pub(crate) fn merge_dims(shape: &[usize], strides: &[Vec<isize>]) -> (Vec<usize>
     }
     (dims, st)
 }
+
+/// What a map computes (with the dtypes, it names the generated kernel).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum MapFn {
+    Unary(crate::primitives::UnaryOp),
+    Binary(crate::primitives::BinaryOp),
+    LogicalNot,
+    Where,
+    Copy,
+    Cast,
+}
+
+impl MapFn {
+    fn name(self) -> String {
+        match self {
+            MapFn::Unary(op) => format!("unary:{}", op.name()),
+            MapFn::Binary(op) => format!("binary:{}", op.name()),
+            MapFn::LogicalNot => "logical_not".into(),
+            MapFn::Where => "where".into(),
+            MapFn::Copy => "copy".into(),
+            MapFn::Cast => "cast".into(),
+        }
+    }
+}
+
+/// The loaded map kernels of one device, found without formatting a key: (function,
+/// output dtype, input dtypes, kernel variant).
+pub(crate) type MapFns = HashMap<(MapFn, DType, [Option<DType>; 3], &'static str), CudaFunction>;
 
 /// One input of a map: a storage and the C type its kernel parameter has.
 pub(crate) struct In<'a> {
@@ -144,10 +174,12 @@ extern "C" __global__ void k_vec({out_t}* __restrict__ out{params}, i64 n) {{
 }
 
 /// Runs `fop` (defined by `fsrc`, with the parameter types of `ins`) over `shape`,
-/// writing a new contiguous storage of `out_dtype`. `key` names the function and dtypes.
+/// writing a new contiguous storage of `out_dtype`. `what`, `out_dtype` and the input
+/// dtypes identify the kernel: `fsrc` runs (and a key is formatted) only the first time a
+/// device needs it.
 pub(crate) fn map(
     cs: &CudaStreamHandle,
-    key: &str,
+    what: MapFn,
     fsrc: impl FnOnce() -> String,
     out_dtype: DType,
     ins: &[In<'_>],
@@ -166,17 +198,27 @@ pub(crate) fn map(
     let (dims, mst) = merge_dims(shape, &strides);
     let max_size = ins.iter().map(|i| i.size).chain([out_dtype.size()]).max().unwrap_or(1);
     let vec = (16 / max_size).max(1);
-    let types: Vec<&str> = ins.iter().map(|i| i.ctype).collect();
-    // Keyed by dtype, not C type: f16/bf16 (and bool/u8) share a C type but not code.
-    let dtypes: Vec<&str> = ins.iter().map(|i| i.s.dtype.name()).collect();
-    let full_key = format!("{key}|{}|{}|{}", out_dtype.name(), types.join(","), dtypes.join(","));
     let dev = &cs.dev;
+    let mut in_dtypes = [None; 3];
+    for (slot, i) in in_dtypes.iter_mut().zip(ins) {
+        *slot = Some(i.s.dtype);
+    }
     let mut fsrc = Some(fsrc);
-    let mut get = |name: &str| {
-        nvrtc::function(dev, &full_key, name, || {
+    let mut get = |name: &'static str| -> Result<CudaFunction> {
+        let memo = (what, out_dtype, in_dtypes, name);
+        if let Some(f) = dev.map_fns.lock().get(&memo) {
+            return Ok(f.clone());
+        }
+        let types: Vec<&str> = ins.iter().map(|i| i.ctype).collect();
+        // Keyed by dtype, not C type: f16/bf16 (and bool/u8) share a C type but not code.
+        let dtypes: Vec<&str> = ins.iter().map(|i| i.s.dtype.name()).collect();
+        let full_key = format!("{}|{}|{}|{}", what.name(), out_dtype.name(), types.join(","), dtypes.join(","));
+        let f = nvrtc::function(dev, &full_key, name, || {
             let f = fsrc.take().map(|f| f()).unwrap_or_default();
             kernel_source(&f, out_t, &types, vec)
-        })
+        })?;
+        dev.map_fns.lock().insert(memo, f.clone());
+        Ok(f)
     };
     // Per-operand run stride when the merged view is one contiguous run or a scalar.
     let run: Option<Vec<i64>> = (0..ins.len())

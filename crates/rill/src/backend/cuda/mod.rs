@@ -5,7 +5,9 @@
 //! |---|---|---|
 //! | driver probe, per-device state, completion workers, shutdown | `device.rs` | one context and one worker thread per device |
 //! | events, streams, cuBLAS handles (Drop never panics) | `handles.rs` | CUDA events, streams, cuBLAS handles |
-//! | device buffers, host↔device copies | `buffer.rs` | device allocations |
+//! | device buffers, host↔device copies, the scalar slab | `buffer.rs` | device allocations |
+//! | small buffers kept for reuse by their stream | `cache.rs` | cached device memory, per stream |
+//! | kernel launches; a batch's launches recorded and replayed as CUDA graphs | `launch.rs` | CUDA graphs, per stream |
 //! | batches: waits, launches, events, fences | `exec.rs` | nothing |
 //! | NVRTC compilation and the kernel cache | `nvrtc.rs` | loaded modules |
 //! | CUDA C prelude (dtypes, conversions) | `source.rs` | nothing |
@@ -21,6 +23,9 @@
 //! Synchronisation model: a storage exists once its kernel is enqueued. Work on the same
 //! stream is ordered by the stream; another stream that reads a buffer first makes its
 //! CUDA stream wait (`cuStreamWaitEvent`, a GPU-side wait) on the buffer's producer event.
+//! Kernels launched while a batch runs are recorded and sent when the batch ends (as one
+//! CUDA graph launch when the sequence repeats) or before anything else uses the stream
+//! or frees memory allocated on it (`launch.rs`), so the stream order is unchanged.
 //! The host learns of completion through the batch's [`crate::backend::Fence`], signalled
 //! by the device's one completion worker thread. A buffer is freed on the stream that
 //! allocated it, after that stream waited for the last use on every other stream.
@@ -30,6 +35,7 @@
 //! only while the runtime is running, and leaked on purpose during shutdown.
 
 mod buffer;
+mod cache;
 mod copy;
 mod device;
 mod elementwise;

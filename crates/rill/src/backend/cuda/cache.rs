@@ -1,0 +1,110 @@
+//! Small device buffers kept for reuse by the stream that allocated them.
+//!
+//! A stream-ordered allocation from the driver's memory pool costs about 2 µs and its free
+//! about 1 µs (measured on an H200), more than a small kernel's launch. A buffer of at most
+//! [`MAX_CACHED`] bytes is therefore not freed when its last view is dropped: once its
+//! allocating stream has been made to wait for every other stream's last use (the same
+//! GPU-side waits a free needs), its memory goes back to that stream's cache, and the
+//! stream's next allocation of the same size class takes it. Reuse is on the allocating
+//! stream only, so the stream's order is what keeps the new kernels after the old ones.
+//!
+//! Size classes are powers of two from 256 bytes. A stream keeps at most [`MAX_STREAM`]
+//! bytes; beyond that buffers are freed as before. `rill::clear_cache` frees every cache
+//! (the devices keep a weak list); an allocation that fails for memory frees its stream's
+//! cache and tries again. During shutdown cached memory is leaked, like every buffer.
+
+use std::collections::{HashMap, VecDeque};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use cudarc::driver::CudaSlice;
+
+use crate::runtime::{lifecycle, memory};
+use crate::sync::Mutex;
+
+/// Largest buffer kept for reuse.
+pub(crate) const MAX_CACHED: usize = 1 << 20;
+/// Bytes a stream keeps at most.
+const MAX_STREAM: usize = 64 << 20;
+/// Smallest size class.
+const MIN_CLASS: usize = 256;
+
+/// The size class of a request of `bytes` (`None`: not cached).
+pub(crate) fn class(bytes: usize) -> Option<usize> {
+    (bytes > 0 && bytes <= MAX_CACHED).then(|| bytes.next_power_of_two().max(MIN_CLASS))
+}
+
+/// One stream's cached buffers, by size class.
+#[derive(Default)]
+pub(crate) struct BufferCache {
+    inner: Mutex<Lists>,
+}
+
+#[derive(Default)]
+struct Lists {
+    /// First in, first out: a batch that repeats gets the addresses its previous run
+    /// freed in the same order, so a replayed CUDA graph keeps its kernels' arguments.
+    free: HashMap<usize, VecDeque<CudaSlice<u8>>>,
+    bytes: usize,
+}
+
+impl BufferCache {
+    /// A cached buffer of size class `class`, if one is free.
+    pub fn take(&self, class: usize) -> Option<CudaSlice<u8>> {
+        let mut g = self.inner.lock();
+        let s = g.free.get_mut(&class)?.pop_front()?;
+        g.bytes -= class;
+        memory::on_cache(-(class as isize));
+        Some(s)
+    }
+    /// Keeps `slice` (of size class `class`) for reuse; gives it back when the cache is
+    /// full.
+    pub fn give(&self, class: usize, slice: CudaSlice<u8>) -> Option<CudaSlice<u8>> {
+        let mut g = self.inner.lock();
+        if g.bytes + class > MAX_STREAM {
+            return Some(slice);
+        }
+        g.bytes += class;
+        g.free.entry(class).or_default().push_back(slice);
+        memory::on_cache(class as isize);
+        None
+    }
+    /// Frees every cached buffer (stream-ordered frees on the owning stream); leaks them
+    /// once shutdown has begun.
+    pub fn trim(&self) {
+        let lists = std::mem::take(&mut *self.inner.lock());
+        memory::on_cache(-(lists.bytes as isize));
+        release(lists.free);
+    }
+}
+
+fn release(free: HashMap<usize, VecDeque<CudaSlice<u8>>>) {
+    match lifecycle::release_pass() {
+        Some(_pass) => {
+            let _ = catch_unwind(AssertUnwindSafe(|| drop(free)));
+        }
+        None => std::mem::forget(free), // leaked on purpose during shutdown
+    }
+}
+
+impl Drop for BufferCache {
+    fn drop(&mut self) {
+        let lists = std::mem::take(self.inner.get_mut());
+        memory::on_cache(-(lists.bytes as isize));
+        release(lists.free);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_classes() {
+        assert_eq!(class(0), None);
+        assert_eq!(class(1), Some(256));
+        assert_eq!(class(256), Some(256));
+        assert_eq!(class(257), Some(512));
+        assert_eq!(class(MAX_CACHED), Some(MAX_CACHED));
+        assert_eq!(class(MAX_CACHED + 1), None);
+    }
+}
