@@ -355,9 +355,10 @@ impl GraphCache {
                 let np = p.node_params(&mut params);
                 // SAFETY: `node` belongs to the graph `exec` was made from, with the same
                 // function and argument size; the arguments are copied by the call.
-                let r = unsafe { sys::cuGraphExecKernelNodeSetParams_v2(g.exec, node, &np) }.result();
-                std::mem::swap(last, &mut p.launch.words);
-                r.is_ok()
+                let ok = unsafe { sys::cuGraphExecKernelNodeSetParams_v2(g.exec, node, &np) }.result().is_ok();
+                // A copy, not a swap: on failure `pending` is sent directly, as recorded.
+                last.clone_from(&p.launch.words);
+                ok
             });
             // SAFETY: a live executable graph and stream of the current context.
             if ok && unsafe { sys::cuGraphLaunch(g.exec, stream) }.result().is_ok() {

@@ -426,29 +426,15 @@ pub(crate) fn launch(
             // signature and address rows*cols elements (the caller's contract).
             unsafe { b.launch(cs, cfg(blocks(rows.div_ceil(warps), sms * 64))) }.map_err(launch_err)?;
         }
-        Plan::Block { splits: 1 } => {
-            let f = get("k_block")?;
-            let (none, one) = (0u64, 1i64);
-            let mut b = Launch::new(&f);
-            b.arg(&po).arg(&none);
-            for p in ptrs {
-                b.arg(p);
-            }
-            for i in ints {
-                b.arg(i);
-            }
-            b.arg(&r64).arg(&c64).arg(&one);
-            // SAFETY: as above; with one split the partials pointer is not read.
-            unsafe { b.launch(cs, cfg(blocks(rows, 1 << 30))) }.map_err(launch_err)?;
-        }
         Plan::Block { splits } => {
             let acc_size = match d {
                 DType::F16 | DType::BF16 => 4,
                 _ => d.size(),
             };
-            // Freed (stream-ordered, on this stream) after the two launches below.
-            let part = CudaBuffer::alloc(cs, rows * splits * acc_size)?;
-            let pp = part.ptr();
+            // With several splits: partial results, combined by `k_fin`, then freed
+            // (stream-ordered, on this stream) after both launches.
+            let part = if splits > 1 { Some(CudaBuffer::alloc(cs, rows * splits * acc_size)?) } else { None };
+            let pp = part.as_ref().map(|p| p.ptr()).unwrap_or(0);
             let s64 = splits as i64;
             let f = get("k_block")?;
             let mut b = Launch::new(&f);
@@ -460,13 +446,16 @@ pub(crate) fn launch(
                 b.arg(i);
             }
             b.arg(&r64).arg(&c64).arg(&s64);
-            // SAFETY: `part` holds rows*splits accumulators; the data parameters as above.
+            // SAFETY: `out` holds `rows` elements and `part` rows*splits accumulators (with
+            // one split the partials pointer is not read); the data parameters as above.
             unsafe { b.launch(cs, cfg(blocks(rows * splits, 1 << 30))) }.map_err(launch_err)?;
-            let f = get("k_fin")?;
-            let mut b = Launch::new(&f);
-            b.arg(&po).arg(&pp).arg(&r64).arg(&s64);
-            // SAFETY: `out` holds `rows` elements; `part` was written by the launch above.
-            unsafe { b.launch(cs, cfg(blocks(rows.div_ceil(warps), sms * 64))) }.map_err(launch_err)?;
+            if splits > 1 {
+                let f = get("k_fin")?;
+                let mut b = Launch::new(&f);
+                b.arg(&po).arg(&pp).arg(&r64).arg(&s64);
+                // SAFETY: `out` holds `rows` elements; `part` was written by the launch above.
+                unsafe { b.launch(cs, cfg(blocks(rows.div_ceil(warps), sms * 64))) }.map_err(launch_err)?;
+            }
             drop(part);
         }
     }
