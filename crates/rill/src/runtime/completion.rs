@@ -9,9 +9,14 @@
 //! | `value` | `complete` (once) | `state` lock |
 //! | `wakers`, `callbacks` | `register_waker` / `on_done` (push), `complete` (take) | `state` lock |
 //! | `done` | `complete`, after `value` is set, before waking | release store; acquire load |
+//! | `sleepers` | `wait` (+1 before sleeping, -1 after) | `state` lock |
 //!
 //! Whoever registers under the lock either sees the value (and does not wait) or is in
-//! the lists that `complete` takes under the same lock, so no wake-up is ever lost.
+//! the lists that `complete` takes under the same lock, so no wake-up is ever lost. A
+//! blocked `wait` counts itself in `sleepers` under the lock before it sleeps, so
+//! `complete`, which reads the count under the same lock, signals the condition variable
+//! only when someone sleeps on it (a signal is a system call; most completions have no
+//! blocked waiter).
 //! Wakers and callbacks run after the lock is released.
 
 use std::task::Waker;
@@ -26,6 +31,7 @@ struct State<T> {
     value: Option<T>,
     wakers: Vec<Waker>,
     callbacks: Vec<Callback>,
+    sleepers: usize,
 }
 
 /// See the module docs.
@@ -38,7 +44,7 @@ pub(crate) struct Completion<T> {
 impl<T: Clone> Completion<T> {
     pub fn new() -> Self {
         Completion {
-            state: Mutex::new(State { value: None, wakers: Vec::new(), callbacks: Vec::new() }),
+            state: Mutex::new(State { value: None, wakers: Vec::new(), callbacks: Vec::new(), sleepers: 0 }),
             cv: Condvar::new(),
             done: AtomicBool::new(false),
         }
@@ -50,16 +56,18 @@ impl<T: Clone> Completion<T> {
     /// Sets the value and wakes everyone; returns false (and drops `v`) if it was
     /// already set.
     pub fn complete(&self, v: T) -> bool {
-        let (wakers, callbacks) = {
+        let (wakers, callbacks, sleepers) = {
             let mut g = self.state.lock();
             if g.value.is_some() {
                 return false;
             }
             g.value = Some(v);
             self.done.store(true, Ordering::Release);
-            (std::mem::take(&mut g.wakers), std::mem::take(&mut g.callbacks))
+            (std::mem::take(&mut g.wakers), std::mem::take(&mut g.callbacks), g.sleepers)
         };
-        self.cv.notify_all();
+        if sleepers > 0 {
+            self.cv.notify_all();
+        }
         for w in wakers {
             w.wake();
         }
@@ -79,7 +87,9 @@ impl<T: Clone> Completion<T> {
             if let Some(v) = &g.value {
                 return v.clone();
             }
+            g.sleepers += 1;
             g = self.cv.wait(g);
+            g.sleepers -= 1;
         }
     }
     /// Registers a waker to be woken when the value is set; returns false (registering
