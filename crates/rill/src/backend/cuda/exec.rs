@@ -3,8 +3,11 @@
 //! `execute_batch` walks the batch's nodes in order. Each node's inputs come from the
 //! batch itself (a local map: those nodes are completed only at the end) or from nodes
 //! completed earlier; the CUDA stream first waits (on the GPU) for the producer events of
-//! inputs made on other streams, host inputs are uploaded, and the node's kernel is
-//! enqueued. Errors and panics poison only the node and its dependants. After the batch
+//! inputs made on other streams, host inputs are uploaded, and the node's kernels are
+//! recorded (`launch.rs`: sent at the end of the batch, as one CUDA graph launch when the
+//! launch sequence repeats, or earlier when anything else uses the stream). Errors and
+//! panics poison only the node and its dependants; so does a recorded launch that fails
+//! when it is sent. One-element `Full` nodes are slots of the scalar slab. After the batch
 //! one event is recorded; it becomes the producer event of every buffer the batch made
 //! and the last-use event of buffers of other streams it read; one fence is attached to
 //! every output, the nodes are completed, and (event, fence) go to the device's
