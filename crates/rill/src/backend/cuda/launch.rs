@@ -21,6 +21,13 @@
 //!
 //! A launch that fails is charged to the node that made it ([`Recording::finish`] returns
 //! those nodes; the batch fails them and their dependants), as when launches were direct.
+//!
+//! The recorder is a thread-local, and the backend's only one. It is not ambient state
+//! and owns no backend resource: it exists only while `execute_batch` runs, synchronously
+//! (no `.await`), on a runtime pool thread; its guard clears it when the batch returns or
+//! unwinds; it holds plain data (function handles of modules that stay loaded, argument
+//! bytes, and a pointer to the stream handle the batch borrows). Launches for any other
+//! stream, and launches on threads that are not running a batch, go out directly.
 
 use std::cell::RefCell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -45,9 +52,11 @@ fn graphs_enabled() -> bool {
     *ON.get_or_init(|| std::env::var("RILL_CUDA_GRAPHS").as_deref() != Ok("0"))
 }
 
-/// One kernel launch: the function and a copy of its arguments.
+/// One kernel launch: the function and a copy of its arguments. The function is a plain
+/// handle: its module stays loaded for the life of the process (the NVRTC cache never
+/// unloads one), so a recorded launch or a graph owns no driver resource through it.
 pub(crate) struct Launch {
-    func: CudaFunction,
+    func: sys::CUfunction,
     /// The arguments, each starting on an 8-byte boundary.
     words: Vec<u64>,
     /// Where each argument starts in `words`.
@@ -56,7 +65,7 @@ pub(crate) struct Launch {
 
 impl Launch {
     pub fn new(func: &CudaFunction) -> Launch {
-        Launch { func: func.clone(), words: Vec::with_capacity(8), starts: Vec::with_capacity(8) }
+        Launch { func: func.cu_function(), words: Vec::with_capacity(8), starts: Vec::with_capacity(8) }
     }
     /// Adds one argument: the bytes of `v`.
     pub fn arg<T: Copy>(&mut self, v: &T) -> &mut Launch {
@@ -125,7 +134,7 @@ impl Pending {
         // SAFETY: forwarded from `Launch::launch`.
         unsafe {
             cudarc::driver::result::launch_kernel(
-                self.launch.func.cu_function(),
+                self.launch.func,
                 c.grid_dim,
                 c.block_dim,
                 c.shared_mem_bytes,
@@ -136,12 +145,12 @@ impl Pending {
     }
     fn key(&self) -> Key {
         let c = &self.cfg;
-        (self.launch.func.cu_function() as usize, c.grid_dim, c.block_dim, c.shared_mem_bytes, self.launch.words.len())
+        (self.launch.func as usize, c.grid_dim, c.block_dim, c.shared_mem_bytes, self.launch.words.len())
     }
     fn node_params(&self, params: &mut [*mut std::ffi::c_void]) -> sys::CUDA_KERNEL_NODE_PARAMS {
         let c = &self.cfg;
         sys::CUDA_KERNEL_NODE_PARAMS {
-            func: self.launch.func.cu_function(),
+            func: self.launch.func,
             gridDimX: c.grid_dim.0,
             gridDimY: c.grid_dim.1,
             gridDimZ: c.grid_dim.2,
@@ -315,8 +324,6 @@ struct Graph {
     /// Each node's arguments as last set.
     args: Vec<Vec<u64>>,
     used: u64,
-    /// The kernels' functions: their modules stay loaded while the graph exists.
-    _funcs: Vec<CudaFunction>,
 }
 
 /// The graphs of one stream.
@@ -395,10 +402,9 @@ fn build(pending: &mut [Pending], key: Vec<Key>, hash: u64, used: u64) -> Option
     let mut graph: sys::CUgraph = std::ptr::null_mut();
     // SAFETY: creates an empty graph.
     unsafe { sys::cuGraphCreate(&mut graph, 0) }.result().ok()?;
-    let funcs = pending.iter().map(|p| p.launch.func.clone()).collect();
     let nodes = Vec::with_capacity(pending.len());
     let args = pending.iter().map(|p| p.launch.words.clone()).collect();
-    let mut g = Graph { key, hash, graph, exec: std::ptr::null_mut(), nodes, args, used, _funcs: funcs };
+    let mut g = Graph { key, hash, graph, exec: std::ptr::null_mut(), nodes, args, used };
     for p in pending.iter_mut() {
         let mut params = p.params();
         let np = p.node_params(&mut params);

@@ -1,5 +1,4 @@
-//! Matrix products through cuBLAS (`cublasGemmEx`, `cublasGemmStridedBatchedEx` for
-//! batches): f32 (TF32 only when
+//! Matrix products through cuBLAS (`cublasGemmStridedBatchedEx`): f32 (TF32 only when
 //! allowed), f16 and bf16 with f32 accumulation, f64. Row-major `C = A @ B` is computed
 //! as the column-major `Cᵀ = Bᵀ Aᵀ`, so no transposition is materialised. Each stream
 //! has its own cuBLAS handle (workspaces are per handle), made on first use.
@@ -119,38 +118,6 @@ pub(crate) fn matmul(
             cb::set_stream(h, cs.stream().cu_stream() as cbsys::cudaStream_t)
                 .map_err(|e| super::backend_err("matmul", e))
                 .and_then(|()| {
-                    if batch > 1 {
-                        return Ok(());
-                    }
-                    // One product: the plain GEMM (cuBLAS may pick other kernels for a
-                    // strided batch of one).
-                    cb::gemm_ex(
-                        h,
-                        op,
-                        op,
-                        n as i32,
-                        m as i32,
-                        k as i32,
-                        alpha,
-                        pb as *const std::ffi::c_void,
-                        ty,
-                        n as i32,
-                        pa as *const std::ffi::c_void,
-                        ty,
-                        k as i32,
-                        beta,
-                        pc as *mut std::ffi::c_void,
-                        ty,
-                        n as i32,
-                        compute,
-                        cbsys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
-                    )
-                    .map_err(|e| super::backend_err("matmul", e))
-                })
-                .and_then(|()| {
-                    if batch == 1 {
-                        return Ok(());
-                    }
                     cb::gemm_strided_batched_ex(
                         h,
                         op,
