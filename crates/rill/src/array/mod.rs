@@ -72,7 +72,8 @@ impl Node {
     pub fn wait(&self) -> Result<()> {
         if self.stream.device().is_gpu() {
             // GPU batches only enqueue kernels: they are usually done within microseconds.
-            crate::backend::spin_until(|| self.result.is_done());
+            use crate::backend::{WAIT_SPIN, WAIT_YIELD, poll_until};
+            poll_until(|| self.result.is_done(), WAIT_SPIN, WAIT_YIELD);
         }
         match self.result.wait() {
             Ok(s) => match &s.fence {

@@ -150,6 +150,9 @@ impl Plan {
             q.queued_nodes += nodes.len();
             q.last = nodes.last().map(|a| Arc::downgrade(&a.node));
             let spawn = q.serial.push(Batch { nodes, deps });
+            if let Some(flag) = &q.linger {
+                flag.store(true, SeqCst);
+            }
             drop(q);
             // Batches always run on the runtime's pool, never inline on the caller: a
             // kernel compile (NVRTC) or driver call on a user thread could still be
@@ -269,36 +272,138 @@ fn reschedule(stream: Stream) {
     }
 }
 
-fn run_stream(stream: Stream) {
-    let batch = {
-        let mut q = stream.inner.queue.lock();
-        match q.serial.take(|head| head.deps.iter().find(|d| !d.node.is_done()).cloned()) {
-            Take::Idle => return,
-            Take::Park(dep) => {
-                drop(q);
-                let s = stream.clone();
-                dep.node.on_done(Box::new(move || reschedule(s)));
-                return;
-            }
-            Take::Run(b) => {
-                q.queued_nodes -= b.nodes.len();
-                for w in q.space_wakers.drain(..) {
-                    w.wake();
+fn run_stream(mut stream: Stream) {
+    loop {
+        let batch = {
+            let mut q = stream.inner.queue.lock();
+            match q.serial.take(|head| head.deps.iter().find(|d| !d.node.is_done()).cloned()) {
+                Take::Idle => return,
+                Take::Park(dep) => {
+                    drop(q);
+                    let s = stream.clone();
+                    dep.node.on_done(Box::new(move || reschedule(s)));
+                    return;
                 }
-                drop(q);
-                stream.inner.space.notify_all();
-                b
+                Take::Run(b) => {
+                    q.queued_nodes -= b.nodes.len();
+                    for w in q.space_wakers.drain(..) {
+                        w.wake();
+                    }
+                    drop(q);
+                    stream.inner.space.notify_all();
+                    b
+                }
             }
+        };
+        backend::execute_batch(&stream, &batch.nodes);
+        let gpu = stream.device().is_gpu();
+        let fence = if gpu { batch.nodes.last().and_then(|a| a.node.fence()) } else { None };
+        drop(batch);
+        notify_completion();
+        let mut q = stream.inner.queue.lock();
+        if gpu && q.serial.batches.is_empty() {
+            drop(q);
+            match linger(stream, fence.as_deref()) {
+                Linger::More(s) => {
+                    stream = s;
+                    continue;
+                }
+                Linger::Gone => return,
+                Linger::Idle(s) => stream = s,
+            }
+            q = stream.inner.queue.lock();
+            q.linger = None;
         }
-    };
-    backend::execute_batch(&stream, &batch.nodes);
-    drop(batch);
-    notify_completion();
-    let spawn = stream.inner.queue.lock().serial.finish();
-    if spawn {
-        spawn_stream(stream);
+        let spawn = q.serial.finish();
+        drop(q);
+        if spawn {
+            spawn_stream(stream);
+        }
+        return;
     }
 }
+
+/// How long a GPU stream's pool job waits for the stream's next batch after running one:
+/// while the batch's device work runs (at most `LINGER_BUSY`), then `LINGER_IDLE` more.
+/// A thread that waits for its results usually submits its next batch within that time
+/// (the GPU finishing, the waiter seeing it, and it recording and submitting more), and the
+/// batch then starts without a wake-up of a sleeping pool thread (tens of microseconds).
+const LINGER_BUSY: std::time::Duration = std::time::Duration::from_millis(2);
+const LINGER_IDLE: std::time::Duration = std::time::Duration::from_micros(100);
+
+/// Pool jobs lingering now; at most a quarter of the pool (at least one) lingers.
+static LINGERING: AtomicUsize = AtomicUsize::new(0);
+
+enum Linger {
+    /// A batch arrived: run it in this job.
+    More(Stream),
+    /// Nothing arrived in time (or lingering is not allowed now).
+    Idle(Stream),
+    /// Every handle of the stream was dropped meanwhile (so nothing can arrive).
+    Gone,
+}
+
+/// Polls for the stream's next batch (see [`LINGER_BUSY`]). The job's run state stays
+/// `Running`, so a submitter does not spawn a job but raises the stream's linger flag.
+/// While polling the job holds only a weak reference: dropping the stream's last handle
+/// drops the stream as it would without lingering.
+fn linger(stream: Stream, fence: Option<&backend::Fence>) -> Linger {
+    let most = (pool::num_threads() / 4).max(1);
+    if LINGERING.fetch_add(1, SeqCst) >= most {
+        LINGERING.fetch_sub(1, SeqCst);
+        return Linger::Idle(stream);
+    }
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let mut q = stream.inner.queue.lock();
+        if !q.serial.batches.is_empty() {
+            LINGERING.fetch_sub(1, SeqCst);
+            return Linger::More(stream.clone());
+        }
+        q.linger = Some(flag.clone());
+    }
+    let weak = stream.downgrade();
+    drop(stream);
+    let start = Instant::now();
+    let mut idle_from: Option<Instant> = None;
+    let mut polls = 0u32;
+    let arrived = loop {
+        if flag.load(SeqCst) {
+            break true;
+        }
+        polls = polls.wrapping_add(1);
+        if polls % 16 == 0 {
+            if lifecycle::is_shutting_down() || weak.strong_count() == 0 {
+                break false;
+            }
+            let now = Instant::now();
+            let running = fence.is_some_and(|f| !f.is_signalled());
+            if running {
+                if now - start > LINGER_BUSY {
+                    break false;
+                }
+            } else if now - *idle_from.get_or_insert(now) > LINGER_IDLE {
+                break false;
+            }
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    };
+    LINGERING.fetch_sub(1, SeqCst);
+    match weak.upgrade() {
+        Some(inner) if arrived => {
+            stats::LINGER_HANDOFFS.fetch_add(1, SeqCst);
+            let s = Stream::from_inner(inner);
+            s.inner.queue.lock().linger = None;
+            Linger::More(s)
+        }
+        Some(inner) => Linger::Idle(Stream::from_inner(inner)),
+        None => Linger::Gone,
+    }
+}
+
+// ---- node execution ----
 
 /// Runs one node's kernel and records the outcome. Used by the backends' batch runners.
 pub(crate) fn execute_node(

@@ -30,6 +30,7 @@ pub(crate) static GRAPHS_BUILT: AtomicU64 = AtomicU64::new(0);
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) static GRAPH_LAUNCHES: AtomicU64 = AtomicU64::new(0);
 pub(crate) static FUSED_REDUCE_KERNELS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static LINGER_HANDOFFS: AtomicU64 = AtomicU64::new(0);
 
 /// A snapshot of the runtime's counters (see the module docs for each one).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,6 +72,9 @@ pub struct Stats {
     /// generated kernel, the reduced values never stored; the others store the values
     /// first (see the CUDA backend's `fused.rs`). The CPU never counts here.
     pub fused_reduce_kernels: u64,
+    /// GPU batches started by their stream's pool job while it waited for them after the
+    /// stream's previous batch (no pool thread was woken; see the scheduler's `linger`).
+    pub linger_handoffs: u64,
 }
 
 /// Reads every counter.
@@ -92,5 +96,6 @@ pub fn stats() -> Stats {
         graphs_built: GRAPHS_BUILT.load(Relaxed),
         graph_launches: GRAPH_LAUNCHES.load(Relaxed),
         fused_reduce_kernels: FUSED_REDUCE_KERNELS.load(Relaxed),
+        linger_handoffs: LINGER_HANDOFFS.load(Relaxed),
     }
 }

@@ -48,6 +48,9 @@ pub(crate) struct Queue {
     /// The last node pushed, to let `synchronize` wait for everything before it.
     pub last: Option<std::sync::Weak<Node>>,
     pub space_wakers: Vec<Waker>,
+    /// Set while the stream's pool job lingers after its last batch (GPU streams, see
+    /// `scheduler::linger`): a submitter raises the flag with each new batch.
+    pub linger: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 pub(crate) struct StreamInner {
@@ -93,7 +96,13 @@ impl Stream {
         let inner = Arc::new(StreamInner {
             id: NEXT_STREAM_ID.fetch_add(1, Relaxed),
             device: *device,
-            queue: Mutex::new(Queue { serial: Serial::new(), queued_nodes: 0, last: None, space_wakers: Vec::new() }),
+            queue: Mutex::new(Queue {
+                serial: Serial::new(),
+                queued_nodes: 0,
+                last: None,
+                space_wakers: Vec::new(),
+                linger: None,
+            }),
             space: Condvar::new(),
             #[cfg(feature = "cuda")]
             cuda,

@@ -53,6 +53,8 @@ struct WorkerQueue {
     jobs: VecDeque<(Arc<Ev>, Arc<Fence>)>,
     stop: bool,
     exited: bool,
+    /// The worker sleeps on the condition variable (a new job must signal it).
+    sleeping: bool,
 }
 
 struct Worker {
@@ -145,7 +147,10 @@ fn init(ordinal: usize) -> Result<Arc<DeviceState>> {
         .max(1) as u32;
     keep_pool_memory(&ctx);
     let transfer = ctx.new_stream().map_err(|e| err("cannot create a stream", e))?;
-    let q = Arc::new((Mutex::new(WorkerQueue { jobs: VecDeque::new(), stop: false, exited: false }), Condvar::new()));
+    let q = Arc::new((
+        Mutex::new(WorkerQueue { jobs: VecDeque::new(), stop: false, exited: false, sleeping: false }),
+        Condvar::new(),
+    ));
     let q2 = q.clone();
     let c2 = ctx.clone();
     let handle = std::thread::Builder::new()
@@ -183,20 +188,31 @@ fn keep_pool_memory(ctx: &CudaContext) {
     }
 }
 
-/// How long the completion worker polls a batch's event before yielding, and then before
-/// blocking in the driver: a blocking wait wakes tens of microseconds after the GPU
-/// finishes, which is most of the cost of a short evaluation. The worker only polls while
-/// a batch it was handed is still running on the GPU.
+/// How long the completion worker polls a batch's event before yielding, and until when
+/// (from the start of the wait) before blocking in the driver: a blocking wait wakes tens
+/// of microseconds after the GPU finishes, which is most of the cost of a short
+/// evaluation. The worker only polls while a batch it was handed is still running.
 const SPIN: Duration = Duration::from_micros(100);
-const YIELDING: Duration = Duration::from_millis(2);
+const UNTIL: Duration = Duration::from_micros(2100);
+/// How long the worker keeps polling its queue after its last job before it sleeps: the
+/// next `eval` of a thread that was waiting for that job usually hands over its batch
+/// within this time, and then needs no wake-up of the worker.
+const LINGER: Duration = Duration::from_micros(200);
 
 fn worker_main(ctx: Arc<CudaContext>, q: Arc<(Mutex<WorkerQueue>, Condvar)>) {
     stats::THREADS_LIVE.fetch_add(1, SeqCst);
     stats::THREADS_STARTED.fetch_add(1, SeqCst);
     let _ = ctx.bind_to_thread();
+    let ready = |g: &WorkerQueue| !g.jobs.is_empty() || g.stop;
     loop {
         let job = {
             let mut g = q.0.lock();
+            if !ready(&g) {
+                // Linger (polling, the lock released between polls), then sleep.
+                drop(g);
+                crate::backend::poll_until(|| ready(&q.0.lock()), Duration::ZERO, LINGER);
+                g = q.0.lock();
+            }
             loop {
                 if let Some(j) = g.jobs.pop_front() {
                     break Some(j);
@@ -204,14 +220,16 @@ fn worker_main(ctx: Arc<CudaContext>, q: Arc<(Mutex<WorkerQueue>, Condvar)>) {
                 if g.stop {
                     break None;
                 }
+                g.sleeping = true;
                 g = q.1.wait(g);
+                g.sleeping = false;
             }
         };
         let Some((ev, fence)) = job else { break };
         // Once shutdown has closed the backend gate, pending batches report ShutDown.
         let r = match lifecycle::enter_backend() {
             None => Err(Error::ShutDown),
-            Some(_pass) => match catch_unwind(AssertUnwindSafe(|| ev.wait_low_latency(SPIN, YIELDING))) {
+            Some(_pass) => match catch_unwind(AssertUnwindSafe(|| ev.wait_low_latency(SPIN, UNTIL))) {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(e)) => Err(Error::backend("cuda", format!("device work failed: {e:?}"))),
                 Err(p) => Err(Error::Panic { op: "cuda", msg: panic_msg(p).into() }),
@@ -236,8 +254,12 @@ impl DeviceState {
             let mut g = q.0.lock();
             if !g.stop {
                 g.jobs.push_back((ev, fence));
+                // A lingering worker sees the job without a signal (a system call).
+                let sleeping = g.sleeping;
                 drop(g);
-                q.1.notify_all();
+                if sleeping {
+                    q.1.notify_all();
+                }
                 return;
             }
         }

@@ -58,32 +58,25 @@ impl Ev {
         }
     }
     /// Waits for the recorded work with low latency: polls for `spin`, then polls while
-    /// yielding the CPU for `yielding`, then blocks in the driver (which sleeps until the
+    /// yielding the CPU until `until`, then blocks in the driver (which sleeps until the
     /// GPU's interrupt, tens of microseconds late).
     pub fn wait_low_latency(
         &self,
         spin: std::time::Duration,
-        yielding: std::time::Duration,
+        until: std::time::Duration,
     ) -> std::result::Result<(), DriverError> {
-        let start = std::time::Instant::now();
-        let mut polls = 0u32;
-        loop {
-            if self.query()? {
-                return Ok(());
+        let mut err = None;
+        let query = || match self.query() {
+            Ok(done) => done,
+            Err(e) => {
+                err = Some(e);
+                true
             }
-            polls += 1;
-            if polls % 16 == 0 {
-                let t = start.elapsed();
-                if t > spin + yielding {
-                    return self.synchronize();
-                }
-                if t > spin {
-                    std::thread::yield_now();
-                    continue;
-                }
-            }
-            std::hint::spin_loop();
+        };
+        if crate::backend::poll_until(query, spin, until) {
+            return err.map_or(Ok(()), Err);
         }
+        self.synchronize()
     }
     /// Makes `stream` wait (on the GPU) for the recorded work.
     pub fn wait_on(&self, stream: &CudaStream) -> std::result::Result<(), DriverError> {
