@@ -312,7 +312,6 @@ fn run_stream(mut stream: Stream) {
                 Linger::Idle(s) => stream = s,
             }
             q = stream.inner.queue.lock();
-            q.linger = None;
         }
         let spawn = q.serial.finish();
         drop(q);
@@ -391,15 +390,15 @@ fn linger(stream: Stream, fence: Option<&backend::Fence>) -> Linger {
         }
     };
     LINGERING.fetch_sub(1, SeqCst);
-    match weak.upgrade() {
-        Some(inner) if arrived => {
-            stats::LINGER_HANDOFFS.fetch_add(1, SeqCst);
-            let s = Stream::from_inner(inner);
-            s.inner.queue.lock().linger = None;
-            Linger::More(s)
-        }
-        Some(inner) => Linger::Idle(Stream::from_inner(inner)),
-        None => Linger::Gone,
+    let Some(inner) = weak.upgrade() else { return Linger::Gone };
+    // A batch pushed from here on finds no flag; the job sees it (`take` or `finish`).
+    inner.queue.lock().linger = None;
+    let s = Stream::from_inner(inner);
+    if arrived {
+        stats::LINGER_HANDOFFS.fetch_add(1, SeqCst);
+        Linger::More(s)
+    } else {
+        Linger::Idle(s)
     }
 }
 

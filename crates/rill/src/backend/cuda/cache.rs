@@ -73,24 +73,18 @@ impl BufferCache {
     pub fn trim(&self) {
         let lists = std::mem::take(&mut *self.inner.lock());
         memory::on_cache(-(lists.bytes as isize));
-        release(lists.free);
-    }
-}
-
-fn release(free: HashMap<usize, VecDeque<CudaSlice<u8>>>) {
-    match lifecycle::release_pass() {
-        Some(_pass) => {
-            let _ = catch_unwind(AssertUnwindSafe(|| drop(free)));
+        match lifecycle::release_pass() {
+            Some(_pass) => {
+                let _ = catch_unwind(AssertUnwindSafe(|| drop(lists.free)));
+            }
+            None => std::mem::forget(lists.free), // leaked on purpose during shutdown
         }
-        None => std::mem::forget(free), // leaked on purpose during shutdown
     }
 }
 
 impl Drop for BufferCache {
     fn drop(&mut self) {
-        let lists = std::mem::take(self.inner.get_mut());
-        memory::on_cache(-(lists.bytes as isize));
-        release(lists.free);
+        self.trim();
     }
 }
 
