@@ -1,6 +1,16 @@
 //! Shapes, strided layouts and the checks every op shares (broadcasting, axes).
 
+use smallvec::SmallVec;
+
 use crate::error::{Error, Result};
+
+/// Axes a [`Layout`] keeps inline before it allocates (ranks up to 6 cost no allocation:
+/// a storage's layout is copied on every op of the hot path).
+pub const INLINE_DIMS: usize = 6;
+/// A shape held inline up to [`INLINE_DIMS`] axes.
+pub type Dims = SmallVec<[usize; INLINE_DIMS]>;
+/// Strides held inline up to [`INLINE_DIMS`] axes.
+pub type Strides = SmallVec<[isize; INLINE_DIMS]>;
 
 /// Number of elements of a shape (1 for a scalar).
 pub fn numel(shape: &[usize]) -> usize {
@@ -8,8 +18,8 @@ pub fn numel(shape: &[usize]) -> usize {
 }
 
 /// Row-major (C order) element strides of a shape.
-pub fn contiguous_strides(shape: &[usize]) -> Vec<isize> {
-    let mut strides = vec![0isize; shape.len()];
+pub fn contiguous_strides(shape: &[usize]) -> Strides {
+    let mut strides: Strides = smallvec::smallvec![0isize; shape.len()];
     let mut acc = 1isize;
     for i in (0..shape.len()).rev() {
         strides[i] = acc;
@@ -67,9 +77,9 @@ pub fn normalize_axes(op: &'static str, axes: &[isize], ndim: usize) -> Result<V
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
     /// The logical shape.
-    pub shape: Vec<usize>,
+    pub shape: Dims,
     /// Element strides, one per axis.
-    pub strides: Vec<isize>,
+    pub strides: Strides,
     /// Offset of element `[0, 0, ...]` in elements.
     pub offset: usize,
 }
@@ -77,7 +87,7 @@ pub struct Layout {
 impl Layout {
     /// A row-major layout at offset 0.
     pub fn contiguous(shape: &[usize]) -> Self {
-        Layout { shape: shape.to_vec(), strides: contiguous_strides(shape), offset: 0 }
+        Layout { shape: Dims::from_slice(shape), strides: contiguous_strides(shape), offset: 0 }
     }
     /// Number of elements.
     pub fn numel(&self) -> usize {
@@ -98,12 +108,12 @@ impl Layout {
     pub fn broadcast_to(&self, shape: &[usize]) -> Layout {
         let n = shape.len();
         let k = self.shape.len();
-        let mut strides = vec![0isize; n];
+        let mut strides: Strides = smallvec::smallvec![0isize; n];
         for i in 0..k {
             let j = n - k + i;
             strides[j] = if self.shape[i] == shape[j] { self.strides[i] } else { 0 };
         }
-        Layout { shape: shape.to_vec(), strides, offset: self.offset }
+        Layout { shape: Dims::from_slice(shape), strides, offset: self.offset }
     }
     /// Permuted axes.
     pub fn permute(&self, perm: &[usize]) -> Layout {
@@ -117,7 +127,11 @@ impl Layout {
     /// a copy is needed.
     pub fn reshape(&self, shape: &[usize]) -> Option<Layout> {
         if self.is_contiguous() {
-            return Some(Layout { shape: shape.to_vec(), strides: contiguous_strides(shape), offset: self.offset });
+            return Some(Layout {
+                shape: Dims::from_slice(shape),
+                strides: contiguous_strides(shape),
+                offset: self.offset,
+            });
         }
         // Merge runs of the old shape into the new shape when each run is contiguous.
         let old: Vec<(usize, isize)> =
@@ -155,12 +169,12 @@ impl Layout {
         if i != old.len() || j != new_nz.len() {
             return None;
         }
-        let mut strides = Vec::with_capacity(shape.len());
+        let mut strides = Strides::with_capacity(shape.len());
         let mut it = new_strides_nz.into_iter();
         for &d in shape {
             strides.push(if d == 1 { 0 } else { it.next()? });
         }
-        Some(Layout { shape: shape.to_vec(), strides, offset: self.offset })
+        Some(Layout { shape: Dims::from_slice(shape), strides, offset: self.offset })
     }
     /// Offset of the element at a multi-index.
     pub fn offset_of(&self, idx: &[usize]) -> usize {
@@ -199,9 +213,9 @@ mod tests {
     fn reshape_views() {
         let l = Layout::contiguous(&[2, 3, 4]).permute(&[1, 0, 2]);
         assert!(l.reshape(&[3, 8]).is_none());
-        assert_eq!(l.reshape(&[3, 2, 2, 2]).unwrap().strides, vec![4, 12, 2, 1]);
+        assert_eq!(l.reshape(&[3, 2, 2, 2]).unwrap().strides.as_slice(), [4, 12, 2, 1]);
         let t = Layout::contiguous(&[4, 6]).permute(&[1, 0]);
         assert!(t.reshape(&[24]).is_none());
-        assert_eq!(t.reshape(&[6, 2, 2]).unwrap().strides, vec![1, 12, 6]);
+        assert_eq!(t.reshape(&[6, 2, 2]).unwrap().strides.as_slice(), [1, 12, 6]);
     }
 }

@@ -155,7 +155,7 @@ impl Array {
     }
     /// Creates an evaluated node around a storage.
     pub(crate) fn from_storage(storage: Storage, stream: Stream) -> Array {
-        let a = Array::from_op(Primitive::Constant, Vec::new(), storage.layout.shape.clone(), storage.dtype, stream);
+        let a = Array::from_op(Primitive::Constant, Vec::new(), storage.layout.shape.to_vec(), storage.dtype, stream);
         a.node.complete(Ok(storage));
         a
     }

@@ -145,7 +145,7 @@ fn merged(l: &Layout) -> Layout {
         shape.push(d);
         strides.push(s);
     }
-    Layout { shape, strides, offset: l.offset }
+    Layout { shape: shape.into(), strides: strides.into(), offset: l.offset }
 }
 
 /// Copies elements `[start, start + dst.len())` (row-major over `l.shape`) of `src`

@@ -74,10 +74,13 @@ impl std::hash::Hasher for IdHasher {
 /// A set of node ids.
 pub(crate) type IdSet = HashSet<u64, std::hash::BuildHasherDefault<IdHasher>>;
 
+/// The inputs of a node (inline up to four) while it is still `Pending`.
+type Inputs<H> = smallvec::SmallVec<[H; 4]>;
+
 /// The inputs of a node that is still `Pending`; `None` once claimed or done.
-fn pending_inputs<H: Claimable>(h: &H) -> Option<Vec<H>> {
+fn pending_inputs<H: Claimable>(h: &H) -> Option<Inputs<H>> {
     let g = h.state().lock();
-    (g.status == Status::Pending).then(|| g.inputs.clone())
+    (g.status == Status::Pending).then(|| g.inputs.iter().cloned().collect())
 }
 
 /// The `Pending` nodes below `outputs` (included), each once, in topological order (inputs
@@ -86,7 +89,7 @@ fn pending_inputs<H: Claimable>(h: &H) -> Option<Vec<H>> {
 pub(crate) fn pending_order<H: Claimable>(outputs: &[H]) -> Vec<H> {
     let mut order = Vec::new();
     let mut seen = IdSet::default();
-    let mut stack: Vec<(H, Vec<H>, usize)> = Vec::new();
+    let mut stack: Vec<(H, Inputs<H>, usize)> = Vec::new();
     for out in outputs {
         if !seen.insert(out.id()) {
             continue;

@@ -162,6 +162,12 @@ impl Plan {
                 spawn_stream(stream);
             }
         }
+        // Everything is queued: the batches hold the nodes now. Letting go of them here
+        // means the last reference to a node of a long graph is usually its batch's, so
+        // its memory is released by the runtime thread that ran it, not by the caller
+        // waiting for the outputs (measured: releasing a 2000-node chain on the calling
+        // thread added about 10% to a 1000-op chain's eval on the GPU).
+        self.order = Vec::new();
         Poll::Ready(Ok(()))
     }
 }
@@ -409,8 +415,9 @@ pub(crate) fn execute_node(
     node: &Node,
     run: impl FnOnce(&Node, &[crate::backend::Storage]) -> Result<crate::backend::Storage>,
 ) {
-    let inputs: Vec<Array> = node.state.lock().inputs.clone();
-    let mut storages = Vec::with_capacity(inputs.len());
+    // Inline up to four inputs: the hot path of a long chain of small ops allocates nothing here.
+    let inputs: smallvec::SmallVec<[Array; 4]> = node.state.lock().inputs.iter().cloned().collect();
+    let mut storages: smallvec::SmallVec<[crate::backend::Storage; 4]> = smallvec::SmallVec::new();
     let mut result = None;
     for i in &inputs {
         match i.node.storage() {

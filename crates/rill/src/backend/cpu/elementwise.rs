@@ -480,7 +480,7 @@ mod tests {
         let v = values(10);
         let s = storage(&v, &[10]);
         // elements 8, 6, 4, 2: offset 8, stride -2
-        let r = s.with_layout(Layout { shape: vec![4], strides: vec![-2], offset: 8 });
+        let r = s.with_layout(Layout { shape: [4][..].into(), strides: [-2][..].into(), offset: 8 });
         let out = unary(UnaryOp::Neg, &r, DType::F32).unwrap();
         let want: Vec<f64> = [8, 6, 4, 2].iter().map(|&k| -(v[k] as f64)).collect();
         assert_eq!(to_f64_vec(&out), want);

@@ -223,7 +223,7 @@ mod tests {
             // a broadcast over batch and rows (zero strides), b with a negative row stride
             (
                 Layout::contiguous(&[4]).broadcast_to(&[2, 3, 4]),
-                Layout { shape: vec![2, 4, 5], strides: vec![20, -5, 1], offset: 15 },
+                Layout { shape: [2, 4, 5][..].into(), strides: [20, -5, 1][..].into(), offset: 15 },
             ),
         ];
         for (la, lb) in cases {

@@ -39,7 +39,7 @@ pub(crate) fn slice_view(s: &Storage, start: &[usize], step: &[isize], shape: &[
     let l = &s.layout;
     if shape.contains(&0) {
         // An empty view reads nothing; offset 0 is within every buffer.
-        return s.with_layout(Layout { shape: shape.to_vec(), strides: contiguous_strides(shape), offset: 0 });
+        return s.with_layout(Layout::contiguous(shape));
     }
     let mut offset = l.offset as isize;
     let mut strides = l.strides.clone();
@@ -47,7 +47,7 @@ pub(crate) fn slice_view(s: &Storage, start: &[usize], step: &[isize], shape: &[
         offset += start[i] as isize * l.strides[i];
         strides[i] = l.strides[i] * step[i];
     }
-    s.with_layout(Layout { shape: shape.to_vec(), strides, offset: offset as usize })
+    s.with_layout(Layout { shape: shape.into(), strides, offset: offset as usize })
 }
 
 /// Buffer offsets of the elements `[o_0, .., o_{k-1}, 0, .., 0]` of `l` for every
@@ -102,8 +102,8 @@ pub(crate) fn take(x: &Storage, idx: &Storage, axis: usize, shape: &[usize]) -> 
         let bases = outer_bases(&x.layout, axis);
         let stride = x.layout.strides[axis];
         let sub = |base: usize| Layout {
-            shape: x.layout.shape[axis + 1..].to_vec(),
-            strides: x.layout.strides[axis + 1..].to_vec(),
+            shape: x.layout.shape[axis + 1..].into(),
+            strides: x.layout.strides[axis + 1..].into(),
             offset: base,
         };
         let nidx = pos.len();
@@ -145,8 +145,8 @@ pub(crate) fn concatenate(xs: &[Storage], axis: usize, shape: &[usize]) -> Resul
                         continue;
                     }
                     let l = Layout {
-                        shape: x.layout.shape[axis..].to_vec(),
-                        strides: x.layout.strides[axis..].to_vec(),
+                        shape: x.layout.shape[axis..].into(),
+                        strides: x.layout.strides[axis..].into(),
                         offset: bases[r],
                     };
                     copy_block(strided::buffer::<T>(x), &l, &mut o[*at..*at + *width]);

@@ -266,7 +266,7 @@ mod tests {
             Layout::contiguous(&[2, 3, 4, 5]).permute(&[2, 0, 3, 1]),
             Layout::contiguous(&[4, 30]).permute(&[1, 0]),
             Layout::contiguous(&[5]).broadcast_to(&[3, 4, 5]),
-            Layout { shape: vec![6, 5], strides: vec![-20, 2], offset: 100 },
+            Layout { shape: smallvec::smallvec![6, 5], strides: smallvec::smallvec![-20, 2], offset: 100 },
         ];
         for l in layouts {
             let s = storage_f64(&vals, l.clone());

@@ -120,7 +120,7 @@ mod tests {
         let mut dst = vec![0; 6];
         gather(&src, &b, &mut dst);
         assert_eq!(dst, vec![0, 1, 2, 0, 1, 2]);
-        let rev = Layout { shape: vec![3], strides: vec![-1], offset: 2 };
+        let rev = Layout { shape: smallvec::smallvec![3], strides: smallvec::smallvec![-1], offset: 2 };
         let mut dst = vec![0; 3];
         gather(&src, &rev, &mut dst);
         assert_eq!(dst, vec![2, 1, 0]);

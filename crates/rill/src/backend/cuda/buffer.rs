@@ -152,7 +152,7 @@ const SCALAR_SLOTS: usize = 4096;
 #[derive(Default)]
 pub(crate) struct ScalarCache {
     slab: Option<Storage>,
-    slots: std::collections::HashMap<(DType, u64), usize>,
+    slots: rustc_hash::FxHashMap<(DType, u64), usize>,
 }
 
 /// The device copy of a one-element host storage from the device's scalar slab, or `None`

@@ -13,10 +13,11 @@
 //! (the devices keep a weak list); an allocation that fails for memory frees its stream's
 //! cache and tries again. During shutdown cached memory is leaked, like every buffer.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use cudarc::driver::CudaSlice;
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::runtime::{lifecycle, memory};
 use crate::sync::Mutex;

@@ -29,7 +29,7 @@ fn copy_into(cs: &CudaStreamHandle, dst_buf: &Storage, dst: &Layout, src: &Stora
     if n == 0 {
         return Ok(());
     }
-    let (dims, st) = merge_dims(&src.layout.shape, &[dst.strides.clone(), src.layout.strides.clone()]);
+    let (dims, st) = merge_dims(&src.layout.shape, &[&dst.strides[..], &src.layout.strides[..]]);
     if dims.len() > MAX_DIMS {
         return Err(super::unsupported("copy", format!("views of rank {} after merging axes", dims.len())));
     }

@@ -13,7 +13,6 @@
 //! every output, the nodes are completed, and (event, fence) go to the device's
 //! completion worker.
 
-use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::Ordering::SeqCst;
 
@@ -30,6 +29,8 @@ use super::buffer::{cuda_of, download, scalar_on_device, slab_scalar, upload};
 use super::handles::{CudaStreamHandle, Ev};
 use super::{copy, elementwise as ew, fused, launch, matmul, norm, random, reduce, scan};
 use cudarc::driver::DriverError;
+use rustc_hash::FxHashMap as HashMap;
+use smallvec::SmallVec;
 
 fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<&str>()
@@ -49,9 +50,12 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
         let _ = lifecycle::backend_call_forbidden(); // counted: a batch ran after the gate closed
         return fail_all(nodes, Error::ShutDown);
     };
-    let mut local: HashMap<u64, Result<Storage>> = HashMap::new();
+    let mut local: HashMap<u64, Result<Storage>> = HashMap::default();
+    local.reserve(nodes.len());
     let mut waited: Vec<usize> = Vec::new();
-    // Every device storage read by the batch, kept alive until its last-use event is set.
+    // Every storage of another stream's buffer read by the batch, kept alive until its
+    // last-use event is set (this stream's own buffers need no last use: their free is
+    // ordered on this stream after the batch's kernels).
     let mut read: Vec<Storage> = Vec::new();
     let mut any_ok = false;
     // Kernel launches are recorded and sent at the end (as one CUDA graph when the
@@ -62,8 +66,9 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
         if let Some(r) = &rec {
             r.node(node.id);
         }
-        let inputs: Vec<Array> = node.state.lock().inputs.clone();
-        let mut storages = Vec::with_capacity(inputs.len());
+        // Inline up to four inputs: no allocation per node on the hot path.
+        let inputs: SmallVec<[Array; 4]> = node.state.lock().inputs.iter().cloned().collect();
+        let mut storages: SmallVec<[Storage; 4]> = SmallVec::new();
         let mut failed = None;
         for i in &inputs {
             let s = match local.get(&i.node.id) {
@@ -89,9 +94,8 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
             }))
             .unwrap_or_else(|p| Err(Error::Panic { op: node.prim.name(), msg: panic_text(p).into() })),
         };
-        stats::NODES_COMPUTED.fetch_add(1, SeqCst);
         any_ok |= result.is_ok();
-        read.extend(storages.into_iter().filter(|s| cuda_of(s).is_some()));
+        read.extend(storages.into_iter().filter(|s| cuda_of(s).is_some_and(|b| b.alloc_stream_id != cs.id)));
         local.insert(node.id, result);
     }
     if let Some(r) = rec {
@@ -133,12 +137,14 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
         }
     }
     drop(read);
+    stats::NODES_COMPUTED.fetch_add(nodes.len() as u64, SeqCst);
     for a in nodes {
         let r = local.remove(&a.node.id).unwrap_or_else(|| Err(Error::backend("cuda", "node result missing")));
         let r = r.map(|s| Storage { fence: Some(fence.clone()), ..s });
         a.node.complete(r);
-        stats::IN_FLIGHT.fetch_sub(1, SeqCst);
     }
+    // Once, after every node of the batch is complete (a shutdown drain waits for zero).
+    stats::IN_FLIGHT.fetch_sub(nodes.len(), SeqCst);
     match ev {
         Some(ev) => cs.dev.complete_later(ev, fence),
         None => fence.signal(Ok(())),
@@ -231,7 +237,7 @@ fn eval(cs: &CudaStreamHandle, prim: &Primitive, shape: &[usize], dtype: DType, 
         let out = crate::backend::cpu::eval(&Host { f: f.clone(), name }, shape, dtype, &host)?;
         return upload(cs, &out);
     }
-    let inputs: Vec<Storage> = raw.iter().map(|s| on_gpu(cs, s)).collect::<Result<_>>()?;
+    let inputs: SmallVec<[Storage; 4]> = raw.iter().map(|s| on_gpu(cs, s)).collect::<Result<_>>()?;
     let x = || &inputs[0];
     match prim {
         Constant => Err(Error::invalid("constant", "a constant has no kernel")),

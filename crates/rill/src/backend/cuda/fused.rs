@@ -32,7 +32,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::primitives::ReduceOp;
 use crate::runtime::stats;
-use crate::shape::{Layout, broadcast_shapes, numel};
+use crate::shape::{Layout, Strides, broadcast_shapes, numel};
 
 use super::buffer::{cuda_of, new_storage};
 use super::device::DeviceState;
@@ -113,7 +113,7 @@ pub(crate) fn fused(
     }
     // Merge axes over the output (contiguous) and every input's broadcast strides.
     let lays: Vec<Layout> = inputs.iter().map(|s| s.layout.broadcast_to(shape)).collect();
-    let mut strides: Vec<Vec<isize>> = Vec::with_capacity(1 + inputs.len());
+    let mut strides: Vec<Strides> = Vec::with_capacity(1 + inputs.len());
     strides.push(Layout::contiguous(shape).strides);
     strides.extend(lays.iter().map(|l| l.strides.clone()));
     let (dims, mst) = merge_dims(shape, &strides);
@@ -193,7 +193,7 @@ struct Rows {
 /// The rows of a reduction of `shape` over `axes` whose inputs have the (broadcast)
 /// `strides`, or None when an input needs more than one stride for the kept or the
 /// reduced axes, or steps by other than 0 or 1 element along the reduced ones.
-fn rows_of(shape: &[usize], axes: &[usize], strides: &[Vec<isize>]) -> Option<Rows> {
+fn rows_of(shape: &[usize], axes: &[usize], strides: &[Strides]) -> Option<Rows> {
     // (elements, one stride per input) of the kept (`reduced == false`) or reduced axes.
     let side = |reduced: bool| -> Option<(usize, Vec<isize>)> {
         let ax: Vec<usize> = (0..shape.len()).filter(|a| axes.contains(a) == reduced).collect();
@@ -238,7 +238,7 @@ pub(crate) fn fused_reduce(
     let d = p.output_dtype();
     check(p, inputs, &in_shape, d)?;
     let lays: Vec<Layout> = inputs.iter().map(|s| s.layout.broadcast_to(&in_shape)).collect();
-    let strides: Vec<Vec<isize>> = lays.iter().map(|l| l.strides.clone()).collect();
+    let strides: Vec<Strides> = lays.iter().map(|l| l.strides.clone()).collect();
     let simple = dtype == d && numel(&in_shape) > 0 && axes.iter().all(|&a| a < in_shape.len());
     let Some(g) = rows_of(&in_shape, axes, &strides).filter(|g| simple && g.rows == numel(shape)) else {
         let x = fused(cs, p, inputs, &in_shape, d)?;
@@ -424,7 +424,7 @@ mod tests {
     #[test]
     fn reductions_read_as_rows() {
         let rows = |shape: &[usize], axes: &[usize], st: &[&[isize]]| {
-            rows_of(shape, axes, &st.iter().map(|s| s.to_vec()).collect::<Vec<_>>())
+            rows_of(shape, axes, &st.iter().map(|s| Strides::from_slice(s)).collect::<Vec<_>>())
                 .map(|g| (g.rows, g.cols, g.row_strides, g.along))
         };
         // sum(axis=-1) of a [64, 33] value with a row vector `b`.

@@ -35,6 +35,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::Ordering::Relaxed;
 
 use cudarc::driver::{CudaFunction, DriverError, LaunchConfig, sys};
+use smallvec::SmallVec;
 
 use crate::runtime::{lifecycle, stats};
 
@@ -57,15 +58,21 @@ fn graphs_enabled() -> bool {
 /// unloads one), so a recorded launch or a graph owns no driver resource through it.
 pub(crate) struct Launch {
     func: sys::CUfunction,
-    /// The arguments, each starting on an 8-byte boundary.
-    words: Vec<u64>,
+    /// The arguments, each starting on an 8-byte boundary (inline up to [`INLINE_WORDS`]
+    /// words: recording a small kernel's launch allocates nothing).
+    words: Words,
     /// Where each argument starts in `words`.
-    starts: Vec<u32>,
+    starts: SmallVec<[u32; INLINE_WORDS]>,
 }
+
+/// Argument words (and arguments) a launch keeps inline.
+const INLINE_WORDS: usize = 12;
+type Words = SmallVec<[u64; INLINE_WORDS]>;
+type Params = SmallVec<[*mut std::ffi::c_void; INLINE_WORDS]>;
 
 impl Launch {
     pub fn new(func: &CudaFunction) -> Launch {
-        Launch { func: func.cu_function(), words: Vec::with_capacity(8), starts: Vec::with_capacity(8) }
+        Launch { func: func.cu_function(), words: Words::new(), starts: SmallVec::new() }
     }
     /// Adds one argument: the bytes of `v`.
     pub fn arg<T: Copy>(&mut self, v: &T) -> &mut Launch {
@@ -123,7 +130,7 @@ struct Pending {
 
 impl Pending {
     /// The argument pointers (into `launch.words`, valid while `self` is).
-    fn params(&mut self) -> Vec<*mut std::ffi::c_void> {
+    fn params(&mut self) -> Params {
         let base = self.launch.words.as_mut_ptr();
         // SAFETY: every start lies inside `words`.
         self.launch.starts.iter().map(|&s| unsafe { base.add(s as usize) }.cast()).collect()
@@ -322,7 +329,7 @@ struct Graph {
     exec: sys::CUgraphExec,
     nodes: Vec<sys::CUgraphNode>,
     /// Each node's arguments as last set.
-    args: Vec<Vec<u64>>,
+    args: Vec<Words>,
     used: u64,
 }
 
@@ -338,7 +345,7 @@ unsafe impl Send for GraphCache {}
 
 fn hash_keys(keys: &[Key]) -> u64 {
     use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut h = rustc_hash::FxHasher::default();
     keys.hash(&mut h);
     h.finish()
 }

@@ -8,14 +8,15 @@
 //! or a broadcast scalar, and `k_strided` (shape/strides passed by value, after merging
 //! axes that are contiguous for every operand) otherwise.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig};
 
 use crate::backend::Storage;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::shape::Layout;
+use crate::shape::{Dims, Layout, Strides};
+use smallvec::SmallVec;
 
 use super::buffer::{cuda_of, new_storage};
 use super::handles::CudaStreamHandle;
@@ -42,10 +43,11 @@ unsafe impl DeviceRepr for Lay {}
 
 /// Merges the axes of `shape` for operands with `strides`: size-1 axes are dropped and
 /// neighbours that are contiguous for every operand are fused. Returns (dims, strides).
-pub(crate) fn merge_dims(shape: &[usize], strides: &[Vec<isize>]) -> (Vec<usize>, Vec<Vec<isize>>) {
+pub(crate) fn merge_dims<S: AsRef<[isize]>>(shape: &[usize], strides: &[S]) -> (Dims, SmallVec<[Strides; 4]>) {
     let k = strides.len();
-    let mut dims: Vec<usize> = Vec::new();
-    let mut st: Vec<Vec<isize>> = vec![Vec::new(); k];
+    let strides: SmallVec<[&[isize]; 4]> = strides.iter().map(|s| s.as_ref()).collect();
+    let mut dims = Dims::new();
+    let mut st: SmallVec<[Strides; 4]> = smallvec::smallvec![Strides::new(); k];
     for (i, &d) in shape.iter().enumerate() {
         if d == 1 {
             continue;
@@ -192,9 +194,10 @@ pub(crate) fn map(
     }
     let out_t = super::source::ctype(out_dtype);
     let out_ptr = cuda_of(&out).map(|b| b.ptr()).unwrap_or(0);
-    let lays: Vec<Layout> = ins.iter().map(|i| i.s.layout.broadcast_to(shape)).collect();
-    let bases: Vec<u64> = ins.iter().map(|i| cuda_of(i.s).map(|b| b.ptr()).unwrap_or(0)).collect();
-    let strides: Vec<Vec<isize>> = lays.iter().map(|l| l.strides.clone()).collect();
+    // Inline arrays throughout: a launch of a small op allocates nothing on the host.
+    let lays: SmallVec<[Layout; 3]> = ins.iter().map(|i| i.s.layout.broadcast_to(shape)).collect();
+    let bases: SmallVec<[u64; 3]> = ins.iter().map(|i| cuda_of(i.s).map(|b| b.ptr()).unwrap_or(0)).collect();
+    let strides: SmallVec<[&[isize]; 3]> = lays.iter().map(|l| &l.strides[..]).collect();
     let (dims, mst) = merge_dims(shape, &strides);
     let max_size = ins.iter().map(|i| i.size).chain([out_dtype.size()]).max().unwrap_or(1);
     let vec = (16 / max_size).max(1);
@@ -221,7 +224,7 @@ pub(crate) fn map(
         Ok(f)
     };
     // Per-operand run stride when the merged view is one contiguous run or a scalar.
-    let run: Option<Vec<i64>> = (0..ins.len())
+    let run: Option<SmallVec<[i64; 3]>> = (0..ins.len())
         .map(|o| match dims.len() {
             0 => Some(0),
             1 if mst[o][0] == 1 || mst[o][0] == 0 => Some(mst[o][0] as i64),
@@ -231,7 +234,7 @@ pub(crate) fn map(
         .collect();
     let _ = dev.ctx.bind_to_thread();
     let n64 = n as i64;
-    let ptrs: Vec<u64> = (0..ins.len()).map(|o| bases[o] + (lays[o].offset * ins[o].size) as u64).collect();
+    let ptrs: SmallVec<[u64; 3]> = (0..ins.len()).map(|o| bases[o] + (lays[o].offset * ins[o].size) as u64).collect();
     let launch_err = |e| super::backend_err("launch", e);
     if let Some(run) = run {
         let aligned = run.iter().all(|&s| s == 1)
