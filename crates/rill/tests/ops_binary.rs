@@ -434,3 +434,38 @@ fn where_promotes_and_takes_scalars() {
         });
     }
 }
+
+/// A Rust scalar operand is a 0-d `Full` node (what `compile` inlines as a literal). It is
+/// recorded already evaluated when that costs nothing: at once on the CPU, and on a GPU
+/// once the device's scalar slab holds the value. A chain of ops with scalar operands then
+/// plans and runs one node per op. The values are the same either way.
+#[test]
+fn scalar_operands_are_fills_evaluated_when_free() {
+    use rill::primitives::Primitive;
+    let mut rng = Rng::new(77);
+    let xv = rng.vec(33, -2.0, 2.0);
+    for dev in common::devices() {
+        common::on(dev, || {
+            let x = Array::from_slice(&xv, &[33]).unwrap();
+            let first = x.mul(0.375).unwrap();
+            let s = &first.inputs()[1];
+            assert!(matches!(s.primitive(), Primitive::Full { value } if *value == 0.375), "{s:?}");
+            assert_eq!(s.shape(), &[] as &[usize]);
+            if !dev.is_gpu() {
+                assert!(s.is_evaluated(), "a CPU scalar operand is recorded evaluated: {s:?}");
+            }
+            let got = first.to_f64_vec().unwrap();
+            // f64 data: the kernel computes in f64, as the reference does.
+            let want: Vec<f64> = xv.iter().map(|&v| v * 0.375).collect();
+            assert_eq!(got, want, "{dev}");
+            // The value is known to the device now: the next use records it evaluated.
+            let again = x.mul(0.375).unwrap().add(0.375).unwrap();
+            for n in [&again.inputs()[1], &again.inputs()[0].inputs()[1]] {
+                assert!(matches!(n.primitive(), Primitive::Full { .. }), "{n:?}");
+                assert!(n.is_evaluated(), "{dev}: {n:?}");
+            }
+            let want: Vec<f64> = xv.iter().map(|&v| v * 0.375 + 0.375).collect();
+            assert_eq!(again.to_f64_vec().unwrap(), want, "{dev}");
+        });
+    }
+}

@@ -129,6 +129,21 @@ impl Storage {
     }
 }
 
+/// The value of a 0-d `Full` node of `value` on `stream` when it can be had at once,
+/// without a kernel, a copy or any driver call: on the CPU a one-element buffer, on a GPU
+/// the device's scalar slab when it already holds the value (`x * 0.5` after the first
+/// time). The op layer records such a scalar as already evaluated, so a chain of ops with
+/// scalar operands plans, claims and runs one node per op, not two.
+pub(crate) fn ready_scalar(stream: &crate::runtime::stream::Stream, dtype: DType, value: f64) -> Option<Storage> {
+    if stream.device().is_gpu() {
+        #[cfg(feature = "cuda")]
+        return stream.inner.cuda.as_ref().and_then(|cs| cuda::ready_scalar(cs, dtype, value));
+        #[cfg(not(feature = "cuda"))]
+        return None;
+    }
+    cpu::eval(&crate::primitives::Primitive::Full { value }, &[], dtype, &[]).ok()
+}
+
 /// Runs one batch of nodes (all on `stream`) in order. Called by the stream's pool job.
 pub(crate) fn execute_batch(stream: &crate::runtime::stream::Stream, nodes: &[crate::array::Array]) {
     use crate::runtime::scheduler::execute_node;

@@ -143,10 +143,12 @@ impl Recorder<'_> {
     }
 
     /// The ref of an array that does not depend on any placeholder: a tape `Full` node
-    /// for lazy fills (so fusion can inline them), else a captured constant.
+    /// for lazy fills and for 0-d fills even when evaluated (so fusion can inline them;
+    /// the op layer records scalar operands evaluated when that costs nothing), else a
+    /// captured constant.
     fn capture(&mut self, a: &Array) -> Ref {
         if let Primitive::Full { .. } = a.primitive() {
-            if !a.is_evaluated() {
+            if !a.is_evaluated() || a.shape().is_empty() {
                 if let Some(&i) = self.tape_full.get(&a.id()) {
                     return Ref::Node(i);
                 }

@@ -89,7 +89,14 @@ pub(crate) fn prepare(a: &Array, dtype: DType, stream: &Stream) -> Array {
     Array::from_op(Primitive::Cast, vec![a], shape, dtype, stream.clone())
 }
 
-/// A scalar as a 0-d array of `dtype`, recorded lazily on `stream`.
+/// A scalar as a 0-d `Full` array of `dtype` on `stream`: already evaluated when its value
+/// costs no work (see `backend::ready_scalar`), else recorded lazily. Either way it stays a
+/// `Full` node, which `compile` inlines as a literal.
 pub(crate) fn scalar_on(s: Scalar, dtype: DType, stream: &Stream) -> Array {
-    Array::from_op(Primitive::Full { value: s.as_f64() }, Vec::new(), Vec::new(), dtype, stream.clone())
+    let value = s.as_f64();
+    let a = Array::from_op(Primitive::Full { value }, Vec::new(), Vec::new(), dtype, stream.clone());
+    if let Some(storage) = crate::backend::ready_scalar(stream, dtype, value) {
+        a.node.complete(Ok(storage));
+    }
+    a
 }

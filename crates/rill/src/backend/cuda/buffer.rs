@@ -180,15 +180,9 @@ pub(crate) fn slab_scalar(cs: &CudaStreamHandle, dtype: DType, bits: u64, shape:
     }
     let key = (dtype, bits);
     let bits = bits.to_le_bytes();
-    let view = |slab: &Storage, slot: usize| Storage {
-        buffer: slab.buffer.clone(),
-        dtype,
-        layout: Layout { offset: slot * 8 / size, ..Layout::contiguous(shape) },
-        fence: None,
-    };
     let mut g = cs.dev.scalars.lock();
-    if let (Some(slab), Some(&slot)) = (&g.slab, g.slots.get(&key)) {
-        return Ok(Some(view(slab, slot)));
+    if let Some(s) = g.view(dtype, key.1, shape) {
+        return Ok(Some(s));
     }
     if g.slots.len() >= SCALAR_SLOTS {
         return Ok(None);
@@ -211,7 +205,29 @@ pub(crate) fn slab_scalar(cs: &CudaStreamHandle, dtype: DType, bits: u64, shape:
         .map_err(|e| super::backend_err("to_device", e))?;
     t.synchronize().map_err(|e| super::backend_err("to_device", e))?;
     g.slots.insert(key, slot);
-    Ok(Some(view(&slab, slot)))
+    Ok(g.view(key.0, key.1, shape))
+}
+
+impl ScalarCache {
+    /// The slab's slot holding `bits` as a one-element storage of `shape`, if there is one.
+    fn view(&self, dtype: DType, bits: u64, shape: &[usize]) -> Option<Storage> {
+        let (slab, &slot) = (self.slab.as_ref()?, self.slots.get(&(dtype, bits))?);
+        Some(Storage {
+            buffer: slab.buffer.clone(),
+            dtype,
+            layout: Layout { offset: slot * 8 / dtype.size(), ..Layout::contiguous(shape) },
+            fence: None,
+        })
+    }
+}
+
+/// A 0-d storage of `value` from the device's scalar slab when the slab already holds it
+/// (no driver call: a lookup under the slab's lock), else `None`.
+pub(crate) fn ready_scalar(cs: &CudaStreamHandle, dtype: DType, value: f64) -> Option<Storage> {
+    if dtype.size() > 8 {
+        return None;
+    }
+    cs.dev.scalars.lock().view(dtype, super::source::host_bits(dtype, value), &[])
 }
 
 /// Copies a host storage to a new contiguous device storage on `cs`.
