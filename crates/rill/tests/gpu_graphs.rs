@@ -122,3 +122,42 @@ fn tiny_chains_on_several_streams_replay_their_own_graphs() {
         t.join().unwrap();
     }
 }
+
+/// The same launch sequence with other arguments every round (the input is a view at a
+/// new offset each time): after the first rounds the stream replays the sequence's graph
+/// with the first kernel's arguments updated every time. Every round is compared with
+/// float64 on the CPU.
+#[test]
+fn new_arguments_every_round_build_then_update_graphs() {
+    let Some(g) = gpu() else { return };
+    let rounds = 48usize;
+    let mut rng = Rng::new(11);
+    let v = rng.vec(16 * (rounds + 1), -1.0, 1.0);
+    // Its own stream: its own graph cache, untouched by the other tests.
+    let s = rill::Stream::new(&g).unwrap();
+    let big = rill::with_stream(&s, || {
+        let b = Array::from_slice(&v, &[16 * (rounds + 1)]).unwrap().astype(DType::F32).unwrap();
+        b.eval().unwrap();
+        b
+    });
+    let before = rill::runtime::stats();
+    for r in 0..rounds {
+        // Offsets of 16 floats keep every view 16-byte aligned: the same kernels each round.
+        let (lo, hi) = ((16 * r) as isize, (16 * r + 16) as isize);
+        let got = rill::with_stream(&s, || {
+            let x = big.slice_axis(0, Some(lo), Some(hi), 1).unwrap();
+            tiny_chain(&x, 150).unwrap().to_f64_vec().unwrap()
+        });
+        let want = common::on(Device::cpu(), || {
+            let x = Array::from_slice(&v[16 * r..16 * r + 16], &[16]).unwrap();
+            let x = x.astype(DType::F32).unwrap().astype(DType::F64).unwrap();
+            tiny_chain(&x, 150).unwrap().to_f64_vec().unwrap()
+        });
+        assert_close(&got, &want, 1e-4, &format!("round {r}"));
+    }
+    let after = rill::runtime::stats();
+    if std::env::var("RILL_CUDA_GRAPHS").as_deref() != Ok("0") {
+        let launches = after.graph_launches - before.graph_launches;
+        assert!(launches >= rounds as u64, "graphs were not replayed every round: {before:?} -> {after:?}");
+    }
+}
