@@ -157,7 +157,9 @@ fn new_arguments_every_round_build_then_update_graphs() {
     }
     let after = rill::runtime::stats();
     if std::env::var("RILL_CUDA_GRAPHS").as_deref() != Ok("0") {
+        // The first round launches directly (a sequence seen once), the second builds the
+        // graph, every later round replays it.
         let launches = after.graph_launches - before.graph_launches;
-        assert!(launches >= rounds as u64, "graphs were not replayed every round: {before:?} -> {after:?}");
+        assert!(launches + 1 >= rounds as u64, "graphs were not replayed every round: {before:?} -> {after:?}");
     }
 }
