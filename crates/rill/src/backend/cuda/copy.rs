@@ -69,7 +69,7 @@ extern "C" __global__ void k_view({b}* dst, const {b}* src, Lay l, i64 n) {{
     lb.arg(&pd).arg(&ps).arg(&lay).arg(&n64);
     // SAFETY: both views lie inside their buffers (the destination is a sub-view of a new
     // allocation, the source a view checked by the op layer).
-    unsafe { lb.launch(cs, grid_for(&cs.dev, n)) }.map_err(|e| super::backend_err("launch", e))?;
+    unsafe { lb.launch(cs, grid_for(n)) }.map_err(|e| super::backend_err("launch", e))?;
     Ok(())
 }
 
@@ -140,7 +140,7 @@ extern "C" __global__ void k_check(u64* flag, const {it}* idx, i64 n, i64 size) 
         let mut lb = Launch::new(&f);
         lb.arg(&pf).arg(&pi).arg(&n64).arg(&s64);
         // SAFETY: `idx` holds `nidx` contiguous elements; `flag` one u64.
-        unsafe { lb.launch(cs, grid_for(dev, nidx)) }.map_err(launch_err)?;
+        unsafe { lb.launch(cs, grid_for(nidx)) }.map_err(launch_err)?;
         // A host wait: the error must be known before the node completes.
         let mut first = [0u64; 1];
         // SAFETY: 8 bytes into `first`, finished by the synchronisation below.
@@ -195,6 +195,6 @@ extern "C" __global__ void k_take({b}* out, const {b}* x, const {it}* idx, i64 n
     let mut lb = Launch::new(&f);
     lb.arg(&po).arg(&px).arg(&pi).arg(&n64).arg(&ni64).arg(&s64).arg(&in64);
     // SAFETY: every index was checked in range above; `x` is contiguous.
-    unsafe { lb.launch(cs, grid_for(dev, n)) }.map_err(launch_err)?;
+    unsafe { lb.launch(cs, grid_for(n)) }.map_err(launch_err)?;
     Ok(out)
 }

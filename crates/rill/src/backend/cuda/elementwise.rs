@@ -258,7 +258,7 @@ fn index_kernel(
     let mut lb = Launch::new(&f);
     lb.arg(&ptr).arg(&n64).arg(&a).arg(&b).arg(&m).arg(&bits);
     // SAFETY: the arguments match the generated signature; `out` holds n elements.
-    unsafe { lb.launch(cs, grid_for(&cs.dev, n)) }.map_err(|e| super::backend_err("launch", e))?;
+    unsafe { lb.launch(cs, grid_for(n)) }.map_err(|e| super::backend_err("launch", e))?;
     Ok(out)
 }
 

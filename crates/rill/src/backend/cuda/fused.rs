@@ -35,7 +35,6 @@ use crate::runtime::stats;
 use crate::shape::{Layout, Strides, broadcast_shapes, numel};
 
 use super::buffer::{cuda_of, new_storage};
-use super::device::DeviceState;
 use super::handles::CudaStreamHandle;
 use super::launch::Launch;
 use super::map::merge_dims;
@@ -49,9 +48,8 @@ const KERNEL: &str = "rill_fused";
 /// A 1-D launch of `units` work items, one per thread (the kernels loop with a grid
 /// stride only past 2^30 blocks): measured 8% faster than a grid of 16 blocks per SM that
 /// loops, for the 8-op chain on the H200 (`bench/kernel_lab.py chain`).
-fn grid(_dev: &DeviceState, units: usize) -> LaunchConfig {
-    let blocks = units.div_ceil(FUSED_BLOCK as usize).clamp(1, 1 << 30);
-    LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (FUSED_BLOCK, 1, 1), shared_mem_bytes: 0 }
+fn grid(units: usize) -> LaunchConfig {
+    nvrtc::grid_1d(units, FUSED_BLOCK)
 }
 
 /// The full source of `p`'s kernel for `plan` (prelude included).
@@ -136,7 +134,7 @@ pub(crate) fn fused(
         }
     }
     let f = kernel(cs, p, &plan)?;
-    let cfg = grid(&cs.dev, plan.units(n));
+    let cfg = grid(plan.units(n));
     let (n32, n64) = (n as u32, n as u64);
     let cols = if dims.len() == 2 { dims[1] } else { 1 };
     let (cols32, cols64) = (cols as u32, cols as u64);

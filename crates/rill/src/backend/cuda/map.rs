@@ -267,7 +267,7 @@ pub(crate) fn map(
             }
             b.arg(&n64);
             // SAFETY: as above; a stride-0 operand reads its one element.
-            unsafe { b.launch(cs, grid_for(dev, n)) }.map_err(launch_err)?;
+            unsafe { b.launch(cs, grid_for(n)) }.map_err(launch_err)?;
         }
         return Ok(out);
     }
@@ -297,7 +297,7 @@ pub(crate) fn map(
     b.arg(&n64);
     // SAFETY: the arguments match the generated signature; every offset the layout
     // produces lies inside its buffer (views are checked by the op layer).
-    unsafe { b.launch(cs, grid_for(dev, n)) }.map_err(launch_err)?;
+    unsafe { b.launch(cs, grid_for(n)) }.map_err(launch_err)?;
     Ok(out)
 }
 

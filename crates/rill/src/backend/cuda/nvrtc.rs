@@ -30,9 +30,14 @@ pub(crate) const BLOCK: u32 = 256;
 /// 2^30 blocks). One item per thread, no loop, measured fastest for bandwidth-bound
 /// kernels on the H200 (`bench/kernel_lab.py`: a grid of 16 blocks per SM that loops was
 /// 5-10% slower).
-pub(crate) fn grid_for(_dev: &DeviceState, n: usize) -> LaunchConfig {
-    let blocks = n.div_ceil(BLOCK as usize).clamp(1, 1 << 30);
-    LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
+pub(crate) fn grid_for(n: usize) -> LaunchConfig {
+    grid_1d(n, BLOCK)
+}
+
+/// One thread per item of `n` in blocks of `block` threads (at most 2^30 blocks).
+pub(crate) fn grid_1d(n: usize, block: u32) -> LaunchConfig {
+    let blocks = n.div_ceil(block as usize).clamp(1, 1 << 30);
+    LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 }
 }
 
 /// The function `name` of the module cached under `key`, compiling `src()` on a miss.

@@ -115,6 +115,6 @@ extern "C" __global__ void k_random({t}* out, i64 n, u32 k0, u32 k1, double a, d
     let mut lb = Launch::new(&f);
     lb.arg(&po).arg(&n64).arg(&key[0]).arg(&key[1]).arg(&a).arg(&b).arg(&c);
     // SAFETY: `out` holds n elements; the arguments match the kernel's signature.
-    unsafe { lb.launch(cs, grid_for(&cs.dev, n)) }.map_err(|e| super::backend_err("launch", e))?;
+    unsafe { lb.launch(cs, grid_for(n)) }.map_err(|e| super::backend_err("launch", e))?;
     Ok(out)
 }

@@ -147,6 +147,6 @@ extern "C" __global__ void k_scan({t}* out, const {t}* x, i64 outer, i64 len, i6
     b.arg(&po).arg(&px).arg(&o64).arg(&l64).arg(&i64_).arg(&rv).arg(&ex);
     // SAFETY: `out` and `x` hold outer*len*inner contiguous elements; the arguments match
     // the kernel's signature.
-    unsafe { b.launch(cs, grid_for(&cs.dev, cols)) }.map_err(|e| super::backend_err("launch", e))?;
+    unsafe { b.launch(cs, grid_for(cols)) }.map_err(|e| super::backend_err("launch", e))?;
     Ok(out)
 }
