@@ -32,7 +32,7 @@ use crate::backend;
 use crate::error::{Error, Result};
 use crate::runtime::claim;
 use crate::runtime::serial::Take;
-use crate::runtime::stream::{Batch, MAX_BATCH_NODES, MAX_QUEUED_NODES, Stream};
+use crate::runtime::stream::{Batch, MAX_BATCH_NODES, MAX_GPU_BATCH_NODES, MAX_QUEUED_NODES, Stream};
 use crate::runtime::{lifecycle, memory, pool, stats};
 use crate::sync::{Arc, Condvar, Mutex};
 
@@ -115,8 +115,9 @@ impl Plan {
         while self.pos < self.order.len() {
             lifecycle::check_running()?;
             let stream = self.order[self.pos].node.stream.clone();
+            let most = if stream.device().is_gpu() { MAX_GPU_BATCH_NODES } else { MAX_BATCH_NODES };
             let mut end = self.pos + 1;
-            while end < self.order.len() && end - self.pos < MAX_BATCH_NODES && self.order[end].node.stream == stream {
+            while end < self.order.len() && end - self.pos < most && self.order[end].node.stream == stream {
                 end += 1;
             }
             // Memory limit: let completions free memory before adding more work.

@@ -12,6 +12,7 @@
 //! | `threads_in_backend` | the backend gate (`gate.rs`) | threads inside a backend library now; 0 after shutdown |
 //! | `memory_waits`, `queue_waits` | the scheduler | times a submitter waited (memory limit, full queue) |
 //! | `graphs_built`, `graph_launches` | the CUDA backend's launcher | CUDA graphs instantiated; batches sent as one graph launch |
+//! | `events_created` | the CUDA backend's event pool | CUDA events created (idle ones are recorded again) |
 //! | `fused_reduce_kernels` | the CUDA backend | `FusedReduce` nodes computed by one generated kernel |
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -29,6 +30,8 @@ pub(crate) static QUEUE_WAITS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static GRAPHS_BUILT: AtomicU64 = AtomicU64::new(0);
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) static GRAPH_LAUNCHES: AtomicU64 = AtomicU64::new(0);
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) static EVENTS_CREATED: AtomicU64 = AtomicU64::new(0);
 pub(crate) static FUSED_REDUCE_KERNELS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static LINGER_HANDOFFS: AtomicU64 = AtomicU64::new(0);
 
@@ -68,6 +71,9 @@ pub struct Stats {
     /// GPU batches (or parts of one) sent as one CUDA graph launch instead of one launch
     /// per kernel.
     pub graph_launches: u64,
+    /// CUDA events created. Each GPU batch records one event; an idle one is recorded
+    /// again, so a sequence of evaluations creates only a few.
+    pub events_created: u64,
     /// `rill::compile` reductions (`FusedReduce` nodes) that a GPU computed with one
     /// generated kernel, the reduced values never stored; the others store the values
     /// first (see the CUDA backend's `fused.rs`). The CPU never counts here.
@@ -95,6 +101,7 @@ pub fn stats() -> Stats {
         queue_waits: QUEUE_WAITS.load(Relaxed),
         graphs_built: GRAPHS_BUILT.load(Relaxed),
         graph_launches: GRAPH_LAUNCHES.load(Relaxed),
+        events_created: EVENTS_CREATED.load(Relaxed),
         fused_reduce_kernels: FUSED_REDUCE_KERNELS.load(Relaxed),
         linger_handoffs: LINGER_HANDOFFS.load(Relaxed),
     }

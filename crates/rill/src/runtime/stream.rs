@@ -33,6 +33,12 @@ use crate::sync::{Arc, Condvar, Mutex, Weak};
 pub(crate) const MAX_QUEUED_NODES: usize = 4096;
 /// Most nodes in one batch.
 pub(crate) const MAX_BATCH_NODES: usize = 512;
+/// Most nodes in one batch of a GPU stream. A GPU batch's kernels start when the batch
+/// has been recorded, so shorter batches let the device start on a long graph sooner, and
+/// less of it runs after the last batch is sent: a chain of 1000 tiny ops took 2.19 ms
+/// with 128, 2.40 with 64, 2.70 with 256, 2.57 with 512 (one run each, H200; see
+/// docs/PERFORMANCE.md).
+pub(crate) const MAX_GPU_BATCH_NODES: usize = 128;
 
 static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 

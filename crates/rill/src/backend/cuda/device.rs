@@ -35,6 +35,8 @@ pub(crate) struct DeviceState {
     pub scalars: Mutex<super::buffer::ScalarCache>,
     /// Elementwise kernels already loaded, by what they compute (see `map::map`).
     pub map_fns: Mutex<super::map::MapFns>,
+    /// Idle event handles (see `handles::EventPool`).
+    pub events: Arc<super::handles::EventPool>,
     /// The buffer caches of this device's streams, for `clear_cache`.
     caches: Mutex<Vec<Weak<super::cache::BufferCache>>>,
     worker: Worker,
@@ -157,6 +159,7 @@ fn init(ordinal: usize) -> Result<Arc<DeviceState>> {
         .name(format!("rill-cuda-{ordinal}"))
         .spawn(move || worker_main(c2, q2))
         .map_err(|e| unavailable(ordinal, format!("cannot start the completion worker: {e}")))?;
+    let events = Arc::new(super::handles::EventPool::new(ctx.clone()));
     Ok(Arc::new(DeviceState {
         ordinal,
         ctx,
@@ -165,6 +168,7 @@ fn init(ordinal: usize) -> Result<Arc<DeviceState>> {
         transfer,
         scalars: Mutex::new(super::buffer::ScalarCache::default()),
         map_fns: Mutex::new(Default::default()),
+        events,
         caches: Mutex::new(Vec::new()),
         worker: Worker { q, handle: Mutex::new(Some(handle)) },
     }))

@@ -90,7 +90,7 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
             None if lifecycle::is_cancelled() => Err(Error::ShutDown),
             None => catch_unwind(AssertUnwindSafe(|| {
                 prepare_inputs(cs, &storages, &mut waited)?;
-                eval(cs, &node.prim, &node.shape, node.dtype, &storages)
+                eval(cs, &node.prim, &node.shape, node.dtype, &mut storages)
             }))
             .unwrap_or_else(|p| Err(Error::Panic { op: node.prim.name(), msg: panic_text(p).into() })),
         };
@@ -106,7 +106,7 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
     }
     let fence = Fence::new();
     let ev = if any_ok {
-        match Ev::record(cs.stream()) {
+        match Ev::record(cs.stream(), &cs.dev.events) {
             Ok(ev) => Some(Arc::new(ev)),
             Err(e) => {
                 let err = super::backend_err("cuda", format!("recording the batch event: {e:?}"));
@@ -187,7 +187,10 @@ fn fail_launched(nodes: &[Array], local: &mut HashMap<u64, Result<Storage>>, fai
     }
 }
 
-/// Makes `cs` wait (on the GPU) for inputs produced on other streams.
+/// Makes `cs` wait (on the GPU) for inputs produced on other streams. `waited` lists the
+/// event handles already waited for in this batch; a handle cannot be reused for another
+/// event meanwhile (pooled handles return only when the event is dropped, and the batch
+/// keeps every other stream's input storage, and with it the event, until it ends).
 fn prepare_inputs(cs: &CudaStreamHandle, inputs: &[Storage], waited: &mut Vec<usize>) -> Result<()> {
     for s in inputs {
         let Some(b) = cuda_of(s) else { continue };
@@ -217,7 +220,14 @@ fn on_gpu(cs: &CudaStreamHandle, s: &Storage) -> Result<Storage> {
 }
 
 /// Computes one primitive on the GPU stream `cs` (inputs converted by the ops layer).
-fn eval(cs: &CudaStreamHandle, prim: &Primitive, shape: &[usize], dtype: DType, raw: &[Storage]) -> Result<Storage> {
+/// Inputs that are not on this device are replaced in `raw` by device copies.
+fn eval(
+    cs: &CudaStreamHandle,
+    prim: &Primitive,
+    shape: &[usize],
+    dtype: DType,
+    raw: &mut [Storage],
+) -> Result<Storage> {
     use Primitive::*;
     if let ToDevice = prim {
         return on_gpu(cs, &raw[0]);
@@ -237,7 +247,13 @@ fn eval(cs: &CudaStreamHandle, prim: &Primitive, shape: &[usize], dtype: DType, 
         let out = crate::backend::cpu::eval(&Host { f: f.clone(), name }, shape, dtype, &host)?;
         return upload(cs, &out);
     }
-    let inputs: SmallVec<[Storage; 4]> = raw.iter().map(|s| on_gpu(cs, s)).collect::<Result<_>>()?;
+    for s in raw.iter_mut() {
+        match &*s.buffer {
+            Buffer::Cuda(b) if b.ordinal == cs.dev.ordinal => {}
+            _ => *s = on_gpu(cs, s)?,
+        }
+    }
+    let inputs = &*raw;
     let x = || &inputs[0];
     match prim {
         Constant => Err(Error::invalid("constant", "a constant has no kernel")),
@@ -257,8 +273,8 @@ fn eval(cs: &CudaStreamHandle, prim: &Primitive, shape: &[usize], dtype: DType, 
         ArgReduce { op, axis } => scan::arg_reduce(cs, *op, x(), *axis, shape),
         Cumsum { axis, reverse, exclusive } => scan::cumsum(cs, x(), *axis, *reverse, *exclusive),
         Softmax { axis, log } => reduce::softmax(cs, x(), *axis, *log),
-        LayerNorm { eps, has_weight, has_bias } => norm::layer_norm(cs, &inputs, *eps, *has_weight, *has_bias),
-        RmsNorm { eps, has_weight } => norm::rms_norm(cs, &inputs, *eps, *has_weight),
+        LayerNorm { eps, has_weight, has_bias } => norm::layer_norm(cs, inputs, *eps, *has_weight, *has_bias),
+        RmsNorm { eps, has_weight } => norm::rms_norm(cs, inputs, *eps, *has_weight),
         Matmul => matmul::matmul(cs, x(), &inputs[1], shape, dtype),
         Reshape => match x().layout.reshape(shape) {
             Some(l) => Ok(x().with_layout(l)),
@@ -269,11 +285,11 @@ fn eval(cs: &CudaStreamHandle, prim: &Primitive, shape: &[usize], dtype: DType, 
         Slice { start, step } => Ok(crate::backend::cpu::movement::slice_view(x(), start, step, shape)),
         Contiguous => ew::copy(cs, x()),
         Take { axis } => copy::take(cs, x(), &inputs[1], *axis, shape),
-        Concatenate { axis } => copy::concatenate(cs, &inputs, *axis, shape),
+        Concatenate { axis } => copy::concatenate(cs, inputs, *axis, shape),
         Pad { widths, value } => copy::pad(cs, x(), widths, *value, shape),
         Placeholder { .. } => Err(Error::invalid("placeholder", "a compile placeholder cannot be evaluated")),
-        Fused(p) => fused::fused(cs, p, &inputs, shape, dtype),
-        FusedReduce { program, op, axes } => fused::fused_reduce(cs, program, *op, axes, &inputs, shape, dtype),
+        Fused(p) => fused::fused(cs, p, inputs, shape, dtype),
+        FusedReduce { program, op, axes } => fused::fused_reduce(cs, program, *op, axes, inputs, shape, dtype),
         ToDevice | Host { .. } => Err(Error::invalid(prim.name(), "handled above")),
     }
 }

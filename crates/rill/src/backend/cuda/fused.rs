@@ -255,11 +255,11 @@ pub(crate) fn fused_reduce(
     key.extend((cs.dev.ordinal as u32).to_le_bytes());
     key.extend([2, op as u8]);
     key.extend(g.along.iter().map(|&a| a as u8));
-    let fs: [CudaFunction; 3] = p.kernels.get_or_try_insert(&key, || {
+    let fs: [CudaFunction; 2] = p.kernels.get_or_try_insert(&key, || {
         let mut src = Some(reduce::source(op, d, &Elems::Computed(&reduce_read(p, &g.along))));
         let nkey = format!("fused_reduce:{}", src.as_deref().unwrap_or_default());
         let mut load = |name| nvrtc::function(&cs.dev, &nkey, name, || src.take().unwrap_or_default());
-        Ok::<_, Error>([load(reduce::KERNELS[0])?, load(reduce::KERNELS[1])?, load(reduce::KERNELS[2])?])
+        Ok::<_, Error>([load(reduce::KERNELS[0])?, load(reduce::KERNELS[1])?])
     })?;
     let mut get = |name: &str| match reduce::KERNELS.iter().position(|&k| k == name) {
         Some(i) => Ok(fs[i].clone()),

@@ -15,10 +15,52 @@ use super::device::{self, DeviceState};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-/// A CUDA event (blocking-sync, no timing), owned by rill.
+/// A CUDA event (blocking-sync, no timing), owned by rill. Its handle comes from the
+/// device's [`EventPool`] and goes back there when the last reference is dropped.
 pub(crate) struct Ev {
     ev: sys::CUevent,
     ctx: Arc<CudaContext>,
+    pool: Arc<EventPool>,
+}
+
+/// Idle event handles of one device, for reuse.
+///
+/// Every batch records one event; creating and destroying it cost two driver calls besides
+/// the record (about 1 µs per batch, measured on an H200). An [`Ev`] is dropped only when
+/// nothing can wait on it any more (the completion worker, the buffers it orders and the
+/// batch hold references), so its handle can be recorded again at once: a GPU-side wait
+/// already enqueued on it waits for the record it saw, not for later ones. At most
+/// [`EVENT_POOL`] handles are kept; during shutdown they are leaked, like every handle.
+pub(crate) struct EventPool {
+    free: Mutex<Vec<sys::CUevent>>,
+    ctx: Arc<CudaContext>,
+}
+// SAFETY: event handles may be used from any thread; the list is behind a mutex.
+unsafe impl Send for EventPool {}
+// SAFETY: as above.
+unsafe impl Sync for EventPool {}
+
+/// Idle event handles a device keeps.
+const EVENT_POOL: usize = 256;
+
+impl EventPool {
+    pub fn new(ctx: Arc<CudaContext>) -> EventPool {
+        EventPool { free: Mutex::new(Vec::new()), ctx }
+    }
+}
+
+impl Drop for EventPool {
+    fn drop(&mut self) {
+        let free = std::mem::take(self.free.get_mut());
+        let Some(_pass) = lifecycle::release_pass() else { return }; // leaked on purpose
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            let _ = self.ctx.bind_to_thread();
+            for ev in free {
+                // SAFETY: an idle handle of this context, destroyed exactly once, here.
+                let _ = unsafe { sys::cuEventDestroy_v2(ev) };
+            }
+        }));
+    }
 }
 // SAFETY: CUDA events may be used from any thread.
 unsafe impl Send for Ev {}
@@ -29,14 +71,24 @@ const EVENT_FLAGS: u32 =
     sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32 | sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32;
 
 impl Ev {
-    /// Records the current end of `stream` into a new event.
-    pub fn record(stream: &CudaStream) -> std::result::Result<Ev, DriverError> {
+    /// Records the current end of `stream` (of `pool`'s device) into an event: an idle one
+    /// of `pool`, else a new one.
+    pub fn record(stream: &CudaStream, pool: &Arc<EventPool>) -> std::result::Result<Ev, DriverError> {
         let ctx = stream.context().clone();
         ctx.bind_to_thread()?;
-        let mut ev: sys::CUevent = std::ptr::null_mut();
-        // SAFETY: valid flags, a live context bound to this thread.
-        unsafe { sys::cuEventCreate(&mut ev, EVENT_FLAGS).result()? };
-        let e = Ev { ev, ctx };
+        let idle = pool.free.lock().pop();
+        let ev = match idle {
+            Some(ev) => ev,
+            None => {
+                let mut ev: sys::CUevent = std::ptr::null_mut();
+                // SAFETY: valid flags, a live context bound to this thread.
+                unsafe { sys::cuEventCreate(&mut ev, EVENT_FLAGS).result()? };
+                crate::runtime::stats::EVENTS_CREATED.fetch_add(1, Relaxed);
+                ev
+            }
+        };
+        // From here the handle is owned by `e`: a failed record returns it to the pool.
+        let e = Ev { ev, ctx, pool: pool.clone() };
         // SAFETY: both handles are live.
         unsafe { sys::cuEventRecord(e.ev, stream.cu_stream()).result()? };
         Ok(e)
@@ -93,6 +145,13 @@ impl Ev {
 impl Drop for Ev {
     fn drop(&mut self) {
         let Some(_pass) = lifecycle::release_pass() else { return }; // leaked on purpose
+        {
+            let mut free = self.pool.free.lock();
+            if free.len() < EVENT_POOL {
+                free.push(self.ev); // recorded again by a later batch (see `EventPool`)
+                return;
+            }
+        }
         let _ = catch_unwind(AssertUnwindSafe(|| {
             let _ = self.ctx.bind_to_thread();
             // SAFETY: destroyed exactly once, here.
@@ -121,6 +180,8 @@ pub(crate) struct CudaStreamHandle {
     pub graphs: Mutex<super::launch::GraphCache>,
     /// Small buffers freed on this stream, kept for its next allocations (`cache.rs`).
     pub cache: Arc<super::cache::BufferCache>,
+    /// The row counters of split reductions (`reduce.rs`), made on first use.
+    pub reduce_counters: std::sync::OnceLock<super::buffer::CudaBuffer>,
 }
 
 /// Creates a non-blocking CUDA stream on GPU `ordinal` (never the legacy default stream).
@@ -137,6 +198,7 @@ pub(crate) fn new_stream(ordinal: usize) -> Result<CudaStreamHandle> {
         blas: Mutex::new(None),
         graphs: Mutex::new(Default::default()),
         cache,
+        reduce_counters: std::sync::OnceLock::new(),
     })
 }
 

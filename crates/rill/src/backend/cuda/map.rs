@@ -195,10 +195,20 @@ pub(crate) fn map(
     let out_t = super::source::ctype(out_dtype);
     let out_ptr = cuda_of(&out).map(|b| b.ptr()).unwrap_or(0);
     // Inline arrays throughout: a launch of a small op allocates nothing on the host.
-    let lays: SmallVec<[Layout; 3]> = ins.iter().map(|i| i.s.layout.broadcast_to(shape)).collect();
     let bases: SmallVec<[u64; 3]> = ins.iter().map(|i| cuda_of(i.s).map(|b| b.ptr()).unwrap_or(0)).collect();
-    let strides: SmallVec<[&[isize]; 3]> = lays.iter().map(|l| &l.strides[..]).collect();
-    let (dims, mst) = merge_dims(shape, &strides);
+    // The usual case needs no layout work: each input is a contiguous array of the
+    // output's shape (run stride 1) or one element (a broadcast scalar, run stride 0).
+    let quick: Option<SmallVec<[i64; 3]>> = ins
+        .iter()
+        .map(|i| {
+            let l = &i.s.layout;
+            match l.numel() {
+                1 => Some(0),
+                _ if l.shape[..] == *shape && l.is_contiguous() => Some(1),
+                _ => None,
+            }
+        })
+        .collect();
     let max_size = ins.iter().map(|i| i.size).chain([out_dtype.size()]).max().unwrap_or(1);
     let vec = (16 / max_size).max(1);
     let dev = &cs.dev;
@@ -223,19 +233,30 @@ pub(crate) fn map(
         dev.map_fns.lock().insert(memo, f.clone());
         Ok(f)
     };
-    // Per-operand run stride when the merged view is one contiguous run or a scalar.
-    let run: Option<SmallVec<[i64; 3]>> = (0..ins.len())
-        .map(|o| match dims.len() {
-            0 => Some(0),
-            1 if mst[o][0] == 1 || mst[o][0] == 0 => Some(mst[o][0] as i64),
-            _ if mst[o].iter().all(|&s| s == 0) => Some(0),
-            _ => None,
-        })
-        .collect();
     let _ = dev.ctx.bind_to_thread();
     let n64 = n as i64;
-    let ptrs: SmallVec<[u64; 3]> = (0..ins.len()).map(|o| bases[o] + (lays[o].offset * ins[o].size) as u64).collect();
+    // Each operand's first element (broadcasting keeps a layout's offset).
+    let ptrs: SmallVec<[u64; 3]> =
+        (0..ins.len()).map(|o| bases[o] + (ins[o].s.layout.offset * ins[o].size) as u64).collect();
     let launch_err = |e| super::backend_err("launch", e);
+    // Otherwise the broadcast layouts, with the axes merged.
+    let lays: SmallVec<[Layout; 3]> = match quick {
+        Some(_) => SmallVec::new(),
+        None => ins.iter().map(|i| i.s.layout.broadcast_to(shape)).collect(),
+    };
+    let strides: SmallVec<[&[isize]; 3]> = lays.iter().map(|l| &l.strides[..]).collect();
+    let (dims, mst) = if quick.is_some() { Default::default() } else { merge_dims(shape, &strides) };
+    // Per-operand run stride when the merged view is one contiguous run or a scalar.
+    let run: Option<SmallVec<[i64; 3]>> = quick.or_else(|| {
+        (0..ins.len())
+            .map(|o| match dims.len() {
+                0 => Some(0),
+                1 if mst[o][0] == 1 || mst[o][0] == 0 => Some(mst[o][0] as i64),
+                _ if mst[o].iter().all(|&s| s == 0) => Some(0),
+                _ => None,
+            })
+            .collect()
+    });
     if let Some(run) = run {
         let aligned = run.iter().all(|&s| s == 1)
             && ptrs.iter().zip(ins).all(|(p, i)| p % (i.size * vec) as u64 == 0)

@@ -8,7 +8,11 @@
 //! - many long rows: one block per row (`k_block`, 16-byte vector loads of the aligned
 //!   middle of each row, warp shuffles, one shared slot per warp);
 //! - few long rows (a full reduction): each row is split over many blocks that write
-//!   partial results to a temporary buffer, and `k_fin` combines them (one warp per row).
+//!   partial results to a temporary buffer; the block that finishes a row's last chunk
+//!   (counted with an atomic per row) combines that row's partials and writes the result,
+//!   so a full reduction is one kernel launch. The counters live with the stream (one per
+//!   possible row, zeroed once) and the last block sets its row's back to zero; launches on
+//!   one stream never overlap, so each launch starts from zeros.
 //!
 //! The module's source is generated for one way of reading the elements ([`Elems`]): a
 //! contiguous array, or values computed by generated code at each element (a fused
@@ -27,7 +31,7 @@ use cudarc::driver::{CudaFunction, LaunchConfig};
 use crate::backend::Storage;
 use crate::compile::cuda_src::RowRead;
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::primitives::ReduceOp;
 use crate::shape::Layout;
 
@@ -178,13 +182,13 @@ impl Elems<'_> {
 }
 
 /// The reduction module: `k_warp` (a warp per row), `k_block` (a block per row chunk, to
-/// the output or to partials) and `k_fin` (a warp per row over partials). Element `j` of
+/// the output, or to partials that the last block of each row combines). Element `j` of
 /// row `r` is read as `e` says: the kernels declare the row's state (`{row}`, with `r` in
 /// scope) and then read `ELEM(j)`, a value of the stored type `T`.
 ///
 /// Kernel parameters: `k_warp(T* out, DATA, i64 rows, i64 cols)`,
-/// `k_block(T* out, A* part, DATA, i64 rows, i64 cols, i64 splits)` and
-/// `k_fin(T* out, const A* part, i64 rows, i64 splits)`, where `DATA` is `const T* x` for
+/// and `k_block(T* out, A* part, unsigned* count, DATA, i64 rows, i64 cols, i64 splits)`,
+/// where `DATA` is `const T* x` for
 /// [`Elems::Array`] and [`RowRead::params`] for computed elements.
 fn reduce_source(s: &ReduceSpec, vn: usize, e: &Elems<'_>) -> String {
     let ReduceSpec { t, acc, shfl, init, combine, ld, st } = s;
@@ -283,9 +287,13 @@ __device__ __forceinline__ A chunk(const T* p, i64 cols, i64 c, i64 splits) {{
     return a;
 }}
 // Item `it` of `rows * splits` is chunk `it % splits` of row `it / splits`. With one
-// split the result is stored in `out`, otherwise as a partial in `part`.
-extern "C" __global__ void __launch_bounds__({bound}) k_block(T* __restrict__ out, A* __restrict__ part, {data}i64 rows, i64 cols, i64 splits) {{
+// split the result is stored in `out`. Otherwise the chunk's result is stored as a
+// partial in `part` and counted in `count[r]`; the block that counts a row's last chunk
+// combines the row's partials in index order (the same order whichever block is last),
+// stores the result and resets the counter for the stream's next launch.
+extern "C" __global__ void __launch_bounds__({bound}) k_block(T* __restrict__ out, A* __restrict__ part, unsigned int* __restrict__ count, {data}i64 rows, i64 cols, i64 splits) {{
     __shared__ A sh[32];
+    __shared__ int last;
     i64 items = rows * splits;
     for (i64 it = blockIdx.x; it < items; it += gridDim.x) {{
         i64 r = it / splits, c = it - r * splits;
@@ -293,10 +301,29 @@ extern "C" __global__ void __launch_bounds__({bound}) k_block(T* __restrict__ ou
         A a = (A)({init});
         {chunk}
         a = block_red(a, sh);
-        if (threadIdx.x == 0) {{
-            if (splits == 1) out[r] = st(a);
-            else part[it] = a;
+        if (splits == 1) {{
+            if (threadIdx.x == 0) out[r] = st(a);
+            continue;
         }}
+        if (threadIdx.x == 0) {{
+            part[it] = a;
+            __threadfence(); // the partial is visible device-wide before it is counted
+            last = atomicAdd(count + r, 1u) == (unsigned int)(splits - 1);
+        }}
+        __syncthreads();
+        if (last) {{
+            __threadfence();
+            // Volatile: read from L2, where every other block's partial is.
+            const volatile A* p = part + r * splits;
+            A b = (A)({init});
+            for (i64 j = threadIdx.x; j < splits; j += blockDim.x) b = comb(b, (A)p[j]);
+            b = block_red(b, sh);
+            if (threadIdx.x == 0) {{
+                out[r] = st(b);
+                count[r] = 0u;
+            }}
+        }}
+        __syncthreads(); // `last` and `sh` are written again by the next item
     }}
 }}
 // One warp per row (rows are warp-uniform, so the shuffles see all 32 lanes).
@@ -309,19 +336,6 @@ extern "C" __global__ void k_warp(T* __restrict__ out, {data}i64 rows, i64 cols)
         A a = (A)({init});
 #pragma unroll 4
         for (i64 j = lane; j < cols; j += 32) {{ T v = ELEM(j); a = comb(a, ldv(v)); }}
-        a = warp_red(a);
-        if (lane == 0) out[r] = st(a);
-    }}
-}}
-// Combines `splits` partials per row, one warp per row.
-extern "C" __global__ void k_fin(T* __restrict__ out, const A* __restrict__ part, i64 rows, i64 splits) {{
-    int lane = threadIdx.x & 31;
-    i64 w = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
-    i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;
-    for (i64 r = w; r < rows; r += nw) {{
-        const A* p = part + r * splits;
-        A a = (A)({init});
-        for (i64 j = lane; j < splits; j += 32) a = comb(a, p[j]);
         a = warp_red(a);
         if (lane == 0) out[r] = st(a);
     }}
@@ -339,11 +353,17 @@ pub(crate) enum Plan {
     Block { splits: usize },
 }
 
+/// Rows a reduction split over several blocks has at most (fewer than `2 * sms`, see
+/// [`plan`]): the number of a stream's row counters.
+fn split_rows(sms: usize) -> usize {
+    2 * sms
+}
+
 fn plan(rows: usize, cols: usize, vn: usize, sms: usize) -> Plan {
     if cols <= WARP_COLS {
         return Plan::Warp;
     }
-    if rows >= 2 * sms {
+    if rows >= split_rows(sms) {
         return Plan::Block { splits: 1 };
     }
     // Enough blocks to fill every SM (8 resident blocks each), and chunks of at least
@@ -351,6 +371,24 @@ fn plan(rows: usize, cols: usize, vn: usize, sms: usize) -> Plan {
     let want = (sms * 8).div_ceil(rows);
     let most = (cols / (RBLOCK as usize * vn * 4)).max(1);
     Plan::Block { splits: want.min(most).max(1) }
+}
+
+/// The device address of `cs`'s row counters for split reductions ([`split_rows`]
+/// zeros; allocated and zeroed in stream order on first use; each launch leaves them zero).
+fn row_counters(cs: &CudaStreamHandle) -> Result<u64> {
+    if let Some(b) = cs.reduce_counters.get() {
+        return Ok(b.ptr());
+    }
+    let bytes = split_rows(cs.dev.sms as usize) * 4;
+    let b = CudaBuffer::alloc(cs, bytes)?;
+    // Through `stream()`: sent after the launches recorded so far, before the reduction's.
+    let stream = cs.stream().cu_stream();
+    // SAFETY: `b` holds `bytes` bytes; the memset is ordered on this stream before every
+    // later kernel of the stream.
+    unsafe { cudarc::driver::result::memset_d8_async(b.ptr(), 0, bytes, stream) }
+        .map_err(|e| super::backend_err("reduce", e))?;
+    // Batches of one stream run one at a time, so no other thread sets it meanwhile.
+    Ok(cs.reduce_counters.get_or_init(|| b).ptr())
 }
 
 /// Blocks for `n` grid-stride items, capped.
@@ -389,7 +427,7 @@ pub(crate) fn plan_computed(rows: usize, cols: usize, sms: usize) -> Plan {
 }
 
 /// The names of the reduction module's kernels, in the order [`launch`] may ask for them.
-pub(crate) const KERNELS: [&str; 3] = ["k_warp", "k_block", "k_fin"];
+pub(crate) const KERNELS: [&str; 2] = ["k_warp", "k_block"];
 
 /// The reduction module of `op` over `d` reading its elements as `e` says (the source
 /// [`launch`] expects; the backend's prelude included).
@@ -442,14 +480,25 @@ pub(crate) fn launch(
                 DType::F16 | DType::BF16 => 4,
                 _ => d.size(),
             };
-            // With several splits: partial results, combined by `k_fin`, then freed
-            // (stream-ordered, on this stream) after both launches.
-            let part = if splits > 1 { Some(CudaBuffer::alloc(cs, rows * splits * acc_size)?) } else { None };
+            // With several splits: partial results, combined by each row's last block,
+            // then freed (stream-ordered, on this stream) after the launch; and the
+            // stream's row counters.
+            let (part, counters) = if splits > 1 {
+                if rows > split_rows(sms) {
+                    return Err(Error::backend(
+                        "reduce",
+                        format!("{rows} rows split over blocks (at most {})", split_rows(sms)),
+                    ));
+                }
+                (Some(CudaBuffer::alloc(cs, rows * splits * acc_size)?), row_counters(cs)?)
+            } else {
+                (None, 0)
+            };
             let pp = part.as_ref().map(|p| p.ptr()).unwrap_or(0);
             let s64 = splits as i64;
             let f = get("k_block")?;
             let mut b = Launch::new(&f);
-            b.arg(&po).arg(&pp);
+            b.arg(&po).arg(&pp).arg(&counters);
             for p in ptrs {
                 b.arg(p);
             }
@@ -457,16 +506,10 @@ pub(crate) fn launch(
                 b.arg(i);
             }
             b.arg(&r64).arg(&c64).arg(&s64);
-            // SAFETY: `out` holds `rows` elements and `part` rows*splits accumulators (with
-            // one split the partials pointer is not read); the data parameters as above.
+            // SAFETY: `out` holds `rows` elements, `part` rows*splits accumulators and the
+            // counters at least `rows` zeros (with one split neither is touched); the data
+            // parameters as above.
             unsafe { b.launch(cs, cfg(blocks(rows * splits, 1 << 30))) }.map_err(launch_err)?;
-            if splits > 1 {
-                let f = get("k_fin")?;
-                let mut b = Launch::new(&f);
-                b.arg(&po).arg(&pp).arg(&r64).arg(&s64);
-                // SAFETY: `out` holds `rows` elements; `part` was written by the launch above.
-                unsafe { b.launch(cs, cfg(blocks(rows.div_ceil(warps), sms * 64))) }.map_err(launch_err)?;
-            }
             drop(part);
         }
     }
