@@ -186,10 +186,10 @@ impl Elems<'_> {
 /// row `r` is read as `e` says: the kernels declare the row's state (`{row}`, with `r` in
 /// scope) and then read `ELEM(j)`, a value of the stored type `T`.
 ///
-/// Kernel parameters: `k_warp(T* out, DATA, i64 rows, i64 cols)`,
-/// and `k_block(T* out, A* part, unsigned* count, DATA, i64 rows, i64 cols, i64 splits)`,
-/// where `DATA` is `const T* x` for
-/// [`Elems::Array`] and [`RowRead::params`] for computed elements.
+/// Kernel parameters: `k_warp(T* out, DATA, i64 rows, i64 cols)` and
+/// `k_block(T* out, A* part, unsigned* count, DATA, i64 rows, i64 cols, i64 splits)`, where
+/// `DATA` is `const T* x` for [`Elems::Array`] and [`RowRead::params`] for computed
+/// elements.
 fn reduce_source(s: &ReduceSpec, vn: usize, e: &Elems<'_>) -> String {
     let ReduceSpec { t, acc, shfl, init, combine, ld, st } = s;
     let (params, row, elem) = e.parts();
