@@ -140,6 +140,18 @@ if "chain" in want:
 SUM = r"""
 typedef long long i64;
 template <typename T, int N> struct alignas(sizeof(T) * N) V { T v[N]; };
+// LD(p): the 16-byte load variant under test (plain, streaming, or non-coherent with an
+// L2 prefetch of 256 bytes).
+__device__ __forceinline__ V<float, 4> ld_plain(const V<float, 4>* p) { return *p; }
+__device__ __forceinline__ V<float, 4> ld_cs(const V<float, 4>* p) {
+    float4 r = __ldcs((const float4*)p); V<float, 4> v; v.v[0] = r.x; v.v[1] = r.y; v.v[2] = r.z; v.v[3] = r.w; return v;
+}
+__device__ __forceinline__ V<float, 4> ld_nc256(const V<float, 4>* p) {
+    V<float, 4> v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.f32 {%0,%1,%2,%3}, [%4];"
+                 : "=f"(v.v[0]), "=f"(v.v[1]), "=f"(v.v[2]), "=f"(v.v[3]) : "l"(p));
+    return v;
+}
 __device__ __forceinline__ float warp_red(float a) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) a += __shfl_down_sync(0xffffffffu, a, o);
@@ -158,7 +170,7 @@ extern "C" __global__ void __launch_bounds__(BLK) k_part(float* __restrict__ par
     for (; j + (UNR - 1) * bd < v1; j += UNR * bd) {
         V<float, 4> xs[UNR];
 #pragma unroll
-        for (int u = 0; u < UNR; ++u) xs[u] = pv[j + u * bd];
+        for (int u = 0; u < UNR; ++u) xs[u] = LD(pv + j + u * bd);
 #pragma unroll
         for (int u = 0; u < UNR; ++u)
 #pragma unroll
@@ -200,24 +212,25 @@ def sum_lab():
     print(f"sum torch: {t:.4f} ms {4 * n / t / 1e6:.1f} GB/s")
     out = cp.zeros(1, dtype=cp.float32)
     res = []
-    for blk in (256, 512, 1024):
-        for unr in (4, 8):
-            for acc in (1, 4):
-                for per_sm in (2, 4, 8, 16):
-                    splits = SMS * per_sm * 256 // blk
-                    if blk * per_sm * 256 // blk > 2048 * 2:
-                        continue
-                    src = SUM.replace("BLK", str(blk)).replace("UNR", str(unr)).replace("ACC", str(acc))
-                    mod = cp.RawModule(code=src, options=("-std=c++17",))
-                    kp, kf = mod.get_function("k_part"), mod.get_function("k_fin")
-                    part = cp.empty(splits, dtype=cp.float32)
+    for blk, unr, acc, per_sm, ld in [(b, u, a, p, l) for b in (256, 512, 1024) for u in (4, 8) for a in (1, 4)
+                          for p in (2, 4, 8, 16) for l in ("ld_plain",)] + \
+            [(b, u, 4, p, l) for b in (256, 1024) for u in (4, 8) for p in (4, 8)
+             for l in ("ld_cs", "ld_nc256")]:
+        splits = SMS * per_sm * 256 // blk
+        if blk * per_sm * 256 // blk > 2048 * 2:
+            continue
+        src = SUM.replace("BLK", str(blk)).replace("UNR", str(unr)).replace("ACC", str(acc))
+        src = src.replace("LD(", ld + "(")
+        mod = cp.RawModule(code=src, options=("-std=c++17",))
+        kp, kf = mod.get_function("k_part"), mod.get_function("k_fin")
+        part = cp.empty(splits, dtype=cp.float32)
 
-                    def run():
-                        kp((splits,), (blk,), (part, x, cp.int64(n // 4), cp.int64(splits)))
-                        kf((1,), (32,), (out, part, cp.int64(splits)))
-                    t = ev_time(run)
-                    res.append((t, blk, unr, acc, splits))
-                    print(f"sum blk={blk} unr={unr} acc={acc} splits={splits}: {t:.4f} ms {4 * n / t / 1e6:.1f} GB/s")
+        def run():
+            kp((splits,), (blk,), (part, x, cp.int64(n // 4), cp.int64(splits)))
+            kf((1,), (32,), (out, part, cp.int64(splits)))
+        t = ev_time(run)
+        res.append((t, blk, unr, acc, splits, ld))
+        print(f"sum blk={blk} unr={unr} acc={acc} splits={splits} {ld}: {t:.4f} ms {4 * n / t / 1e6:.1f} GB/s")
     run()
     print(f"sum check: {float(out[0]):.6g} vs torch {float(tx.double().sum()):.6g}")
     res.sort()
@@ -271,6 +284,8 @@ if "blas" in want:
     flops = 2 * n ** 3
     t = torch_time(lambda: torch.matmul(a, b, out=c), reps=10)
     print(f"blas torch default: {t:.4f} ms {flops / t / 1e9:.1f} TFLOP/s")
+    libs = sorted({ln.split()[-1] for ln in open("/proc/self/maps") if "libcublas" in ln})
+    print(f"blas libraries loaded: {libs}")
     try:
         torch.backends.cuda.preferred_blas_library("cublaslt")
         t = torch_time(lambda: torch.matmul(a, b, out=c), reps=10)

@@ -72,8 +72,8 @@ impl Node {
     pub fn wait(&self) -> Result<()> {
         if self.stream.device().is_gpu() {
             // GPU batches only enqueue kernels: they are usually done within microseconds.
-            use crate::backend::{WAIT_SPIN, WAIT_YIELD, poll_until};
-            poll_until(|| self.result.is_done(), WAIT_SPIN, WAIT_YIELD);
+            use crate::backend::{WAIT_YIELD, poll_until};
+            poll_until(|| self.result.is_done(), WAIT_YIELD);
         }
         match self.result.wait() {
             Ok(s) => match &s.fence {

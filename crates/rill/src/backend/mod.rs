@@ -47,21 +47,16 @@ pub(crate) struct Storage {
     pub fence: Option<Arc<Fence>>,
 }
 
-/// How long a thread that waits for device work polls before it sleeps: busy for
-/// [`WAIT_SPIN`], then yielding the CPU between polls until [`WAIT_YIELD`]. A sleeping
-/// thread is woken tens of microseconds after the signal (measured on the H200 host: a
-/// one-op `eval` cost 33-69 µs, most of it wake-ups), which is what a GPU op of a few
-/// hundred microseconds would otherwise pay on every `eval`.
-pub(crate) const WAIT_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+/// How long a thread that waits for device work polls before it sleeps. A sleeping thread
+/// is woken tens of microseconds after the signal (measured on the H200 host: a one-op
+/// `eval` cost 33-69 µs, most of it wake-ups), which is what a GPU op of a few hundred
+/// microseconds would otherwise pay on every `eval`.
 pub(crate) const WAIT_YIELD: std::time::Duration = std::time::Duration::from_millis(2);
 
-/// Polls `done` busily for `spin`, then while yielding the CPU until `until` has passed
-/// since the call. True when `done` returned true (the caller may sleep otherwise).
-pub(crate) fn poll_until(
-    mut done: impl FnMut() -> bool,
-    spin: std::time::Duration,
-    until: std::time::Duration,
-) -> bool {
+/// Polls `done` until it returns true (then true) or `until` has passed since the call
+/// (then false: the caller may sleep). Every 16th poll yields the CPU, so that the thread
+/// that will make `done` true gets to run even when the scheduler placed it on this CPU.
+pub(crate) fn poll_until(mut done: impl FnMut() -> bool, until: std::time::Duration) -> bool {
     let start = std::time::Instant::now();
     let mut polls = 0u32;
     loop {
@@ -70,16 +65,13 @@ pub(crate) fn poll_until(
         }
         polls = polls.wrapping_add(1);
         if polls % 16 == 0 {
-            let t = start.elapsed();
-            if t > until {
+            if start.elapsed() > until {
                 return false;
             }
-            if t > spin {
-                std::thread::yield_now();
-                continue;
-            }
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
         }
-        std::hint::spin_loop();
     }
 }
 
@@ -102,7 +94,7 @@ impl Fence {
     /// Blocks until signalled. Polls first (see [`WAIT_YIELD`]): device work that ends
     /// within that time then costs no sleep and wake-up of this thread.
     pub fn wait(&self) -> crate::error::Result<()> {
-        poll_until(|| self.0.is_done(), WAIT_SPIN, WAIT_YIELD);
+        poll_until(|| self.0.is_done(), WAIT_YIELD);
         self.0.wait()
     }
     /// Registers a waker; returns false when already signalled.

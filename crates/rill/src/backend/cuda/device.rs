@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::OnceLock;
-use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, CudaStream, sys};
@@ -59,8 +59,18 @@ struct WorkerQueue {
     sleeping: bool,
 }
 
+/// The completion worker's queue, shared with the threads that hand it jobs.
+struct WorkerShared {
+    queue: Mutex<WorkerQueue>,
+    cv: Condvar,
+    /// Set under the queue's lock when a job is pushed or the worker is told to stop;
+    /// cleared under it when the worker takes the last job. The lingering worker polls
+    /// this flag, not the mutex, so a thread handing over a job never contends with it.
+    poke: AtomicBool,
+}
+
 struct Worker {
-    q: Arc<(Mutex<WorkerQueue>, Condvar)>,
+    q: Arc<WorkerShared>,
     handle: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -149,10 +159,11 @@ fn init(ordinal: usize) -> Result<Arc<DeviceState>> {
         .max(1) as u32;
     keep_pool_memory(&ctx);
     let transfer = ctx.new_stream().map_err(|e| err("cannot create a stream", e))?;
-    let q = Arc::new((
-        Mutex::new(WorkerQueue { jobs: VecDeque::new(), stop: false, exited: false, sleeping: false }),
-        Condvar::new(),
-    ));
+    let q = Arc::new(WorkerShared {
+        queue: Mutex::new(WorkerQueue { jobs: VecDeque::new(), stop: false, exited: false, sleeping: false }),
+        cv: Condvar::new(),
+        poke: AtomicBool::new(false),
+    });
     let q2 = q.clone();
     let c2 = ctx.clone();
     let handle = std::thread::Builder::new()
@@ -192,40 +203,42 @@ fn keep_pool_memory(ctx: &CudaContext) {
     }
 }
 
-/// How long the completion worker polls a batch's event before yielding, and until when
-/// (from the start of the wait) before blocking in the driver: a blocking wait wakes tens
-/// of microseconds after the GPU finishes, which is most of the cost of a short
-/// evaluation. The worker only polls while a batch it was handed is still running.
-const SPIN: Duration = Duration::from_micros(100);
+/// How long the completion worker polls a batch's event (yielding the CPU every 16 polls,
+/// see `poll_until`) before blocking in the driver: a blocking wait wakes tens of
+/// microseconds after the GPU finishes, which is most of the cost of a short evaluation.
+/// The worker only polls while a batch it was handed is still running.
 const UNTIL: Duration = Duration::from_micros(2100);
 /// How long the worker keeps polling its queue after its last job before it sleeps: the
 /// next `eval` of a thread that was waiting for that job usually hands over its batch
 /// within this time, and then needs no wake-up of the worker.
 const LINGER: Duration = Duration::from_micros(200);
 
-fn worker_main(ctx: Arc<CudaContext>, q: Arc<(Mutex<WorkerQueue>, Condvar)>) {
+fn worker_main(ctx: Arc<CudaContext>, q: Arc<WorkerShared>) {
     stats::THREADS_LIVE.fetch_add(1, SeqCst);
     stats::THREADS_STARTED.fetch_add(1, SeqCst);
     let _ = ctx.bind_to_thread();
     let ready = |g: &WorkerQueue| !g.jobs.is_empty() || g.stop;
     loop {
         let job = {
-            let mut g = q.0.lock();
+            let mut g = q.queue.lock();
             if !ready(&g) {
-                // Linger (polling, the lock released between polls), then sleep.
+                // Linger (polling the flag, not the lock), then sleep.
                 drop(g);
-                crate::backend::poll_until(|| ready(&q.0.lock()), Duration::ZERO, LINGER);
-                g = q.0.lock();
+                crate::backend::poll_until(|| q.poke.load(SeqCst), LINGER);
+                g = q.queue.lock();
             }
             loop {
                 if let Some(j) = g.jobs.pop_front() {
+                    if g.jobs.is_empty() && !g.stop {
+                        q.poke.store(false, SeqCst);
+                    }
                     break Some(j);
                 }
                 if g.stop {
                     break None;
                 }
                 g.sleeping = true;
-                g = q.1.wait(g);
+                g = q.cv.wait(g);
                 g.sleeping = false;
             }
         };
@@ -233,7 +246,7 @@ fn worker_main(ctx: Arc<CudaContext>, q: Arc<(Mutex<WorkerQueue>, Condvar)>) {
         // Once shutdown has closed the backend gate, pending batches report ShutDown.
         let r = match lifecycle::enter_backend() {
             None => Err(Error::ShutDown),
-            Some(_pass) => match catch_unwind(AssertUnwindSafe(|| ev.wait_low_latency(SPIN, UNTIL))) {
+            Some(_pass) => match catch_unwind(AssertUnwindSafe(|| ev.wait_low_latency(UNTIL))) {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(e)) => Err(Error::backend("cuda", format!("device work failed: {e:?}"))),
                 Err(p) => Err(Error::Panic { op: "cuda", msg: panic_msg(p).into() }),
@@ -243,10 +256,10 @@ fn worker_main(ctx: Arc<CudaContext>, q: Arc<(Mutex<WorkerQueue>, Condvar)>) {
         drop(ev);
     }
     stats::THREADS_LIVE.fetch_sub(1, SeqCst);
-    let mut g = q.0.lock();
+    let mut g = q.queue.lock();
     g.exited = true;
     drop(g);
-    q.1.notify_all();
+    q.cv.notify_all();
 }
 
 impl DeviceState {
@@ -255,14 +268,15 @@ impl DeviceState {
     pub(crate) fn complete_later(&self, ev: Arc<Ev>, fence: Arc<Fence>) {
         let q = &self.worker.q;
         {
-            let mut g = q.0.lock();
+            let mut g = q.queue.lock();
             if !g.stop {
                 g.jobs.push_back((ev, fence));
+                q.poke.store(true, SeqCst);
                 // A lingering worker sees the job without a signal (a system call).
                 let sleeping = g.sleeping;
                 drop(g);
                 if sleeping {
-                    q.1.notify_all();
+                    q.cv.notify_all();
                 }
                 return;
             }
@@ -276,20 +290,23 @@ impl DeviceState {
 pub(crate) fn shutdown(bound: Duration) -> bool {
     let devices: Vec<Arc<DeviceState>> = DEVICES.lock().iter().flatten().cloned().collect();
     for d in &devices {
-        d.worker.q.0.lock().stop = true;
-        d.worker.q.1.notify_all();
+        let mut g = d.worker.q.queue.lock();
+        g.stop = true;
+        d.worker.q.poke.store(true, SeqCst);
+        drop(g);
+        d.worker.q.cv.notify_all();
     }
     let deadline = Instant::now() + bound;
     let mut all = true;
     for d in &devices {
         let q = &d.worker.q;
-        let mut g = q.0.lock();
+        let mut g = q.queue.lock();
         while !g.exited {
             let now = Instant::now();
             if now >= deadline {
                 break;
             }
-            g = q.1.wait_timeout(g, deadline - now).0;
+            g = q.cv.wait_timeout(g, deadline - now).0;
         }
         let exited = g.exited;
         drop(g);

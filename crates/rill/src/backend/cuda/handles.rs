@@ -19,7 +19,7 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// device's [`EventPool`] and goes back there when the last reference is dropped.
 pub(crate) struct Ev {
     ev: sys::CUevent,
-    ctx: Arc<CudaContext>,
+    /// The pool the handle returns to (it holds the device's context).
     pool: Arc<EventPool>,
 }
 
@@ -74,8 +74,7 @@ impl Ev {
     /// Records the current end of `stream` (of `pool`'s device) into an event: an idle one
     /// of `pool`, else a new one.
     pub fn record(stream: &CudaStream, pool: &Arc<EventPool>) -> std::result::Result<Ev, DriverError> {
-        let ctx = stream.context().clone();
-        ctx.bind_to_thread()?;
+        pool.ctx.bind_to_thread()?;
         let idle = pool.free.lock().pop();
         let ev = match idle {
             Some(ev) => ev,
@@ -88,20 +87,20 @@ impl Ev {
             }
         };
         // From here the handle is owned by `e`: a failed record returns it to the pool.
-        let e = Ev { ev, ctx, pool: pool.clone() };
+        let e = Ev { ev, pool: pool.clone() };
         // SAFETY: both handles are live.
         unsafe { sys::cuEventRecord(e.ev, stream.cu_stream()).result()? };
         Ok(e)
     }
     /// Blocks the calling thread until the recorded work has finished.
     pub fn synchronize(&self) -> std::result::Result<(), DriverError> {
-        self.ctx.bind_to_thread()?;
+        self.pool.ctx.bind_to_thread()?;
         // SAFETY: a live event.
         unsafe { sys::cuEventSynchronize(self.ev).result() }
     }
     /// True when the recorded work has finished (never blocks).
     pub fn query(&self) -> std::result::Result<bool, DriverError> {
-        self.ctx.bind_to_thread()?;
+        self.pool.ctx.bind_to_thread()?;
         // SAFETY: a live event.
         match unsafe { sys::cuEventQuery(self.ev) } {
             sys::CUresult::CUDA_SUCCESS => Ok(true),
@@ -109,14 +108,10 @@ impl Ev {
             e => Err(DriverError(e)),
         }
     }
-    /// Waits for the recorded work with low latency: polls for `spin`, then polls while
-    /// yielding the CPU until `until`, then blocks in the driver (which sleeps until the
+    /// Waits for the recorded work with low latency: polls (yielding the CPU between
+    /// rounds of polls) until `until`, then blocks in the driver (which sleeps until the
     /// GPU's interrupt, tens of microseconds late).
-    pub fn wait_low_latency(
-        &self,
-        spin: std::time::Duration,
-        until: std::time::Duration,
-    ) -> std::result::Result<(), DriverError> {
+    pub fn wait_low_latency(&self, until: std::time::Duration) -> std::result::Result<(), DriverError> {
         let mut err = None;
         let query = || match self.query() {
             Ok(done) => done,
@@ -125,14 +120,14 @@ impl Ev {
                 true
             }
         };
-        if crate::backend::poll_until(query, spin, until) {
+        if crate::backend::poll_until(query, until) {
             return err.map_or(Ok(()), Err);
         }
         self.synchronize()
     }
     /// Makes `stream` wait (on the GPU) for the recorded work.
     pub fn wait_on(&self, stream: &CudaStream) -> std::result::Result<(), DriverError> {
-        self.ctx.bind_to_thread()?;
+        self.pool.ctx.bind_to_thread()?;
         // SAFETY: live handles of the same context.
         unsafe { sys::cuStreamWaitEvent(stream.cu_stream(), self.ev, 0).result() }
     }
@@ -153,7 +148,7 @@ impl Drop for Ev {
             }
         }
         let _ = catch_unwind(AssertUnwindSafe(|| {
-            let _ = self.ctx.bind_to_thread();
+            let _ = self.pool.ctx.bind_to_thread();
             // SAFETY: destroyed exactly once, here.
             let _ = unsafe { sys::cuEventDestroy_v2(self.ev) };
         }));
@@ -165,6 +160,10 @@ impl Drop for Ev {
 pub(crate) struct Blas {
     pub handle: cudarc::cublas::sys::cublasHandle_t,
     pub workspace: ManuallyDrop<Option<cudarc::driver::CudaSlice<u8>>>,
+    /// The workspace's device address (0 without one).
+    pub ws_ptr: u64,
+    /// The stream's cuBLASLt handle and plans (`matmul.rs`).
+    pub lt: super::matmul::LtState,
 }
 // SAFETY: a cuBLAS handle may be used from any thread, one at a time (guarded by a mutex).
 unsafe impl Send for Blas {}
@@ -235,6 +234,7 @@ impl Drop for CudaStreamHandle {
                 // SAFETY: the handle was created by us and is destroyed once; then its
                 // workspace is freed (in stream order, after the handle's last use).
                 unsafe {
+                    b.lt.destroy();
                     let _ = cudarc::cublas::result::destroy_handle(b.handle);
                     ManuallyDrop::drop(&mut b.workspace);
                 }

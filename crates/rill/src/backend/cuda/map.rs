@@ -196,19 +196,6 @@ pub(crate) fn map(
     let out_ptr = cuda_of(&out).map(|b| b.ptr()).unwrap_or(0);
     // Inline arrays throughout: a launch of a small op allocates nothing on the host.
     let bases: SmallVec<[u64; 3]> = ins.iter().map(|i| cuda_of(i.s).map(|b| b.ptr()).unwrap_or(0)).collect();
-    // The usual case needs no layout work: each input is a contiguous array of the
-    // output's shape (run stride 1) or one element (a broadcast scalar, run stride 0).
-    let quick: Option<SmallVec<[i64; 3]>> = ins
-        .iter()
-        .map(|i| {
-            let l = &i.s.layout;
-            match l.numel() {
-                1 => Some(0),
-                _ if l.shape[..] == *shape && l.is_contiguous() => Some(1),
-                _ => None,
-            }
-        })
-        .collect();
     let max_size = ins.iter().map(|i| i.size).chain([out_dtype.size()]).max().unwrap_or(1);
     let vec = (16 / max_size).max(1);
     let dev = &cs.dev;
@@ -235,62 +222,104 @@ pub(crate) fn map(
     };
     let _ = dev.ctx.bind_to_thread();
     let n64 = n as i64;
+    let launch_err = |e| super::backend_err("launch", e);
+    let run = match addressing(ins, shape)? {
+        Addressing::Run(run) => run,
+        Addressing::Strided(lay) => {
+            let f = get("k_strided")?;
+            let mut b = Launch::new(&f);
+            b.arg(&out_ptr);
+            for p in &bases {
+                b.arg(p);
+            }
+            b.arg(&lay);
+            b.arg(&n64);
+            // SAFETY: the arguments match the generated signature; every offset the layout
+            // produces lies inside its buffer (views are checked by the op layer).
+            unsafe { b.launch(cs, grid_for(n)) }.map_err(launch_err)?;
+            return Ok(out);
+        }
+    };
     // Each operand's first element (broadcasting keeps a layout's offset).
     let ptrs: SmallVec<[u64; 3]> =
         (0..ins.len()).map(|o| bases[o] + (ins[o].s.layout.offset * ins[o].size) as u64).collect();
-    let launch_err = |e| super::backend_err("launch", e);
-    // Otherwise the broadcast layouts, with the axes merged.
-    let lays: SmallVec<[Layout; 3]> = match quick {
-        Some(_) => SmallVec::new(),
-        None => ins.iter().map(|i| i.s.layout.broadcast_to(shape)).collect(),
-    };
-    let strides: SmallVec<[&[isize]; 3]> = lays.iter().map(|l| &l.strides[..]).collect();
-    let (dims, mst) = if quick.is_some() { Default::default() } else { merge_dims(shape, &strides) };
-    // Per-operand run stride when the merged view is one contiguous run or a scalar.
-    let run: Option<SmallVec<[i64; 3]>> = quick.or_else(|| {
-        (0..ins.len())
-            .map(|o| match dims.len() {
-                0 => Some(0),
-                1 if mst[o][0] == 1 || mst[o][0] == 0 => Some(mst[o][0] as i64),
-                _ if mst[o].iter().all(|&s| s == 0) => Some(0),
-                _ => None,
-            })
-            .collect()
-    });
-    if let Some(run) = run {
-        let aligned = run.iter().all(|&s| s == 1)
-            && ptrs.iter().zip(ins).all(|(p, i)| p % (i.size * vec) as u64 == 0)
-            && out_ptr % (out_dtype.size() * vec) as u64 == 0
-            && vec > 1;
-        if aligned {
-            let f = get("k_vec")?;
-            let mut b = Launch::new(&f);
-            b.arg(&out_ptr);
-            for p in &ptrs {
-                b.arg(p);
-            }
-            b.arg(&n64);
-            // One block step per block: no grid-stride loop for any realistic size.
-            let blocks = (n / vec).div_ceil(BLOCK as usize * VEC_UNROLL).clamp(1, 1 << 30) as u32;
-            let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: the arguments match the generated signature; every pointer covers n
-            // elements (vector-aligned, checked above).
-            unsafe { b.launch(cs, cfg) }.map_err(launch_err)?;
-        } else {
-            let f = get("k_contig")?;
-            let mut b = Launch::new(&f);
-            b.arg(&out_ptr);
-            for p in &ptrs {
-                b.arg(p);
-            }
-            for s in &run {
-                b.arg(s);
-            }
-            b.arg(&n64);
-            // SAFETY: as above; a stride-0 operand reads its one element.
-            unsafe { b.launch(cs, grid_for(n)) }.map_err(launch_err)?;
+    let aligned = run.iter().all(|&s| s == 1)
+        && ptrs.iter().zip(ins).all(|(p, i)| p % (i.size * vec) as u64 == 0)
+        && out_ptr % (out_dtype.size() * vec) as u64 == 0
+        && vec > 1;
+    if aligned {
+        let f = get("k_vec")?;
+        let mut b = Launch::new(&f);
+        b.arg(&out_ptr);
+        for p in &ptrs {
+            b.arg(p);
         }
-        return Ok(out);
+        b.arg(&n64);
+        // One block step per block: no grid-stride loop for any realistic size.
+        let blocks = (n / vec).div_ceil(BLOCK as usize * VEC_UNROLL).clamp(1, 1 << 30) as u32;
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: the arguments match the generated signature; every pointer covers n
+        // elements (vector-aligned, checked above).
+        unsafe { b.launch(cs, cfg) }.map_err(launch_err)?;
+    } else {
+        let f = get("k_contig")?;
+        let mut b = Launch::new(&f);
+        b.arg(&out_ptr);
+        for p in &ptrs {
+            b.arg(p);
+        }
+        for s in &run {
+            b.arg(s);
+        }
+        b.arg(&n64);
+        // SAFETY: as above; a stride-0 operand reads its one element.
+        unsafe { b.launch(cs, grid_for(n)) }.map_err(launch_err)?;
+    }
+    Ok(out)
+}
+
+/// How a map's kernel addresses its inputs (returned once per launch, never stored: the
+/// layout stays inline rather than boxed, so a launch allocates nothing).
+#[allow(clippy::large_enum_variant)]
+enum Addressing {
+    /// Each input is one run with this stride: 1 (contiguous in the output's order) or 0
+    /// (a broadcast element).
+    Run(SmallVec<[i64; 3]>),
+    /// Broadcast strided layouts, with the axes merged.
+    Strided(Lay),
+}
+
+fn addressing(ins: &[In<'_>], shape: &[usize]) -> Result<Addressing> {
+    // The usual case needs no layout work: each input is a contiguous array of the
+    // output's shape (run stride 1) or one element (a broadcast scalar, run stride 0).
+    let quick: Option<SmallVec<[i64; 3]>> = ins
+        .iter()
+        .map(|i| {
+            let l = &i.s.layout;
+            match l.numel() {
+                1 => Some(0),
+                _ if l.shape[..] == *shape && l.is_contiguous() => Some(1),
+                _ => None,
+            }
+        })
+        .collect();
+    if let Some(run) = quick {
+        return Ok(Addressing::Run(run));
+    }
+    let lays: SmallVec<[Layout; 3]> = ins.iter().map(|i| i.s.layout.broadcast_to(shape)).collect();
+    let strides: SmallVec<[&[isize]; 3]> = lays.iter().map(|l| &l.strides[..]).collect();
+    let (dims, mst) = merge_dims(shape, &strides);
+    // The merged view may still be one contiguous run or a scalar per operand.
+    let run: Option<SmallVec<[i64; 3]>> = (0..ins.len())
+        .map(|o| match dims.len() {
+            0 => Some(0),
+            1 if mst[o][0] == 1 || mst[o][0] == 0 => Some(mst[o][0] as i64),
+            _ if mst[o].iter().all(|&s| s == 0) => Some(0),
+            _ => None,
+        })
+        .collect();
+    if let Some(run) = run {
+        return Ok(Addressing::Run(run));
     }
     if dims.len() > MAX_DIMS {
         return Err(super::unsupported(
@@ -308,18 +337,7 @@ pub(crate) fn map(
     for o in 0..ins.len() {
         lay.off[o] = lays[o].offset as i64;
     }
-    let f = get("k_strided")?;
-    let mut b = Launch::new(&f);
-    b.arg(&out_ptr);
-    for p in &bases {
-        b.arg(p);
-    }
-    b.arg(&lay);
-    b.arg(&n64);
-    // SAFETY: the arguments match the generated signature; every offset the layout
-    // produces lies inside its buffer (views are checked by the op layer).
-    unsafe { b.launch(cs, grid_for(n)) }.map_err(launch_err)?;
-    Ok(out)
+    Ok(Addressing::Strided(lay))
 }
 
 #[cfg(test)]

@@ -1,13 +1,26 @@
-//! Matrix products through cuBLAS (`cublasGemmEx` for one product,
-//! `cublasGemmStridedBatchedEx` for a batch): f32 (TF32 only when
-//! allowed), f16 and bf16 with f32 accumulation, f64. Row-major `C = A @ B` is computed
-//! as the column-major `Cᵀ = Bᵀ Aᵀ`, so no transposition is materialised. Each stream
-//! has its own cuBLAS handle (workspaces are per handle), made on first use.
+//! Matrix products through cuBLASLt (`cublasLtMatmul`, one product or a strided batch),
+//! with cuBLAS (`cublasGemmEx`, `cublasGemmStridedBatchedEx`) where cuBLASLt cannot be
+//! loaded, has no algorithm for a problem, or is turned off (`RILL_CUDA_BLASLT=0`): f32
+//! (TF32 only when allowed), f16 and bf16 with f32 accumulation, f64. Row-major
+//! `C = A @ B` is computed as the column-major `Cᵀ = Bᵀ Aᵀ`, so no transposition is
+//! materialised.
+//!
+//! Each stream has its own cuBLAS and cuBLASLt handles and one 32 MiB workspace, made on
+//! first use. cuBLASLt's algorithm for a problem (shape, dtype and the alignment of each
+//! operand's address, which its kernels assume) is chosen once by its heuristic and kept
+//! with the descriptors in the stream's plan cache. bf16 8192³ on the H200: cuBLASLt's
+//! choice 1.392-1.411 ms, `cublasGemmEx` 1.467 ms (same call, `rill bench matmul` with and
+//! without `RILL_CUDA_BLASLT=0`). `RILL_CUDA_LT_ALGO=i` takes the heuristic's `i`-th
+//! candidate instead of its first, for measuring the alternatives.
 
+use std::collections::HashMap;
+use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use cudarc::cublas::{result as cb, sys as cbsys};
+use cudarc::cublaslt::{result as ltr, sys as lt};
 
 use crate::backend::Storage;
 use crate::dtype::DType;
@@ -95,69 +108,26 @@ pub(crate) fn matmul(
             // default one is small); without memory for it, cuBLAS runs without.
             // SAFETY: scratch memory, written by cuBLAS before it is read.
             let ws = unsafe { cs.stream().alloc::<u8>(WORKSPACE) }.ok();
+            let mut ws_ptr = 0;
             if let Some(w) = &ws {
-                let (p, _) = cudarc::driver::DevicePtr::device_ptr(w, cs.stream());
+                ws_ptr = cudarc::driver::DevicePtr::device_ptr(w, cs.stream()).0;
                 // SAFETY: the workspace outlives the handle (both freed together).
-                unsafe { cbsys::cublasSetWorkspace_v2(h, p as *mut std::ffi::c_void, WORKSPACE) };
+                unsafe { cbsys::cublasSetWorkspace_v2(h, ws_ptr as *mut c_void, WORKSPACE) };
             }
-            *g = Some(Blas { handle: h, workspace: std::mem::ManuallyDrop::new(ws) });
+            let workspace = std::mem::ManuallyDrop::new(ws);
+            *g = Some(Blas { handle: h, workspace, ws_ptr, lt: Default::default() });
             // cuBLAS is loaded by now (its statics registered their teardown): keep the
             // exit hook ahead of it (see `register_exit_hook`).
             crate::runtime::lifecycle::register_exit_hook();
         }
-        let h = g.as_ref().map(|b| b.handle).unwrap_or(std::ptr::null_mut());
-        let (one32, zero32, one64, zero64) = (1.0f32, 0.0f32, 1.0f64, 0.0f64);
-        let (alpha, beta): (*const std::ffi::c_void, *const std::ffi::c_void) = if dtype == DType::F64 {
-            ((&one64 as *const f64).cast(), (&zero64 as *const f64).cast())
-        } else {
-            ((&one32 as *const f32).cast(), (&zero32 as *const f32).cast())
-        };
-        let op = cbsys::cublasOperation_t::CUBLAS_OP_N;
-        // SAFETY: the handle is ours and bound to this stream; the pointers cover the
-        // contiguous [batch, m, k], [batch, k, n] and [batch, m, n] operands.
-        let res = unsafe {
-            cb::set_stream(h, cs.stream().cu_stream() as cbsys::cudaStream_t)
-                .map_err(|e| super::backend_err("matmul", e))
-                .and_then(|()| {
-                    let (pa, pb) = (pa as *const std::ffi::c_void, pb as *const std::ffi::c_void);
-                    let pc = pc as *mut std::ffi::c_void;
-                    let (sa, sb, sc) = ((m * k) as i64, (k * n) as i64, (m * n) as i64);
-                    let (m, n, k) = (m as i32, n as i32, k as i32);
-                    let algo = cbsys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT;
-                    if batch == 1 {
-                        // One product: cuBLAS picks faster kernels through this entry
-                        // point (bf16 8192^3 on the H200: 1.405 ms vs 1.519 ms strided
-                        // with a batch of one, `bench/kernel_lab.py blas`).
-                        cb::gemm_ex(h, op, op, n, m, k, alpha, pb, ty, n, pa, ty, k, beta, pc, ty, n, compute, algo)
-                    } else {
-                        cb::gemm_strided_batched_ex(
-                            h,
-                            op,
-                            op,
-                            n,
-                            m,
-                            k,
-                            alpha,
-                            pb,
-                            ty,
-                            n,
-                            sb,
-                            pa,
-                            ty,
-                            k,
-                            sa,
-                            beta,
-                            pc,
-                            ty,
-                            n,
-                            sc,
-                            batch as i32,
-                            compute,
-                            algo,
-                        )
-                    }
-                    .map_err(|e| super::backend_err("matmul", e))
-                })
+        let Some(blas) = g.as_mut() else { return Err(super::unsupported("matmul", "no cuBLAS handle")) };
+        let p = Problem { dtype, tf32: compute == C::CUBLAS_COMPUTE_32F_FAST_TF32, m, n, k, batch, pa, pb, pc };
+        // SAFETY: a plan is made for this problem and used with the stream's workspace;
+        // the addresses cover the contiguous [batch, m, k], [batch, k, n] and [batch, m, n]
+        // operands.
+        let res = match lt_plan(blas, &p) {
+            Some((h, plan)) => unsafe { lt_matmul(cs, h, blas.ws_ptr, &plan, &p) },
+            None => unsafe { gemm_ex(cs, blas.handle, &p, ty, compute) },
         };
         if fresh {
             // Statics cuBLAS built on this handle's first call: the same.
@@ -167,4 +137,386 @@ pub(crate) fn matmul(
     }));
     r.unwrap_or_else(|_| Err(super::unsupported("matmul", "cuBLAS could not be loaded")))?;
     Ok(out)
+}
+
+/// One product `C[batch, m, n] = A[batch, m, k] @ B[batch, k, n]` of contiguous operands
+/// at device addresses `pa`, `pb`, `pc`.
+struct Problem {
+    dtype: DType,
+    tf32: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    batch: usize,
+    pa: u64,
+    pb: u64,
+    pc: u64,
+}
+
+impl Problem {
+    /// `alpha = 1` and `beta = 0` in the scale type (f64 for f64, f32 otherwise), as
+    /// pointers valid while `s` lives.
+    fn scales(&self, s: &Scales) -> (*const c_void, *const c_void) {
+        if self.dtype == DType::F64 {
+            ((&s.one64 as *const f64).cast(), (&s.zero64 as *const f64).cast())
+        } else {
+            ((&s.one32 as *const f32).cast(), (&s.zero32 as *const f32).cast())
+        }
+    }
+}
+
+struct Scales {
+    one32: f32,
+    zero32: f32,
+    one64: f64,
+    zero64: f64,
+}
+
+static SCALES: Scales = Scales { one32: 1.0, zero32: 0.0, one64: 1.0, zero64: 0.0 };
+
+/// The product through `cublasGemmEx` (one product) or `cublasGemmStridedBatchedEx`.
+///
+/// # Safety
+/// `h` is the stream's cuBLAS handle; the addresses cover the problem's operands.
+unsafe fn gemm_ex(
+    cs: &CudaStreamHandle,
+    h: cbsys::cublasHandle_t,
+    p: &Problem,
+    ty: cbsys::cudaDataType_t,
+    compute: cbsys::cublasComputeType_t,
+) -> Result<()> {
+    let op = cbsys::cublasOperation_t::CUBLAS_OP_N;
+    let (alpha, beta) = p.scales(&SCALES);
+    let (pa, pb, pc) = (p.pa as *const c_void, p.pb as *const c_void, p.pc as *mut c_void);
+    let (sa, sb, sc) = ((p.m * p.k) as i64, (p.k * p.n) as i64, (p.m * p.n) as i64);
+    let (m, n, k) = (p.m as i32, p.n as i32, p.k as i32);
+    let algo = cbsys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT;
+    // SAFETY: forwarded from the caller; row-major C = A @ B is column-major Cᵀ = Bᵀ Aᵀ.
+    unsafe {
+        cb::set_stream(h, cs.stream().cu_stream() as cbsys::cudaStream_t)
+            .map_err(|e| super::backend_err("matmul", e))?;
+        if p.batch == 1 {
+            // One product: cuBLAS picks faster kernels through this entry point (bf16
+            // 8192^3 on the H200: 1.405 ms vs 1.519 ms strided with a batch of one,
+            // `bench/kernel_lab.py blas`).
+            cb::gemm_ex(h, op, op, n, m, k, alpha, pb, ty, n, pa, ty, k, beta, pc, ty, n, compute, algo)
+        } else {
+            cb::gemm_strided_batched_ex(
+                h,
+                op,
+                op,
+                n,
+                m,
+                k,
+                alpha,
+                pb,
+                ty,
+                n,
+                sb,
+                pa,
+                ty,
+                k,
+                sa,
+                beta,
+                pc,
+                ty,
+                n,
+                sc,
+                p.batch as i32,
+                compute,
+                algo,
+            )
+        }
+    }
+    .map_err(|e| super::backend_err("matmul", e))
+}
+
+/// What a cuBLASLt plan is chosen for: the problem's shape and types and the alignment of
+/// its operands (cuBLASLt's kernels assume the alignment they were chosen with).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct LtKey {
+    dtype: DType,
+    tf32: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    batch: usize,
+    align: [u32; 3],
+}
+
+/// Descriptors and the algorithm cuBLASLt's heuristic chose for one [`LtKey`] (plain
+/// handles: the stream's [`LtState`] owns and destroys them).
+#[derive(Clone, Copy)]
+pub(crate) struct LtPlan {
+    desc: lt::cublasLtMatmulDesc_t,
+    layouts: [lt::cublasLtMatrixLayout_t; 3],
+    algo: lt::cublasLtMatmulAlgo_t,
+    workspace: usize,
+}
+
+/// Plans kept per stream; the cache is emptied when it is full.
+const LT_PLANS: usize = 64;
+
+/// A stream's cuBLASLt state: the handle (`None` before the first product, null when
+/// cuBLASLt could not be loaded) and its plans (`None`: the heuristic found no algorithm,
+/// use `cublasGemmEx`).
+#[derive(Default)]
+pub(crate) struct LtState {
+    handle: Option<lt::cublasLtHandle_t>,
+    plans: HashMap<LtKey, Option<LtPlan>>,
+}
+
+impl LtState {
+    /// Destroys the plans and the handle.
+    ///
+    /// # Safety
+    /// Called once, before shutdown began, with no product of this stream left to enqueue.
+    pub unsafe fn destroy(&mut self) {
+        for plan in self.plans.drain().filter_map(|(_, p)| p) {
+            // SAFETY: forwarded; each descriptor is destroyed once.
+            unsafe { destroy_plan(plan) };
+        }
+        if let Some(h) = self.handle.take().filter(|h| !h.is_null()) {
+            // SAFETY: forwarded.
+            let _ = unsafe { ltr::destroy_handle(h) };
+        }
+    }
+}
+
+unsafe fn destroy_plan(p: LtPlan) {
+    // SAFETY: the caller's: each descriptor is destroyed once.
+    unsafe {
+        let _ = ltr::destroy_matmul_desc(p.desc);
+        for l in p.layouts.into_iter().filter(|l| !l.is_null()) {
+            let _ = ltr::destroy_matrix_layout(l);
+        }
+    }
+}
+
+/// cuBLASLt is used unless `RILL_CUDA_BLASLT=0`.
+fn lt_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("RILL_CUDA_BLASLT").as_deref() != Ok("0"))
+}
+
+/// The largest power of two (at most 256) dividing `addr`.
+fn alignment(addr: u64) -> u32 {
+    if addr == 0 { 256 } else { (1u64 << addr.trailing_zeros().min(8)) as u32 }
+}
+
+/// The cuBLASLt plan for `p` on `cs`, made on first use; `None` when cuBLASLt is off,
+/// missing, or has no algorithm for `p` (then `cublasGemmEx` computes it).
+fn lt_plan(blas: &mut Blas, p: &Problem) -> Option<(lt::cublasLtHandle_t, LtPlan)> {
+    if !lt_enabled() {
+        return None;
+    }
+    let st = &mut blas.lt;
+    let h = *st.handle.get_or_insert_with(|| {
+        // SAFETY: only tries to open the library.
+        if !unsafe { lt::is_culib_present() } {
+            return std::ptr::null_mut();
+        }
+        let h = ltr::create_handle().unwrap_or(std::ptr::null_mut());
+        // cuBLASLt's statics are registered by now: keep the exit hook ahead of them.
+        crate::runtime::lifecycle::register_exit_hook();
+        h
+    });
+    if h.is_null() {
+        return None;
+    }
+    let key = LtKey {
+        dtype: p.dtype,
+        tf32: p.tf32,
+        m: p.m,
+        n: p.n,
+        k: p.k,
+        batch: p.batch,
+        align: [alignment(p.pa), alignment(p.pb), alignment(p.pc)],
+    };
+    if !st.plans.contains_key(&key) {
+        if st.plans.len() >= LT_PLANS {
+            for plan in st.plans.drain().filter_map(|(_, p)| p) {
+                // SAFETY: the plans are this stream's, and no enqueued product needs its
+                // descriptors after `cublasLtMatmul` returned.
+                unsafe { destroy_plan(plan) };
+            }
+        }
+        let ws = if blas.workspace.is_some() { WORKSPACE } else { 0 };
+        // SAFETY: `h` is a live cuBLASLt handle.
+        let plan = unsafe { make_plan(h, &key, ws) };
+        st.plans.insert(key, plan);
+    }
+    st.plans.get(&key).copied().flatten().map(|plan| (h, plan))
+}
+
+/// Builds the descriptors for `key` and asks the heuristic for its best algorithm within
+/// `workspace` bytes. `RILL_CUDA_LT_ALGO=i` takes the heuristic's `i`-th choice instead
+/// (for measuring the alternatives).
+///
+/// # Safety
+/// `h` is a live cuBLASLt handle.
+unsafe fn make_plan(h: lt::cublasLtHandle_t, key: &LtKey, workspace: usize) -> Option<LtPlan> {
+    use lt::cublasComputeType_t as C;
+    use lt::cudaDataType_t as T;
+    let (ty, compute, scale) = match key.dtype {
+        DType::F32 => (
+            T::CUDA_R_32F,
+            if key.tf32 { C::CUBLAS_COMPUTE_32F_FAST_TF32 } else { C::CUBLAS_COMPUTE_32F },
+            T::CUDA_R_32F,
+        ),
+        DType::F16 => (T::CUDA_R_16F, C::CUBLAS_COMPUTE_32F, T::CUDA_R_32F),
+        DType::BF16 => (T::CUDA_R_16BF, C::CUBLAS_COMPUTE_32F, T::CUDA_R_32F),
+        DType::F64 => (T::CUDA_R_64F, C::CUBLAS_COMPUTE_64F, T::CUDA_R_64F),
+        _ => return None,
+    };
+    let (m, n, k) = (key.m as u64, key.n as u64, key.k as u64);
+    let desc = ltr::create_matmul_desc(compute, scale).ok()?;
+    // Column-major: Cᵀ (n x m) = Bᵀ (n x k) Aᵀ (k x m); cuBLASLt's A is our B.
+    let dims = [(n, k, (k * n) as i64), (k, m, (m * k) as i64), (n, m, (m * n) as i64)];
+    let mut layouts = [std::ptr::null_mut(); 3];
+    let mut ok = true;
+    for (slot, &(rows, cols, stride)) in layouts.iter_mut().zip(&dims) {
+        match ltr::create_matrix_layout(ty, rows, cols, rows as i64) {
+            Ok(l) => {
+                *slot = l;
+                if key.batch > 1 {
+                    let count = key.batch as i32;
+                    use lt::cublasLtMatrixLayoutAttribute_t as L;
+                    // SAFETY: live layout; the buffers are the attributes' types.
+                    unsafe {
+                        ok &= ltr::set_matrix_layout_attribute(
+                            l,
+                            L::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                            (&count as *const i32).cast(),
+                            4,
+                        )
+                        .is_ok();
+                        ok &= ltr::set_matrix_layout_attribute(
+                            l,
+                            L::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                            (&stride as *const i64).cast(),
+                            8,
+                        )
+                        .is_ok();
+                    }
+                }
+            }
+            Err(_) => ok = false,
+        }
+    }
+    let plan = LtPlan { desc, layouts, algo: lt::cublasLtMatmulAlgo_t { data: [0; 8] }, workspace: 0 };
+    // SAFETY: `h` is live (the caller's) and so are the descriptors just made.
+    let chosen = if ok { unsafe { heuristic(h, &plan, key, workspace) } } else { None };
+    match chosen {
+        Some((algo, ws)) => Some(LtPlan { algo, workspace: ws, ..plan }),
+        None => {
+            // SAFETY: the descriptors were made above and are not used again.
+            unsafe { destroy_plan(plan) };
+            None
+        }
+    }
+}
+
+/// Heuristic results asked for.
+const LT_CANDIDATES: usize = 8;
+
+/// The heuristic's choice for `plan`'s descriptors: (algorithm, workspace bytes).
+///
+/// # Safety
+/// `h` and the plan's descriptors are live.
+unsafe fn heuristic(
+    h: lt::cublasLtHandle_t,
+    plan: &LtPlan,
+    key: &LtKey,
+    workspace: usize,
+) -> Option<(lt::cublasLtMatmulAlgo_t, usize)> {
+    use lt::cublasLtMatmulPreferenceAttributes_t as P;
+    let pref = ltr::create_matmul_pref().ok()?;
+    let ws = workspace as u64;
+    // cuBLASLt's A, B and C/D: our B, A and C.
+    let [aa, ab, ac] = key.align;
+    let attrs: [(P, u64, usize); 5] = [
+        (P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws, 8),
+        (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, ab as u64, 4),
+        (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, aa as u64, 4),
+        (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, ac as u64, 4),
+        (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, ac as u64, 4),
+    ];
+    let mut ok = true;
+    for (attr, v, size) in attrs {
+        let v32 = v as u32;
+        let ptr: *const c_void = if size == 8 { (&v as *const u64).cast() } else { (&v32 as *const u32).cast() };
+        // SAFETY: live preference; the value has the attribute's size.
+        ok &= unsafe { ltr::set_matmul_pref_attribute(pref, attr, ptr, size) }.is_ok();
+    }
+    let mut results = [lt::cublasLtMatmulHeuristicResult_t {
+        algo: lt::cublasLtMatmulAlgo_t { data: [0; 8] },
+        workspaceSize: 0,
+        state: lt::cublasStatus_t::CUBLAS_STATUS_NOT_INITIALIZED,
+        wavesCount: 0.0,
+        reserved: [0; 4],
+    }; LT_CANDIDATES];
+    let mut count = 0i32;
+    let [la, lb, lc] = plan.layouts;
+    // SAFETY: live descriptors; `results` has room for `LT_CANDIDATES` entries.
+    let got = ok
+        && unsafe {
+            lt::cublasLtMatmulAlgoGetHeuristic(
+                h,
+                plan.desc,
+                la,
+                lb,
+                lc,
+                lc,
+                pref,
+                LT_CANDIDATES as i32,
+                results.as_mut_ptr(),
+                &mut count,
+            )
+        } == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS;
+    // SAFETY: made above, destroyed once.
+    let _ = unsafe { ltr::destroy_matmul_pref(pref) };
+    if !got {
+        return None;
+    }
+    let usable: Vec<_> = results[..count.clamp(0, LT_CANDIDATES as i32) as usize]
+        .iter()
+        .filter(|r| r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS && r.workspaceSize <= workspace)
+        .collect();
+    let pick = std::env::var("RILL_CUDA_LT_ALGO").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
+    let r = usable.get(pick).or(usable.first())?;
+    Some((r.algo, r.workspaceSize))
+}
+
+/// The product through `cublasLtMatmul` with `plan`.
+///
+/// # Safety
+/// `h` and `plan` are the stream's, made for `p`; `ws` is the stream's workspace (or 0
+/// when the plan needs none); the addresses cover the operands.
+unsafe fn lt_matmul(cs: &CudaStreamHandle, h: lt::cublasLtHandle_t, ws: u64, plan: &LtPlan, p: &Problem) -> Result<()> {
+    let (alpha, beta) = p.scales(&SCALES);
+    let [la, lb, lc] = plan.layouts;
+    let stream = cs.stream().cu_stream() as lt::cudaStream_t;
+    // SAFETY: forwarded from the caller; C and D are the same buffer, beta is zero.
+    unsafe {
+        ltr::matmul(
+            h,
+            plan.desc,
+            alpha,
+            beta,
+            p.pb as *const c_void,
+            la,
+            p.pa as *const c_void,
+            lb,
+            p.pc as *const c_void,
+            lc,
+            p.pc as *mut c_void,
+            lc,
+            &plan.algo,
+            ws as *mut c_void,
+            plan.workspace,
+            stream,
+        )
+    }
+    .map_err(|e| super::backend_err("matmul", e))
 }
