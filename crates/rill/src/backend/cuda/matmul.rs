@@ -8,10 +8,11 @@
 //! Each stream has its own cuBLAS and cuBLASLt handles and one 32 MiB workspace, made on
 //! first use. cuBLASLt's algorithm for a problem (shape, dtype and the alignment of each
 //! operand's address, which its kernels assume) is chosen once by its heuristic and kept
-//! with the descriptors in the stream's plan cache. bf16 8192³ on the H200: cuBLASLt's
-//! choice 1.392-1.411 ms, `cublasGemmEx` 1.467 ms (same call, `rill bench matmul` with and
-//! without `RILL_CUDA_BLASLT=0`). `RILL_CUDA_LT_ALGO=i` takes the heuristic's `i`-th
-//! candidate instead of its first, for measuring the alternatives.
+//! with the descriptors in the stream's plan cache. bf16 8192³ on the H200 (`rill bench
+//! matmul` with and without `RILL_CUDA_BLASLT=0`, docs/PERFORMANCE.md): cuBLASLt's choice
+//! 1.392-1.411 ms vs `cublasGemmEx` 1.467 ms in one call, 1.408-1.456 vs 1.415-1.453 ms in
+//! another. `RILL_CUDA_LT_ALGO=i` takes the heuristic's `i`-th candidate instead of its
+//! first, for measuring the alternatives.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -121,7 +122,8 @@ pub(crate) fn matmul(
             crate::runtime::lifecycle::register_exit_hook();
         }
         let Some(blas) = g.as_mut() else { return Err(super::unsupported("matmul", "no cuBLAS handle")) };
-        let p = Problem { dtype, tf32: compute == C::CUBLAS_COMPUTE_32F_FAST_TF32, m, n, k, batch, pa, pb, pc };
+        let tf32 = compute == C::CUBLAS_COMPUTE_32F_FAST_TF32;
+        let p = Problem { sizes: Sizes { dtype, tf32, m, n, k, batch }, pa, pb, pc };
         // SAFETY: a plan is made for this problem and used with the stream's workspace;
         // the addresses cover the contiguous [batch, m, k], [batch, k, n] and [batch, m, n]
         // operands.
@@ -139,15 +141,20 @@ pub(crate) fn matmul(
     Ok(out)
 }
 
-/// One product `C[batch, m, n] = A[batch, m, k] @ B[batch, k, n]` of contiguous operands
-/// at device addresses `pa`, `pb`, `pc`.
-struct Problem {
+/// The shape and types of a product `C[batch, m, n] = A[batch, m, k] @ B[batch, k, n]`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct Sizes {
     dtype: DType,
     tf32: bool,
     m: usize,
     n: usize,
     k: usize,
     batch: usize,
+}
+
+/// One product of contiguous operands at device addresses `pa`, `pb`, `pc`.
+struct Problem {
+    sizes: Sizes,
     pa: u64,
     pb: u64,
     pc: u64,
@@ -157,7 +164,7 @@ impl Problem {
     /// `alpha = 1` and `beta = 0` in the scale type (f64 for f64, f32 otherwise), as
     /// pointers valid while `s` lives.
     fn scales(&self, s: &Scales) -> (*const c_void, *const c_void) {
-        if self.dtype == DType::F64 {
+        if self.sizes.dtype == DType::F64 {
             ((&s.one64 as *const f64).cast(), (&s.zero64 as *const f64).cast())
         } else {
             ((&s.one32 as *const f32).cast(), (&s.zero32 as *const f32).cast())
@@ -188,14 +195,15 @@ unsafe fn gemm_ex(
     let op = cbsys::cublasOperation_t::CUBLAS_OP_N;
     let (alpha, beta) = p.scales(&SCALES);
     let (pa, pb, pc) = (p.pa as *const c_void, p.pb as *const c_void, p.pc as *mut c_void);
-    let (sa, sb, sc) = ((p.m * p.k) as i64, (p.k * p.n) as i64, (p.m * p.n) as i64);
-    let (m, n, k) = (p.m as i32, p.n as i32, p.k as i32);
+    let Sizes { m, n, k, batch, .. } = p.sizes;
+    let (sa, sb, sc) = ((m * k) as i64, (k * n) as i64, (m * n) as i64);
+    let (m, n, k) = (m as i32, n as i32, k as i32);
     let algo = cbsys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT;
     // SAFETY: forwarded from the caller; row-major C = A @ B is column-major Cᵀ = Bᵀ Aᵀ.
     unsafe {
         cb::set_stream(h, cs.stream().cu_stream() as cbsys::cudaStream_t)
             .map_err(|e| super::backend_err("matmul", e))?;
-        if p.batch == 1 {
+        if batch == 1 {
             // One product: cuBLAS picks faster kernels through this entry point (bf16
             // 8192^3 on the H200: 1.405 ms vs 1.519 ms strided with a batch of one,
             // `bench/kernel_lab.py blas`).
@@ -222,7 +230,7 @@ unsafe fn gemm_ex(
                 ty,
                 n,
                 sc,
-                p.batch as i32,
+                batch as i32,
                 compute,
                 algo,
             )
@@ -235,12 +243,7 @@ unsafe fn gemm_ex(
 /// its operands (cuBLASLt's kernels assume the alignment they were chosen with).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 struct LtKey {
-    dtype: DType,
-    tf32: bool,
-    m: usize,
-    n: usize,
-    k: usize,
-    batch: usize,
+    sizes: Sizes,
     align: [u32; 3],
 }
 
@@ -324,15 +327,7 @@ fn lt_plan(blas: &mut Blas, p: &Problem) -> Option<(lt::cublasLtHandle_t, LtPlan
     if h.is_null() {
         return None;
     }
-    let key = LtKey {
-        dtype: p.dtype,
-        tf32: p.tf32,
-        m: p.m,
-        n: p.n,
-        k: p.k,
-        batch: p.batch,
-        align: [alignment(p.pa), alignment(p.pb), alignment(p.pc)],
-    };
+    let key = LtKey { sizes: p.sizes, align: [alignment(p.pa), alignment(p.pb), alignment(p.pc)] };
     if !st.plans.contains_key(&key) {
         if st.plans.len() >= LT_PLANS {
             for plan in st.plans.drain().filter_map(|(_, p)| p) {
@@ -358,18 +353,17 @@ fn lt_plan(blas: &mut Blas, p: &Problem) -> Option<(lt::cublasLtHandle_t, LtPlan
 unsafe fn make_plan(h: lt::cublasLtHandle_t, key: &LtKey, workspace: usize) -> Option<LtPlan> {
     use lt::cublasComputeType_t as C;
     use lt::cudaDataType_t as T;
-    let (ty, compute, scale) = match key.dtype {
-        DType::F32 => (
-            T::CUDA_R_32F,
-            if key.tf32 { C::CUBLAS_COMPUTE_32F_FAST_TF32 } else { C::CUBLAS_COMPUTE_32F },
-            T::CUDA_R_32F,
-        ),
+    let d = key.sizes;
+    let (ty, compute, scale) = match d.dtype {
+        DType::F32 => {
+            (T::CUDA_R_32F, if d.tf32 { C::CUBLAS_COMPUTE_32F_FAST_TF32 } else { C::CUBLAS_COMPUTE_32F }, T::CUDA_R_32F)
+        }
         DType::F16 => (T::CUDA_R_16F, C::CUBLAS_COMPUTE_32F, T::CUDA_R_32F),
         DType::BF16 => (T::CUDA_R_16BF, C::CUBLAS_COMPUTE_32F, T::CUDA_R_32F),
         DType::F64 => (T::CUDA_R_64F, C::CUBLAS_COMPUTE_64F, T::CUDA_R_64F),
         _ => return None,
     };
-    let (m, n, k) = (key.m as u64, key.n as u64, key.k as u64);
+    let (m, n, k) = (d.m as u64, d.n as u64, d.k as u64);
     let desc = ltr::create_matmul_desc(compute, scale).ok()?;
     // Column-major: Cᵀ (n x m) = Bᵀ (n x k) Aᵀ (k x m); cuBLASLt's A is our B.
     let dims = [(n, k, (k * n) as i64), (k, m, (m * k) as i64), (n, m, (m * n) as i64)];
@@ -379,8 +373,8 @@ unsafe fn make_plan(h: lt::cublasLtHandle_t, key: &LtKey, workspace: usize) -> O
         match ltr::create_matrix_layout(ty, rows, cols, rows as i64) {
             Ok(l) => {
                 *slot = l;
-                if key.batch > 1 {
-                    let count = key.batch as i32;
+                if d.batch > 1 {
+                    let count = d.batch as i32;
                     use lt::cublasLtMatrixLayoutAttribute_t as L;
                     // SAFETY: live layout; the buffers are the attributes' types.
                     unsafe {
