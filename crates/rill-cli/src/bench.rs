@@ -36,6 +36,46 @@ fn filled(shape: &[usize], dtype: DType, seed: u64) -> Result<Array> {
     Ok(a)
 }
 
+/// The process's threads as Linux reports them: (thread id, name, CPU it last ran on,
+/// voluntary and involuntary context switches). Empty elsewhere. `RILL_BENCH_THREADS=1`
+/// prints the switches each thread made during `overhead` (a thread that sleeps and is
+/// woken once per eval shows about 210 voluntary switches).
+struct ThreadStats(Vec<(u32, String, i64, u64, u64)>);
+
+impl ThreadStats {
+    fn read() -> ThreadStats {
+        let mut v = Vec::new();
+        let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return ThreadStats(v) };
+        for e in dir.flatten() {
+            let Some(tid) = e.file_name().to_str().and_then(|t| t.parse::<u32>().ok()) else { continue };
+            let file = |f: &str| std::fs::read_to_string(e.path().join(f)).unwrap_or_default();
+            let name = file("comm").trim().to_string();
+            let status = file("status");
+            let field = |key: &str| {
+                status.lines().find_map(|l| l.strip_prefix(key)).and_then(|x| x.trim().parse::<u64>().ok()).unwrap_or(0)
+            };
+            // Field 39 of `stat` (the CPU), counted after the parenthesised name.
+            let stat = file("stat");
+            let cpu = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(36))
+                .and_then(|x| x.parse().ok())
+                .unwrap_or(-1);
+            v.push((tid, name, cpu, field("voluntary_ctxt_switches:"), field("nonvoluntary_ctxt_switches:")));
+        }
+        v.sort();
+        ThreadStats(v)
+    }
+    fn print_since(&self, before: &ThreadStats) {
+        for (tid, name, cpu, vol, inv) in &self.0 {
+            let (v0, i0) = before.0.iter().find(|b| b.0 == *tid).map(|b| (b.3, b.4)).unwrap_or((0, 0));
+            if vol - v0 + (inv - i0) > 0 {
+                println!("  thread {tid} {name}: cpu {cpu}, switches {} voluntary, {} involuntary", vol - v0, inv - i0);
+            }
+        }
+    }
+}
+
 /// Independent ops evaluated together by `batched`.
 const BATCH: usize = 8;
 
@@ -178,12 +218,16 @@ pub fn run(device: Device, names: &[String]) -> Result<()> {
         // the completion signal.
         let (a, b) = (filled(&[1024], DType::F32, 14)?, filled(&[1024], DType::F32, 15)?);
         let before = rill::runtime::stats().linger_handoffs;
+        let threads = ThreadStats::read();
         let t = time(10, 200, || a.add(&b)?.eval())?;
         let handed = rill::runtime::stats().linger_handoffs - before;
         println!(
             "overhead add f32 n=2^10, one eval: {:8.2} us ({handed} of 210 batches handed to a waiting job)",
             t * 1e6
         );
+        if std::env::var("RILL_BENCH_THREADS").as_deref() == Ok("1") {
+            ThreadStats::read().print_since(&threads);
+        }
     }
     if want("record") {
         let x = filled(&[4], DType::F32, 7)?;
