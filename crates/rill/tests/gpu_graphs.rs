@@ -96,31 +96,24 @@ fn repeated_batches_replay_as_graphs_with_new_inputs() {
 #[test]
 fn tiny_chains_on_several_streams_replay_their_own_graphs() {
     let Some(g) = gpu() else { return };
-    let threads: Vec<_> = (0..4u64)
-        .map(|k| {
-            std::thread::spawn(move || {
-                let s = rill::Stream::new(&g).unwrap();
-                let mut rng = Rng::new(100 + k);
-                for round in 0..5 {
-                    let v = rng.vec(16, -1.0, 1.0);
-                    let x = Array::from_slice(&v, &[16]).unwrap();
-                    let got = rill::with_stream(&s, || {
-                        let xg = x.astype(DType::F32).unwrap();
-                        xg.eval().unwrap();
-                        let y = tiny_chain(&xg, 300 + k as usize).unwrap();
-                        y.to_f64_vec().unwrap()
-                    });
-                    let want = common::on(Device::cpu(), || {
-                        tiny_chain(&x.astype(DType::F64).unwrap(), 300 + k as usize).unwrap().to_f64_vec().unwrap()
-                    });
-                    assert_close(&got, &want, 1e-4, &format!("stream {k}, round {round}"));
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
+    common::on_threads(4, |k| {
+        let s = rill::Stream::new(&g).unwrap();
+        let mut rng = Rng::new(100 + k);
+        for round in 0..5 {
+            let v = rng.vec(16, -1.0, 1.0);
+            let x = Array::from_slice(&v, &[16]).unwrap();
+            let got = rill::with_stream(&s, || {
+                let xg = x.astype(DType::F32).unwrap();
+                xg.eval().unwrap();
+                let y = tiny_chain(&xg, 300 + k as usize).unwrap();
+                y.to_f64_vec().unwrap()
+            });
+            let want = common::on(Device::cpu(), || {
+                tiny_chain(&x.astype(DType::F64).unwrap(), 300 + k as usize).unwrap().to_f64_vec().unwrap()
+            });
+            assert_close(&got, &want, 1e-4, &format!("stream {k}, round {round}"));
+        }
+    });
 }
 
 /// The same launch sequence with other arguments every round (the input is a view at a

@@ -70,33 +70,26 @@ fn common_free(g: Device) {
 #[test]
 fn split_reductions_on_several_streams_at_once() {
     let Some(g) = gpu() else { return };
-    let threads: Vec<_> = (0..4u64)
-        .map(|k| {
-            std::thread::spawn(move || {
-                let s = Stream::new(&g).unwrap();
-                let mut rng = common::Rng::new(40 + k);
-                for round in 0..12 {
-                    // A full sum of 2^20 values and row sums of 3 long rows, on stream `s`.
-                    let v = rng.vec(1 << 20, -1.0, 1.0);
-                    let (x, xv) = common::array_of(&v, &[1 << 20], rill::DType::F32);
-                    let rows = 3 + round % 2;
-                    let cols = (1 << 20) / 4;
-                    let (y, yv) = common::array_of(&v[..rows * cols], &[rows, cols], rill::DType::F32);
-                    let (total, per_row) = rill::with_stream(&s, || {
-                        let t = x.sum(&[], false).unwrap();
-                        let r = y.sum(&[1], false).unwrap();
-                        rill::eval(&[t.clone(), r.clone()]).unwrap();
-                        (t.to_f64_vec().unwrap(), r.to_f64_vec().unwrap())
-                    });
-                    let what = format!("stream {k} round {round}");
-                    common::assert_close(&total, &[xv.iter().sum()], 1e-4, &format!("{what}: total"));
-                    let want: Vec<f64> = yv.chunks(cols).map(|c| c.iter().sum()).collect();
-                    common::assert_close(&per_row, &want, 1e-4, &format!("{what}: rows"));
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
+    common::on_threads(4, |k| {
+        let s = Stream::new(&g).unwrap();
+        let mut rng = common::Rng::new(40 + k);
+        for round in 0..12 {
+            // A full sum of 2^20 values and row sums of 3 long rows, on stream `s`.
+            let v = rng.vec(1 << 20, -1.0, 1.0);
+            let (x, xv) = common::array_of(&v, &[1 << 20], rill::DType::F32);
+            let rows = 3 + round % 2;
+            let cols = (1 << 20) / 4;
+            let (y, yv) = common::array_of(&v[..rows * cols], &[rows, cols], rill::DType::F32);
+            let (total, per_row) = rill::with_stream(&s, || {
+                let t = x.sum(&[], false).unwrap();
+                let r = y.sum(&[1], false).unwrap();
+                rill::eval(&[t.clone(), r.clone()]).unwrap();
+                (t.to_f64_vec().unwrap(), r.to_f64_vec().unwrap())
+            });
+            let what = format!("stream {k} round {round}");
+            common::assert_close(&total, &[xv.iter().sum()], 1e-4, &format!("{what}: total"));
+            let want: Vec<f64> = yv.chunks(cols).map(|c| c.iter().sum()).collect();
+            common::assert_close(&per_row, &want, 1e-4, &format!("{what}: rows"));
+        }
+    });
 }

@@ -124,8 +124,13 @@ impl Drop for Node {
     /// of any depth can be dropped on any thread without overflowing its stack.
     fn drop(&mut self) {
         let mut stack: Vec<Array> = std::mem::take(&mut self.state.get_mut().inputs);
-        while let Some(a) = stack.pop() {
-            if let Some(mut node) = Arc::into_inner(a.node) {
+        while let Some(mut a) = stack.pop() {
+            // The last handle of a node: take its inputs in place (no move of the node
+            // out of its allocation), then drop it with none left to recurse into.
+            if let Some(node) = Arc::get_mut(&mut a.node) {
+                stack.append(&mut node.state.get_mut().inputs);
+            } else if let Some(mut node) = Arc::into_inner(a.node) {
+                // Unique but for weak handles (a stream's last-node link).
                 stack.append(&mut node.state.get_mut().inputs);
             }
         }

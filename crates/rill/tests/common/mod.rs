@@ -42,6 +42,18 @@ pub fn gpu() -> Option<Device> {
     }
 }
 
+/// Runs `f(k)` for k = 0..n on n threads at once and joins them (a panic in one fails
+/// the caller).
+#[allow(dead_code)]
+pub fn on_threads(n: u64, f: impl Fn(u64) + Sync) {
+    std::thread::scope(|s| {
+        for k in 0..n {
+            let f = &f;
+            s.spawn(move || f(k));
+        }
+    });
+}
+
 /// Runs `f` with every op built inside it targeting `device`'s default stream.
 pub fn on<R>(device: Device, f: impl FnOnce() -> R) -> R {
     let s = device.default_stream().expect("default stream");

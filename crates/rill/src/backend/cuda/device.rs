@@ -3,8 +3,8 @@
 //! Owner: the process-wide `DEVICES` table (one `DeviceState` per ordinal, made lazily on
 //! first use and never dropped). Each device has one completion worker thread, owned by
 //! the runtime and counted in `stats::THREADS_LIVE/THREADS_STARTED`: it waits (host side,
-//! with a blocking-sync event) for each batch's event in order and signals the batch's
-//! fence. `shutdown` stops and joins the workers within a bound.
+//! polling the event, then querying it between short naps) for each batch's event in
+//! order and signals the batch's fence. `shutdown` stops and joins the workers within a bound.
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -204,9 +204,9 @@ fn keep_pool_memory(ctx: &CudaContext) {
 }
 
 /// How long the completion worker polls a batch's event (yielding the CPU every 16 polls,
-/// see `poll_until`) before blocking in the driver: a blocking wait wakes tens of
-/// microseconds after the GPU finishes, which is most of the cost of a short evaluation.
-/// The worker only polls while a batch it was handed is still running.
+/// see `poll_until`) before it naps between queries (`Ev::wait_low_latency`): a sleeping
+/// thread wakes tens of microseconds late, which is most of the cost of a short
+/// evaluation. The worker only polls while a batch it was handed is still running.
 const UNTIL: Duration = Duration::from_micros(2100);
 /// How long the worker keeps polling its queue after its last job before it sleeps: the
 /// next `eval` of a thread that was waiting for that job usually hands over its batch
@@ -216,6 +216,13 @@ const LINGER: Duration = Duration::from_micros(200);
 fn worker_main(ctx: Arc<CudaContext>, q: Arc<WorkerShared>) {
     stats::THREADS_LIVE.fetch_add(1, SeqCst);
     stats::THREADS_STARTED.fetch_add(1, SeqCst);
+    // Naps of a long wait end on time (Linux lets a sleep overrun by the thread's timer
+    // slack, 50 µs by default, as much as the longest nap).
+    #[cfg(target_os = "linux")]
+    // SAFETY: sets an attribute of the calling thread only.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 5_000 as libc::c_ulong);
+    }
     let _ = ctx.bind_to_thread();
     let ready = |g: &WorkerQueue| !g.jobs.is_empty() || g.stop;
     loop {

@@ -207,15 +207,16 @@ fn prepare_inputs(cs: &CudaStreamHandle, inputs: &[Storage], waited: &mut Vec<us
     Ok(())
 }
 
-/// The device storage of an input: uploaded when it lives on the host.
-fn on_gpu(cs: &CudaStreamHandle, s: &Storage) -> Result<Storage> {
+/// A device copy of an input that is not on `cs`'s device (uploaded from the host, or
+/// through the host from another device); `None` when it already is.
+fn copy_to_gpu(cs: &CudaStreamHandle, s: &Storage) -> Result<Option<Storage>> {
     match &*s.buffer {
         Buffer::Cpu(_) => match scalar_on_device(cs, s)? {
-            Some(d) => Ok(d),
-            None => upload(cs, s),
+            Some(d) => Ok(Some(d)),
+            None => upload(cs, s).map(Some),
         },
-        Buffer::Cuda(b) if b.ordinal != cs.dev.ordinal => upload(cs, &to_host(s)?),
-        Buffer::Cuda(_) => Ok(s.clone()),
+        Buffer::Cuda(b) if b.ordinal != cs.dev.ordinal => upload(cs, &to_host(s)?).map(Some),
+        Buffer::Cuda(_) => Ok(None),
     }
 }
 
@@ -230,7 +231,7 @@ fn eval(
 ) -> Result<Storage> {
     use Primitive::*;
     if let ToDevice = prim {
-        return on_gpu(cs, &raw[0]);
+        return Ok(copy_to_gpu(cs, &raw[0])?.unwrap_or_else(|| raw[0].clone()));
     }
     if matches!(prim, Matmul) && !dtype.is_float() {
         // cuBLAS has no integer GEMM here: integer (and bool-as-i32) matmul runs on the
@@ -248,9 +249,8 @@ fn eval(
         return upload(cs, &out);
     }
     for s in raw.iter_mut() {
-        match &*s.buffer {
-            Buffer::Cuda(b) if b.ordinal == cs.dev.ordinal => {}
-            _ => *s = on_gpu(cs, s)?,
+        if let Some(d) = copy_to_gpu(cs, s)? {
+            *s = d;
         }
     }
     let inputs = &*raw;

@@ -226,12 +226,7 @@ pub(crate) fn map(
     let run = match addressing(ins, shape)? {
         Addressing::Run(run) => run,
         Addressing::Strided(lay) => {
-            let f = get("k_strided")?;
-            let mut b = Launch::new(&f);
-            b.arg(&out_ptr);
-            for p in &bases {
-                b.arg(p);
-            }
+            let mut b = operands(&get("k_strided")?, out_ptr, &bases);
             b.arg(&lay);
             b.arg(&n64);
             // SAFETY: the arguments match the generated signature; every offset the layout
@@ -248,12 +243,7 @@ pub(crate) fn map(
         && out_ptr % (out_dtype.size() * vec) as u64 == 0
         && vec > 1;
     if aligned {
-        let f = get("k_vec")?;
-        let mut b = Launch::new(&f);
-        b.arg(&out_ptr);
-        for p in &ptrs {
-            b.arg(p);
-        }
+        let mut b = operands(&get("k_vec")?, out_ptr, &ptrs);
         b.arg(&n64);
         // One block step per block: no grid-stride loop for any realistic size.
         let blocks = (n / vec).div_ceil(BLOCK as usize * VEC_UNROLL).clamp(1, 1 << 30) as u32;
@@ -262,12 +252,7 @@ pub(crate) fn map(
         // elements (vector-aligned, checked above).
         unsafe { b.launch(cs, cfg) }.map_err(launch_err)?;
     } else {
-        let f = get("k_contig")?;
-        let mut b = Launch::new(&f);
-        b.arg(&out_ptr);
-        for p in &ptrs {
-            b.arg(p);
-        }
+        let mut b = operands(&get("k_contig")?, out_ptr, &ptrs);
         for s in &run {
             b.arg(s);
         }
@@ -276,6 +261,16 @@ pub(crate) fn map(
         unsafe { b.launch(cs, grid_for(n)) }.map_err(launch_err)?;
     }
     Ok(out)
+}
+
+/// A launch of `f` with its first arguments: the output pointer, then each operand's.
+fn operands(f: &CudaFunction, out: u64, ptrs: &[u64]) -> Launch {
+    let mut b = Launch::new(f);
+    b.arg(&out);
+    for p in ptrs {
+        b.arg(p);
+    }
+    b
 }
 
 /// How a map's kernel addresses its inputs (returned once per launch, never stored: the
