@@ -469,3 +469,43 @@ fn scalar_operands_are_fills_evaluated_when_free() {
         });
     }
 }
+
+/// Ready scalar operands are shared between ops (on the CPU the last few values asked for
+/// keep their buffer; on a GPU the scalar slab holds them): every value and dtype must
+/// still be its own, with more distinct values than any such cache holds, signed zeros
+/// and NaN included, and each value asked again after others pushed it out.
+#[test]
+fn shared_scalar_operands_keep_each_value_and_dtype() {
+    let mut values: Vec<f64> = (0..80).map(|i| (i as f64 - 40.0) * 0.3125).collect();
+    values.extend([0.0, -0.0, f64::NAN, 1.0e30, -7.0]);
+    for dev in common::devices() {
+        common::on(dev, || {
+            let zero = Array::from_slice(&[-0.0f64, 0.0, 2.5], &[3]).unwrap();
+            for round in 0..2 {
+                for dtype in [DType::F32, DType::F64, DType::I32] {
+                    let x = zero.astype(dtype).unwrap();
+                    for &v in &values {
+                        if dtype == DType::I32 && (v.fract() != 0.0 || !v.is_finite() || v.abs() > 1e9) {
+                            continue;
+                        }
+                        // An integer array takes an integer scalar (a float one promotes it).
+                        let got = if dtype == DType::I32 { x.add(v as i64) } else { x.add(v) }.unwrap();
+                        assert_eq!(got.dtype(), dtype, "{dev} {dtype} + {v}");
+                        let got = got.to_f64_vec().unwrap();
+                        let xs = x.to_f64_vec().unwrap();
+                        let cast = |f: f64| match dtype {
+                            DType::F32 => f as f32 as f64,
+                            _ => f,
+                        };
+                        for (g, &a) in got.iter().zip(&xs) {
+                            let want = cast(a + cast(v));
+                            let same = (g.is_nan() && want.is_nan())
+                                || (*g == want && g.is_sign_negative() == want.is_sign_negative());
+                            assert!(same, "{dev} {dtype} round {round}: {a} + {v} gave {g}, want {want}");
+                        }
+                    }
+                }
+            }
+        });
+    }
+}

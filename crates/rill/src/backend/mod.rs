@@ -122,10 +122,11 @@ impl Storage {
 }
 
 /// The value of a 0-d `Full` node of `value` on `stream` when it can be had at once,
-/// without a kernel, a copy or any driver call: on the CPU a one-element buffer, on a GPU
-/// the device's scalar slab when it already holds the value (`x * 0.5` after the first
-/// time). The op layer records such a scalar as already evaluated, so a chain of ops with
-/// scalar operands plans, claims and runs one node per op, not two.
+/// without a kernel, a copy or any driver call: on the CPU a one-element buffer (shared
+/// by the last [`HOST_SCALARS`] values asked for), on a GPU the device's scalar slab when
+/// it already holds the value (`x * 0.5` after the first time). The op layer records such
+/// a scalar as already evaluated, so a chain of ops with scalar operands plans, claims and
+/// runs one node per op, not two.
 pub(crate) fn ready_scalar(stream: &crate::runtime::stream::Stream, dtype: DType, value: f64) -> Option<Storage> {
     if stream.device().is_gpu() {
         #[cfg(feature = "cuda")]
@@ -133,8 +134,24 @@ pub(crate) fn ready_scalar(stream: &crate::runtime::stream::Stream, dtype: DType
         #[cfg(not(feature = "cuda"))]
         return None;
     }
-    cpu::eval(&crate::primitives::Primitive::Full { value }, &[], dtype, &[]).ok()
+    let key = (dtype, value.to_bits());
+    if let Some((_, s)) = HOST_SCALAR_CACHE.lock().iter().find(|(k, _)| *k == key) {
+        return Some(s.clone());
+    }
+    let s = cpu::eval(&crate::primitives::Primitive::Full { value }, &[], dtype, &[]).ok()?;
+    let mut cache = HOST_SCALAR_CACHE.lock();
+    if cache.len() >= HOST_SCALARS {
+        cache.remove(0);
+    }
+    cache.push((key, s.clone()));
+    Some(s)
 }
+
+/// Host scalars kept for reuse (storages are never written after they are made, so the
+/// nodes of `x * 0.5` and `y * 0.5` may share one buffer); the oldest goes first.
+const HOST_SCALARS: usize = 32;
+type ScalarKey = (DType, u64);
+static HOST_SCALAR_CACHE: crate::sync::Mutex<Vec<(ScalarKey, Storage)>> = crate::sync::Mutex::new(Vec::new());
 
 /// Runs one batch of nodes (all on `stream`) in order. Called by the stream's pool job.
 pub(crate) fn execute_batch(stream: &crate::runtime::stream::Stream, nodes: &[crate::array::Array]) {

@@ -68,12 +68,10 @@ unsafe impl Send for Ev {}
 unsafe impl Sync for Ev {}
 
 /// Events record no timing and are not blocking-sync. A blocking-sync event lets
-/// `cuEventSynchronize` sleep until the GPU's interrupt, but querying one entered the
-/// kernel driver (profiled on the H200 host: `cuEventQuery` -> ioctl -> GSP RPC polling
-/// with register reads, 8% of a chain benchmark's samples). Same-call A/B, six alternating runs each:
-/// one eval of a 2^10 add took 12.9-16.8 µs without the flag against 16.0-18.4 µs with it.
-/// Waits poll instead ([`Ev::wait_low_latency`]) and sleep between queries once they
-/// have polled long enough.
+/// `cuEventSynchronize` sleep until the GPU's interrupt; rill never needs that (waits
+/// poll, then nap between queries: [`Ev::wait_low_latency`]), and without the flag one
+/// eval of a 2^10 add was faster on the H200 in 9 of 10 alternating same-call pairs
+/// (medians 15.0 vs 17.0 µs and 18.0 vs 19.4 µs in two calls; docs/PERFORMANCE.md).
 const EVENT_FLAGS: u32 = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
 
 /// The longest nap between two queries of a long wait, and the first one.
