@@ -73,6 +73,18 @@ def chain():
 
 t = median_time(chain, 2, 10)
 print(f"chain    1000 dependent tiny ops: {t*1e3:8.3f} ms  {t/1000*1e6:6.2f} us/op")
+w = torch.rand(1 << 20, device=dev)
+
+
+def chain_wide():
+    y = w
+    for _ in range(1000):
+        y = y * 1.0001
+    return y
+
+
+t = median_time(chain_wide, 2, 10)
+print(f"chain_wide 1000 dependent ops on 2^20 f32: {t*1e3:8.3f} ms  {t/1000*1e6:6.2f} us/op")
 s1, s2 = torch.rand(1024, device=dev), torch.rand(1024, device=dev)
 t = median_time(lambda: s1 + s2, 10, 200)
 print(f"overhead add f32 n=2^10, one op and a synchronisation: {t*1e6:8.2f} us")

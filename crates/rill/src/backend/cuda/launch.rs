@@ -19,6 +19,14 @@
 //! seen once, and any graph call that fails fall back to direct launches, so graphs never
 //! change results, only the cost per kernel. `RILL_CUDA_GRAPHS=0` turns them off.
 //!
+//! On sm_90 and later a graph's kernels are chained by programmatic edges (programmatic
+//! dependent launch): a kernel is started once every block of the previous one has
+//! started, and waits in its first statement (`rill_grid_wait()`, which the NVRTC front end
+//! puts at the top of every rill kernel) until the previous kernel's writes are visible.
+//! On the H200 that took 1000 dependent kernels on 2^20 f32 from 6.92 to 6.62 µs each
+//! (medians of five alternating runs, `rill bench chain_wide`). `RILL_CUDA_PDL=0` makes
+//! the edges plain ones.
+//!
 //! A launch that fails is charged to the node that made it ([`Recording::finish`] returns
 //! those nodes; the batch fails them and their dependants), as when launches were direct.
 //!
@@ -51,6 +59,14 @@ const SEEN: usize = 64;
 fn graphs_enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var("RILL_CUDA_GRAPHS").as_deref() != Ok("0"))
+}
+
+/// Whether a graph's kernels are chained by programmatic edges on `cs`'s device: sm_90
+/// and later, unless `RILL_CUDA_PDL=0`.
+fn programmatic_edges(cs: &CudaStreamHandle) -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("RILL_CUDA_PDL").as_deref() != Ok("0"));
+    on && cs.dev.arch.trim_start_matches("sm_").parse::<u32>().is_ok_and(|a| a >= 90)
 }
 
 /// One kernel launch: the function and a copy of its arguments. The function is a plain
@@ -306,7 +322,7 @@ fn send_all(cs: &CudaStreamHandle, mut pending: Vec<Pending>) -> Vec<(u64, Drive
         return pending.iter().map(|p| (p.node, e)).collect();
     }
     let stream = cs.raw_stream().cu_stream();
-    if pending.len() >= GRAPH_MIN && cs.graphs.lock().replay(stream, &mut pending) {
+    if pending.len() >= GRAPH_MIN && cs.graphs.lock().replay(stream, &mut pending, programmatic_edges(cs)) {
         stats::GRAPH_LAUNCHES.fetch_add(1, Relaxed);
         return Vec::new();
     }
@@ -353,7 +369,7 @@ fn hash_keys(keys: &[Key]) -> u64 {
 impl GraphCache {
     /// Launches `pending` as a cached graph; false (nothing launched) when the sequence has
     /// no graph yet and is seen for the first time, or a graph call fails.
-    fn replay(&mut self, stream: sys::CUstream, pending: &mut [Pending]) -> bool {
+    fn replay(&mut self, stream: sys::CUstream, pending: &mut [Pending], programmatic: bool) -> bool {
         let keys: Vec<Key> = pending.iter().map(Pending::key).collect();
         let hash = hash_keys(&keys);
         self.clock += 1;
@@ -388,7 +404,7 @@ impl GraphCache {
             self.seen.push(hash);
             return false;
         }
-        let Some(g) = build(pending, keys, hash, clock) else { return false };
+        let Some(g) = build(pending, keys, hash, clock, programmatic) else { return false };
         // SAFETY: as above.
         if unsafe { sys::cuGraphLaunch(g.exec, stream) }.result().is_err() {
             return false;
@@ -404,8 +420,13 @@ impl GraphCache {
     }
 }
 
-/// Builds and instantiates the chain of kernel nodes of `pending`.
-fn build(pending: &mut [Pending], key: Vec<Key>, hash: u64, used: u64) -> Option<Graph> {
+/// Builds and instantiates the chain of kernel nodes of `pending`. With `programmatic`,
+/// each edge lets the next kernel start once every block of the previous one has started
+/// (programmatic dependent launch): the next kernel's blocks are resident when the
+/// previous one ends, and wait in `rill_grid_wait()` (the first statement of every rill
+/// kernel, see `nvrtc::with_grid_waits`) until its writes are visible. That saves most of
+/// the gap between dependent kernels; an edge the driver refuses is added as a plain one.
+fn build(pending: &mut [Pending], key: Vec<Key>, hash: u64, used: u64, programmatic: bool) -> Option<Graph> {
     let mut graph: sys::CUgraph = std::ptr::null_mut();
     // SAFETY: creates an empty graph.
     unsafe { sys::cuGraphCreate(&mut graph, 0) }.result().ok()?;
@@ -416,12 +437,27 @@ fn build(pending: &mut [Pending], key: Vec<Key>, hash: u64, used: u64) -> Option
         let mut params = p.params();
         let np = p.node_params(&mut params);
         let mut node: sys::CUgraphNode = std::ptr::null_mut();
-        let (deps, n) = match g.nodes.last() {
-            Some(prev) => (prev as *const sys::CUgraphNode, 1),
-            None => (std::ptr::null(), 0),
+        let prev = g.nodes.last().copied();
+        let (deps, n) = match (&prev, programmatic) {
+            (Some(prev), false) => (prev as *const sys::CUgraphNode, 1),
+            _ => (std::ptr::null(), 0),
         };
         // SAFETY: a live graph, at most one dependency from it; the arguments are copied.
         unsafe { sys::cuGraphAddKernelNode_v2(&mut node, g.graph, deps, n, &np) }.result().ok()?;
+        if let (Some(prev), true) = (prev, programmatic) {
+            let edge = sys::CUgraphEdgeData {
+                from_port: sys::CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER as u8,
+                to_port: 0,
+                type_: sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8,
+                reserved: [0; 5],
+            };
+            // SAFETY: two kernel nodes of this graph; the edge data is read by the call.
+            let ok = unsafe { sys::cuGraphAddDependencies_v2(g.graph, &prev, &node, &edge, 1) }.result().is_ok();
+            if !ok {
+                // SAFETY: as above; no edge data: a plain edge.
+                unsafe { sys::cuGraphAddDependencies_v2(g.graph, &prev, &node, std::ptr::null(), 1) }.result().ok()?;
+            }
+        }
         g.nodes.push(node);
     }
     // SAFETY: a complete graph; dropped with `g` on failure.

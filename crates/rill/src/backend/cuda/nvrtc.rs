@@ -103,12 +103,33 @@ pub(crate) fn compile_for(arch: &str, key: &str, src: &str) -> Result<Ptx> {
     })
 }
 
+/// `src` with a call of the prelude's `rill_grid_wait()` as the first statement of every
+/// kernel (`__global__` function), so that each may run behind a programmatic graph edge
+/// (see `launch.rs`). An error when a kernel has no body.
+pub(crate) fn with_grid_waits(src: &str) -> Result<String> {
+    const GLOBAL: &str = "__global__";
+    let mut out = String::with_capacity(src.len() + 64);
+    let mut rest = src;
+    while let Some(at) = rest.find(GLOBAL) {
+        let after = at + GLOBAL.len();
+        let Some(brace) = rest[after..].find('{') else {
+            return Err(Error::backend("compile", "a kernel without a body"));
+        };
+        let body = after + brace + 1;
+        out.push_str(&rest[..body]);
+        out.push_str(" rill_grid_wait();");
+        rest = &rest[body..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
 fn compile_inner(arch: &str, key: &str, src: &str) -> Result<Ptx> {
     // SAFETY: only tries to open the library.
     if !unsafe { nvsys::is_culib_present() } {
         return Err(super::unsupported("compile", "NVRTC (libnvrtc) was not found"));
     }
-    let csrc = CString::new(src).map_err(|e| Error::backend("compile", e))?;
+    let csrc = CString::new(with_grid_waits(src)?).map_err(|e| Error::backend("compile", e))?;
     // The program name only appears in NVRTC's messages: a short, printable prefix of the key.
     let short: String = key.chars().filter(|c| c.is_ascii_alphanumeric() || ":_|,".contains(*c)).take(48).collect();
     let cname = CString::new(format!("{short}.cu")).map_err(|e| Error::backend("compile", e))?;
@@ -198,5 +219,21 @@ mod tests {
         // The warm-up kernel is the prelude plus a kernel reading bf16: if it stopped
         // compiling, the warm-up would silently do nothing.
         super::check_compiles("test:warm-up", &super::warm_up_source());
+    }
+
+    #[test]
+    fn every_kernel_waits_for_its_predecessor_first() {
+        let src = "__device__ int f(int x) { return x; }\n\
+                   extern \"C\" __global__ void __launch_bounds__(256) a(int* p) { p[0] = f(1); }\n\
+                   extern \"C\" __global__ void b(int* p, int n) {\n    if (n) { p[0] = 2; }\n}\n";
+        let got = super::with_grid_waits(src).unwrap();
+        let want = "__device__ int f(int x) { return x; }\n\
+                    extern \"C\" __global__ void __launch_bounds__(256) a(int* p) { rill_grid_wait(); p[0] = f(1); }\n\
+                    extern \"C\" __global__ void b(int* p, int n) { rill_grid_wait();\n    if (n) { p[0] = 2; }\n}\n";
+        assert_eq!(got, want);
+        assert!(super::with_grid_waits("extern \"C\" __global__ void c(int* p);").is_err());
+        // Every kernel rill generates starts with the wait: the warm-up's, as compiled.
+        let warm = super::with_grid_waits(&super::warm_up_source()).unwrap();
+        assert_eq!(warm.matches("__global__").count(), warm.matches("rill_grid_wait();").count());
     }
 }

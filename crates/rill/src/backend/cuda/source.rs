@@ -17,6 +17,15 @@ typedef long long i64;
 typedef unsigned long long u64;
 #define MAXD 8
 struct Lay { i64 shape[MAXD]; i64 st[3][MAXD]; i64 off[3]; i32 ndim; i32 pad; };
+// Every rill kernel calls this first (inserted by the compiler front end, nvrtc.rs). In
+// a CUDA graph a kernel may be started while the previous one still runs (a programmatic
+// edge, sm_90 and later, launch.rs); it waits here, before touching memory, until that
+// kernel has finished and its writes are visible. Launched any other way it returns at once.
+__device__ __forceinline__ void rill_grid_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 
 __device__ __forceinline__ float ld_f16(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ u16 st_f16(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
