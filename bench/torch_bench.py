@@ -61,29 +61,20 @@ m2 = torch.rand(8192, 8192, device=dev, dtype=torch.bfloat16) * 2 - 1
 t = median_time(lambda: m1 @ m2, 3, 10)
 print(f"matmul   bf16 8192^3: {t*1e3:8.3f} ms  {2*8192**3/t/1e9:7.1f} GFLOP/s")
 del m1, m2
-s = torch.rand(16, device=dev)
 
 
-def chain():
-    y = s
+def chain(x):
+    y = x
     for _ in range(1000):
         y = y * 1.0001
     return y
 
 
-t = median_time(chain, 2, 10)
+s = torch.rand(16, device=dev)
+t = median_time(lambda: chain(s), 2, 10)
 print(f"chain    1000 dependent tiny ops: {t*1e3:8.3f} ms  {t/1000*1e6:6.2f} us/op")
 w = torch.rand(1 << 20, device=dev)
-
-
-def chain_wide():
-    y = w
-    for _ in range(1000):
-        y = y * 1.0001
-    return y
-
-
-t = median_time(chain_wide, 2, 10)
+t = median_time(lambda: chain(w), 2, 10)
 print(f"chain_wide 1000 dependent ops on 2^20 f32: {t*1e3:8.3f} ms  {t/1000*1e6:6.2f} us/op")
 s1, s2 = torch.rand(1024, device=dev), torch.rand(1024, device=dev)
 t = median_time(lambda: s1 + s2, 10, 200)

@@ -242,30 +242,26 @@ pub fn run(device: Device, names: &[String]) -> Result<()> {
         })?;
         println!("record   one lazy op (add of two arrays): {:6.3} us", t / n as f64 * 1e6);
     }
-    if want("chain") {
-        let x = filled(&[16], DType::F32, 8)?;
-        let n = 1000;
-        let t = time(2, 10, || {
+    // `n` dependent `y * 1.0001` from `x`, then one eval: seconds per call.
+    let chain = |x: &Array, n: usize| {
+        time(2, 10, || {
             let mut y = x.clone();
             for _ in 0..n {
                 y = y.mul(1.0001)?;
             }
             y.eval()
-        })?;
+        })
+    };
+    if want("chain") {
+        let n = 1000;
+        let t = chain(&filled(&[16], DType::F32, 8)?, n)?;
         println!("chain    {n} dependent tiny ops: {:8.3} ms  {:6.2} us/op", t * 1e3, t / n as f64 * 1e6);
     }
     if want("chain_wide") {
         // The same chain on 2^20 elements (4 MiB): on a GPU each kernel then takes longer than the
         // host needs to record it, so the figure is the device's time per dependent kernel.
-        let x = filled(&[1 << 20], DType::F32, 9)?;
         let n = 1000;
-        let t = time(2, 10, || {
-            let mut y = x.clone();
-            for _ in 0..n {
-                y = y.mul(1.0001)?;
-            }
-            y.eval()
-        })?;
+        let t = chain(&filled(&[1 << 20], DType::F32, 9)?, n)?;
         println!("chain_wide {n} dependent ops on 2^20 f32: {:8.3} ms  {:6.2} us/op", t * 1e3, t / n as f64 * 1e6);
     }
     Ok(())
