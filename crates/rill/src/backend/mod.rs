@@ -153,6 +153,12 @@ const HOST_SCALARS: usize = 32;
 type ScalarKey = (DType, u64);
 static HOST_SCALAR_CACHE: crate::sync::Mutex<Vec<(ScalarKey, Storage)>> = crate::sync::Mutex::new(Vec::new());
 
+/// Lets go of the kept host scalars (`clear_cache`).
+pub(crate) fn forget_host_scalars() {
+    let kept = std::mem::take(&mut *HOST_SCALAR_CACHE.lock());
+    drop(kept);
+}
+
 /// Runs one batch of nodes (all on `stream`) in order. Called by the stream's pool job.
 pub(crate) fn execute_batch(stream: &crate::runtime::stream::Stream, nodes: &[crate::array::Array]) {
     use crate::runtime::scheduler::execute_node;

@@ -35,6 +35,7 @@ pub use stats::{Stats, stats};
 
 /// Frees every cached allocation on every device. Callable from any thread.
 pub fn clear_cache() {
+    crate::backend::forget_host_scalars();
     crate::backend::cpu::clear_cache();
     #[cfg(feature = "cuda")]
     crate::backend::cuda::clear_cache();
