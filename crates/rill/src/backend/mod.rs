@@ -135,11 +135,13 @@ pub(crate) fn ready_scalar(stream: &crate::runtime::stream::Stream, dtype: DType
         return None;
     }
     let key = (dtype, value.to_bits());
-    if let Some((_, s)) = HOST_SCALAR_CACHE.lock().iter().find(|(k, _)| *k == key) {
+    // One lock for the lookup and the insertion: two threads asking for a new value at
+    // once make it once.
+    let mut cache = HOST_SCALAR_CACHE.lock();
+    if let Some((_, s)) = cache.iter().find(|(k, _)| *k == key) {
         return Some(s.clone());
     }
     let s = cpu::eval(&crate::primitives::Primitive::Full { value }, &[], dtype, &[]).ok()?;
-    let mut cache = HOST_SCALAR_CACHE.lock();
     if cache.len() >= HOST_SCALARS {
         cache.remove(0);
     }

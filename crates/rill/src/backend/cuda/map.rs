@@ -220,7 +220,8 @@ pub(crate) fn map(
         dev.map_fns.lock().insert(memo, f.clone());
         Ok(f)
     };
-    let _ = dev.ctx.bind_to_thread();
+    // No context binding here: `Launch::launch` binds when it sends a launch directly, and
+    // a recorded launch needs none until its batch sends it.
     let n64 = n as i64;
     let launch_err = |e| super::backend_err("launch", e);
     let run = match addressing(ins, shape)? {

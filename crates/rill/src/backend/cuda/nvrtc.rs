@@ -57,6 +57,9 @@ pub(crate) fn function(dev: &DeviceState, key: &str, name: &str, src: impl FnOnc
     if let Some((_, f)) = entry.funcs.iter().find(|(n, _)| n == name) {
         return Ok(f.clone());
     }
+    // The module's context current on this thread for the lookup (a miss only: launchers
+    // do not bind, see `map.rs`).
+    dev.ctx.bind_to_thread().map_err(|e| Error::backend("cuda", format!("kernel {key}::{name}: {e:?}")))?;
     let f =
         entry.module.load_function(name).map_err(|e| Error::backend("cuda", format!("kernel {key}::{name}: {e:?}")))?;
     entry.funcs.push((name.to_string(), f.clone()));
