@@ -94,6 +94,27 @@ fn full_reductions_of_many_elements() {
     }
 }
 
+/// A full sum long enough that each thread of the split kernel reads eight vectors at a
+/// time (the GPU gives each of about 500 blocks more than 8 x 512 vectors), with an
+/// unaligned start and a tail.
+#[test]
+fn full_sums_long_enough_for_eight_vectors_per_thread() {
+    for dev in devices() {
+        on(dev, || {
+            let mut rng = Rng::new(13);
+            let n = 9_000_011usize;
+            let raw = rng.vec(n + 1, -1.0, 1.0);
+            for dt in [DType::F32, DType::BF16] {
+                let (x, xv) = offset_view(&raw, 1, &[n], dt);
+                let got = x.sum(&[], false).unwrap().to_f64_vec().unwrap();
+                assert_close(&got, &[xv.iter().sum()], sum_tol(dt), &format!("sum {dt} n={n}"));
+                let got = x.max(&[], false).unwrap().to_f64_vec().unwrap();
+                assert_close(&got, &[ref_max(&xv)], 0.0, &format!("max {dt} n={n}"));
+            }
+        });
+    }
+}
+
 #[test]
 fn row_reductions_few_long_and_many_short_rows() {
     for dev in devices() {
@@ -106,6 +127,8 @@ fn row_reductions_few_long_and_many_short_rows() {
                 (2, 1 << 19, 1),
                 (5, 2000, 0),
                 (600, 1031, 1),
+                // Block per row with rows long enough for eight vectors in flight per thread.
+                (300, 20_005, 1),
                 (1 << 15, 5, 0),
                 (20_000, 33, 3),
                 (4, 1, 0),

@@ -7,7 +7,8 @@
 //! - short rows (`cols <= WARP_COLS`): one warp per row (`k_warp`);
 //! - many long rows: one block per row (`k_block`, 16-byte vector loads of the aligned
 //!   middle of each row, warp shuffles, one shared slot per warp);
-//! - few long rows (a full reduction): each row is split over many blocks that write
+//! - few long rows (a full reduction): each row is split over many blocks (for a stored
+//!   array, [`SPLIT_BLOCK`] threads with eight vectors in flight each) that write
 //!   partial results to a temporary buffer; the block that finishes a row's last chunk
 //!   (counted with an atomic per row) combines that row's partials and writes the result,
 //!   so a full reduction is one kernel launch. The counters live with the stream (one per
@@ -45,6 +46,14 @@ use super::source::{PRELUDE, ctype, ftype, load, store_float, utype};
 const WARP_COLS: usize = 1024;
 /// Threads per block of the reduction kernels.
 const RBLOCK: u32 = 256;
+/// Threads per block of a stored array's reduction split over many blocks (with eight
+/// 16-byte vectors in flight per thread and four accumulators). A sum of 2^28 f32 on the
+/// H200, medians of `rill bench sum` (single eval; batched x8), two runs each: 256
+/// threads and four vectors (before) 4052, 4061; 4245, 4270 GB/s; 512 threads and eight
+/// vectors 4243, 4118; 4422, 4373 GB/s (1024 threads: 4089, 4007; 4268, 4230).
+const SPLIT_BLOCK: u32 = 512;
+/// Threads each SM is given by a split reduction.
+const SPLIT_THREADS_PER_SM: usize = 2048;
 /// `k_block`'s launch bound when it computes its elements ([`Elems::Computed`]): it is
 /// launched with [`RBLOCK`] threads, but the larger bound caps registers at 64 per thread
 /// (four blocks per SM). Row sums of `(a-b)^2` over 16384x16384 f32 on the H200: 0.276 ms
@@ -200,7 +209,7 @@ fn reduce_source(s: &ReduceSpec, vn: usize, e: &Elems<'_>) -> String {
         Elems::Computed(r) => &r.decls,
     };
     let bound = match e {
-        Elems::Array => RBLOCK,
+        Elems::Array => SPLIT_BLOCK,
         Elems::Computed(_) => COMPUTED_BOUND,
     };
     // This thread's share of chunk `c` of `splits` of row `r`, accumulated into `a`.
@@ -260,22 +269,33 @@ __device__ __forceinline__ A chunk(const T* p, i64 cols, i64 c, i64 splits) {{
     const V<T, VN>* pv = (const V<T, VN>*)(p + head);
     i64 bd = blockDim.x;
     i64 j = v0 + threadIdx.x;
-    for (; j + 3 * bd < v1; j += 4 * bd) {{
-        V<T, VN> x0 = pv[j], x1 = pv[j + bd], x2 = pv[j + 2 * bd], x3 = pv[j + 3 * bd];
+    // Eight vectors in flight per thread, then four, then one; four accumulators.
+    A acc[4] = {{a, a, a, a}};
+    for (; j + 7 * bd < v1; j += 8 * bd) {{
+        V<T, VN> xs[8];
 #pragma unroll
-        for (int e = 0; e < VN; ++e) a = comb(a, ldv(x0.v[e]));
+        for (int u = 0; u < 8; ++u) xs[u] = pv[j + u * bd];
 #pragma unroll
-        for (int e = 0; e < VN; ++e) a = comb(a, ldv(x1.v[e]));
+        for (int u = 0; u < 8; ++u)
 #pragma unroll
-        for (int e = 0; e < VN; ++e) a = comb(a, ldv(x2.v[e]));
+            for (int e = 0; e < VN; ++e) acc[(u * VN + e) & 3] = comb(acc[(u * VN + e) & 3], ldv(xs[u].v[e]));
+    }}
+    if (j + 3 * bd < v1) {{
+        V<T, VN> xs[4];
 #pragma unroll
-        for (int e = 0; e < VN; ++e) a = comb(a, ldv(x3.v[e]));
+        for (int u = 0; u < 4; ++u) xs[u] = pv[j + u * bd];
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int e = 0; e < VN; ++e) acc[(u * VN + e) & 3] = comb(acc[(u * VN + e) & 3], ldv(xs[u].v[e]));
+        j += 4 * bd;
     }}
     for (; j < v1; j += bd) {{
         V<T, VN> x0 = pv[j];
 #pragma unroll
-        for (int e = 0; e < VN; ++e) a = comb(a, ldv(x0.v[e]));
+        for (int e = 0; e < VN; ++e) acc[e & 3] = comb(acc[e & 3], ldv(x0.v[e]));
     }}
+    a = comb(comb(acc[0], acc[1]), comb(acc[2], acc[3]));
     if (c == 0) {{
         i64 t0 = head + nvec * VN;
         i64 extra = head + (cols - t0);
@@ -349,8 +369,9 @@ extern "C" __global__ void k_warp(T* __restrict__ out, {data}i64 rows, i64 cols)
 pub(crate) enum Plan {
     /// One warp per row.
     Warp,
-    /// Each row split into this many chunks (1: one block per row).
-    Block { splits: usize },
+    /// Each row split into `splits` chunks (1: one block per row), one block of
+    /// `threads` each.
+    Block { splits: usize, threads: u32 },
 }
 
 /// Rows a reduction split over several blocks has at most (fewer than `2 * sms`, see
@@ -359,18 +380,23 @@ fn split_rows(sms: usize) -> usize {
     2 * sms
 }
 
-fn plan(rows: usize, cols: usize, vn: usize, sms: usize) -> Plan {
+/// How a `rows x cols` reduction is launched: `vn` elements per vector read, `split`
+/// threads per block when a row is split over several blocks.
+fn plan(rows: usize, cols: usize, vn: usize, sms: usize, split: u32) -> Plan {
     if cols <= WARP_COLS {
         return Plan::Warp;
     }
     if rows >= split_rows(sms) {
-        return Plan::Block { splits: 1 };
+        return Plan::Block { splits: 1, threads: RBLOCK };
     }
-    // Enough blocks to fill every SM (8 resident blocks each), and chunks of at least
-    // four vectors per thread.
-    let want = (sms * 8).div_ceil(rows);
-    let most = (cols / (RBLOCK as usize * vn * 4)).max(1);
-    Plan::Block { splits: want.min(most).max(1) }
+    // Enough blocks to give every SM `SPLIT_THREADS_PER_SM` threads, and chunks of at
+    // least four vectors per thread.
+    let want = (sms * SPLIT_THREADS_PER_SM / split as usize).div_ceil(rows);
+    let most = (cols / (split as usize * vn * 4)).max(1);
+    match want.min(most).max(1) {
+        1 => Plan::Block { splits: 1, threads: RBLOCK },
+        splits => Plan::Block { splits, threads: split },
+    }
 }
 
 /// The device address of `cs`'s row counters for split reductions ([`split_rows`]
@@ -415,7 +441,7 @@ pub(crate) fn reduce(
     let mut src = Some(move || reduce_source(&reduce_spec(op, d), vn, &Elems::Array));
     let mut get = |name: &str| nvrtc::function(dev, &key, name, || src.take().map(|f| f()).unwrap_or_default());
     let po = cuda_of(&out).map(|b| b.ptr()).unwrap_or(0);
-    let how = plan(rows, cols, vn, dev.sms as usize);
+    let how = plan(rows, cols, vn, dev.sms as usize, SPLIT_BLOCK);
     launch(cs, &mut get, d, how, po, &[elem_ptr(&xs)], &[], rows, cols)?;
     Ok(out)
 }
@@ -423,7 +449,7 @@ pub(crate) fn reduce(
 /// The launch plan of a reduction of `rows x cols` elements of `d` read one at a time
 /// ([`Elems::Computed`]).
 pub(crate) fn plan_computed(rows: usize, cols: usize, sms: usize) -> Plan {
-    plan(rows, cols, 1, sms)
+    plan(rows, cols, 1, sms, RBLOCK)
 }
 
 /// The names of the reduction module's kernels, in the order [`launch`] may ask for them.
@@ -475,7 +501,7 @@ pub(crate) fn launch(
             // signature and address rows*cols elements (the caller's contract).
             unsafe { b.launch(cs, cfg(blocks(rows.div_ceil(warps), sms * 64))) }.map_err(launch_err)?;
         }
-        Plan::Block { splits } => {
+        Plan::Block { splits, threads } => {
             let acc_size = match d {
                 DType::F16 | DType::BF16 => 4,
                 _ => d.size(),
@@ -509,7 +535,12 @@ pub(crate) fn launch(
             // SAFETY: `out` holds `rows` elements, `part` rows*splits accumulators and the
             // counters at least `rows` zeros (with one split neither is touched); the data
             // parameters as above.
-            unsafe { b.launch(cs, cfg(blocks(rows * splits, 1 << 30))) }.map_err(launch_err)?;
+            let cfg = LaunchConfig {
+                grid_dim: (blocks(rows * splits, 1 << 30), 1, 1),
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            unsafe { b.launch(cs, cfg) }.map_err(launch_err)?;
             drop(part);
         }
     }
@@ -761,13 +792,17 @@ mod tests {
     fn reduction_plans() {
         let sms = 132;
         // A full reduction is split over many blocks.
-        assert_eq!(plan(1, 1 << 28, 4, sms), Plan::Block { splits: sms * 8 });
+        // A stored array's full reduction: four blocks of 512 threads per SM.
+        assert_eq!(plan(1, 1 << 28, 4, sms, SPLIT_BLOCK), Plan::Block { splits: sms * 4, threads: 512 });
+        // Computed elements: eight blocks of 256.
+        assert_eq!(plan(1, 1 << 28, 1, sms, RBLOCK), Plan::Block { splits: sms * 8, threads: 256 });
         // Short rows: a warp each; many long rows: a block each.
-        assert_eq!(plan(1 << 20, 16, 4, sms), Plan::Warp);
-        assert_eq!(plan(65536, 4096, 4, sms), Plan::Block { splits: 1 });
+        assert_eq!(plan(1 << 20, 16, 4, sms, SPLIT_BLOCK), Plan::Warp);
+        assert_eq!(plan(65536, 4096, 4, sms, SPLIT_BLOCK), Plan::Block { splits: 1, threads: 256 });
         // Few rows that are not long enough to split stay one block per row.
-        assert_eq!(plan(3, 2000, 4, sms), Plan::Block { splits: 1 });
-        assert_eq!(plan(3, 40000, 4, sms), Plan::Block { splits: 9 });
+        assert_eq!(plan(3, 2000, 4, sms, SPLIT_BLOCK), Plan::Block { splits: 1, threads: 256 });
+        assert_eq!(plan(3, 40000, 4, sms, RBLOCK), Plan::Block { splits: 9, threads: 256 });
+        assert_eq!(plan(3, 40000, 4, sms, SPLIT_BLOCK), Plan::Block { splits: 4, threads: 512 });
     }
 
     #[test]
