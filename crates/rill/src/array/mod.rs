@@ -160,9 +160,23 @@ impl Array {
     }
     /// Creates an evaluated node around a storage.
     pub(crate) fn from_storage(storage: Storage, stream: Stream) -> Array {
-        let a = Array::from_op(Primitive::Constant, Vec::new(), storage.layout.shape.to_vec(), storage.dtype, stream);
-        a.node.complete(Ok(storage));
-        a
+        let shape = storage.layout.shape.to_vec();
+        Array::evaluated(Primitive::Constant, shape, storage, stream)
+    }
+    /// A node of `prim` born evaluated with `storage` (its dtype): no inputs, already
+    /// `Done`, so no lock is taken and nobody is woken.
+    pub(crate) fn evaluated(prim: Primitive, shape: Vec<usize>, storage: Storage, stream: Stream) -> Array {
+        Array {
+            node: Arc::new(Node {
+                id: NEXT_NODE_ID.fetch_add(1, Ordering::Relaxed),
+                shape,
+                dtype: storage.dtype,
+                prim,
+                stream,
+                state: Mutex::new(NodeState { status: Status::Done, inputs: Vec::new() }),
+                result: Completion::done(Ok(storage)),
+            }),
+        }
     }
     /// A process-unique id of this node (never reused).
     pub fn id(&self) -> u64 {

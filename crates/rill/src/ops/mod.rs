@@ -94,9 +94,8 @@ pub(crate) fn prepare(a: &Array, dtype: DType, stream: &Stream) -> Array {
 /// `Full` node, which `compile` inlines as a literal.
 pub(crate) fn scalar_on(s: Scalar, dtype: DType, stream: &Stream) -> Array {
     let value = s.as_f64();
-    let a = Array::from_op(Primitive::Full { value }, Vec::new(), Vec::new(), dtype, stream.clone());
-    if let Some(storage) = crate::backend::ready_scalar(stream, dtype, value) {
-        a.node.complete(Ok(storage));
+    match crate::backend::ready_scalar(stream, dtype, value) {
+        Some(storage) => Array::evaluated(Primitive::Full { value }, Vec::new(), storage, stream.clone()),
+        None => Array::from_op(Primitive::Full { value }, Vec::new(), Vec::new(), dtype, stream.clone()),
     }
-    a
 }

@@ -87,8 +87,9 @@ fn pending_inputs<H: Claimable>(h: &H) -> Option<Inputs<H>> {
 /// first). Iterative, so graphs of any depth work. The walk does not descend below a node
 /// that is claimed or done: whatever that node needs is its claimer's business.
 pub(crate) fn pending_order<H: Claimable>(outputs: &[H]) -> Vec<H> {
-    let mut order = Vec::new();
-    let mut seen = IdSet::default();
+    // Sized for a small graph: a long one grows them a few times, not from zero.
+    let mut order = Vec::with_capacity(64);
+    let mut seen = IdSet::with_capacity_and_hasher(64, Default::default());
     let mut stack: Vec<(H, Inputs<H>, usize)> = Vec::new();
     for out in outputs {
         if !seen.insert(out.id()) {
@@ -99,8 +100,14 @@ pub(crate) fn pending_order<H: Claimable>(outputs: &[H]) -> Vec<H> {
         }
         while let Some(top) = stack.last_mut() {
             if top.2 < top.1.len() {
-                let child = top.1[top.2].clone();
+                let child = &top.1[top.2];
                 top.2 += 1;
+                // Nothing below a published node is submitted (lock-free check: most
+                // operands of a long chain, its scalars and constants, are evaluated).
+                if child.is_done() {
+                    continue;
+                }
+                let child = child.clone();
                 if seen.insert(child.id()) {
                     if let Some(ins) = pending_inputs(&child) {
                         stack.push((child, ins, 0));

@@ -49,6 +49,14 @@ impl<T: Clone> Completion<T> {
             done: AtomicBool::new(false),
         }
     }
+    /// A completion whose value is already set (nobody can be waiting for it yet).
+    pub fn done(v: T) -> Self {
+        Completion {
+            state: Mutex::new(State { value: Some(v), wakers: Vec::new(), callbacks: Vec::new(), sleepers: 0 }),
+            cv: Condvar::new(),
+            done: AtomicBool::new(true),
+        }
+    }
     /// True once the value is set (lock-free).
     pub fn is_done(&self) -> bool {
         self.done.load(Ordering::Acquire)
