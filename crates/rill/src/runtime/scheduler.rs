@@ -279,51 +279,12 @@ fn reschedule(stream: Stream) {
     }
 }
 
-/// The node handles of GPU batches that ran, kept by the stream's job to be let go of
-/// when the stream's queue is empty (before lingering or returning) or when they exceed
-/// [`KEEP_NODES`] nodes or [`KEEP_BYTES`] bytes of output. Letting go of a batch's handles
-/// frees its intermediate nodes (about 0.2 µs each on the H200's host, a seventh of the
-/// job's time in a chain of tiny ops); deferred, that work no longer delays the launches
-/// of the batches behind it. The freed buffers return to the stream's cache in the same
-/// order as before, so a repeated evaluation still gets the same addresses.
-#[derive(Default)]
-struct Finished {
-    batches: Vec<Batch>,
-    nodes: usize,
-    bytes: usize,
-}
-
-/// Most nodes, and bytes of their outputs, that a GPU stream's job keeps (see [`Finished`]).
-const KEEP_NODES: usize = 1024;
-const KEEP_BYTES: usize = 16 << 20;
-/// Most batches a GPU stream's job runs in a row before it lets go of them and goes back
-/// through the pool's queue (as every CPU batch does), so other streams get their turn.
-const KEEP_BATCHES: usize = 8;
-
-impl Finished {
-    fn keep(&mut self, b: Batch) {
-        self.nodes += b.nodes.len();
-        self.bytes +=
-            b.nodes.iter().map(|a| a.node.shape.iter().product::<usize>() * a.node.dtype.size()).sum::<usize>();
-        self.batches.push(b);
-        if self.nodes > KEEP_NODES || self.bytes > KEEP_BYTES {
-            self.clear();
-        }
-    }
-    fn clear(&mut self) {
-        self.batches.clear(); // in order: the buffers go back to the cache as they were made
-        self.nodes = 0;
-        self.bytes = 0;
-    }
-}
-
 fn run_stream(mut stream: Stream) {
-    let mut finished = Finished::default();
     loop {
         let batch = {
             let mut q = stream.inner.queue.lock();
             match q.serial.take(|head| head.deps.iter().find(|d| !d.node.is_done()).cloned()) {
-                Take::Idle => return, // `finished` is let go of here
+                Take::Idle => return,
                 Take::Park(dep) => {
                     drop(q);
                     let s = stream.clone();
@@ -344,22 +305,9 @@ fn run_stream(mut stream: Stream) {
         backend::execute_batch(&stream, &batch.nodes);
         let gpu = stream.device().is_gpu();
         let fence = if gpu { batch.nodes.last().and_then(|a| a.node.fence()) } else { None };
-        if gpu {
-            finished.keep(batch);
-        } else {
-            drop(batch);
-        }
+        drop(batch);
         notify_completion();
         let mut q = stream.inner.queue.lock();
-        if gpu && !q.serial.batches.is_empty() && finished.batches.len() < KEEP_BATCHES {
-            drop(q);
-            continue; // the next batch first; the finished ones wait
-        }
-        if !finished.batches.is_empty() {
-            drop(q);
-            finished.clear();
-            q = stream.inner.queue.lock();
-        }
         if gpu && q.serial.batches.is_empty() {
             drop(q);
             match linger(stream, fence.as_deref()) {
