@@ -122,14 +122,6 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
         None
     };
     if let Some(ev) = &ev {
-        for r in local.values().flatten() {
-            if let Some(b) = cuda_of(r) {
-                if !b.constant && b.event.get().is_none() {
-                    let _ = b.event.set(ev.clone());
-                    let _ = b.producer.set(cs.id);
-                }
-            }
-        }
         for s in &read {
             if let Some(b) = cuda_of(s) {
                 b.add_user(cs.id, ev);
@@ -138,8 +130,18 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
     }
     drop(read);
     stats::NODES_COMPUTED.fetch_add(nodes.len() as u64, SeqCst);
+    // In the batch's (topological) order: a buffer's event is set before the first node
+    // that holds it is published, so another stream that reads it waits for this batch.
     for a in nodes {
         let r = local.remove(&a.node.id).unwrap_or_else(|| Err(Error::backend("cuda", "node result missing")));
+        if let (Some(ev), Ok(s)) = (&ev, &r) {
+            if let Some(b) = cuda_of(s) {
+                if !b.constant && b.event.get().is_none() {
+                    let _ = b.event.set(ev.clone());
+                    let _ = b.producer.set(cs.id);
+                }
+            }
+        }
         let r = r.map(|s| Storage { fence: Some(fence.clone()), ..s });
         a.node.complete(r);
     }
