@@ -160,3 +160,31 @@ fn gpu_sources_match_cpu() {
         assert_eq!(run(g), run(Device::cpu()), "{dt}");
     }
 }
+
+/// Maps over arrays large enough for the eight-vectors-per-thread kernel (`k_vec8`, used
+/// when it still gives every SM four blocks): two and three inputs, f32 and bf16, a cast,
+/// with a tail that is not a whole vector; against float64.
+#[test]
+fn gpu_large_contiguous_maps_match_f64() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(9);
+    let n = 9_000_005usize;
+    let (a, b, c) = (rng.vec(n, -2.0, 2.0), rng.vec(n, -2.0, 2.0), rng.vec(n, -1.0, 1.0));
+    for dt in [DType::F32, DType::BF16] {
+        common::on(g, || {
+            let (x, xv) = common::array_of(&a, &[n], dt);
+            let (y, yv) = common::array_of(&b, &[n], dt);
+            let want: Vec<f64> = xv.iter().zip(&yv).map(|(p, q)| p * q + p).collect();
+            let got = x.mul(&y).unwrap().add(&x).unwrap().to_f64_vec().unwrap();
+            assert_close(&got, &want, tol(dt) * 4.0, &format!("x * y + x, {dt}"));
+            let (cond, cv) = common::array_of(&c, &[n], DType::F32);
+            let pick = cond.gt(0.0).unwrap();
+            let want: Vec<f64> =
+                cv.iter().zip(xv.iter().zip(&yv)).map(|(k, (p, q))| if *k > 0.0 { *p } else { *q }).collect();
+            let got = rill::where_(&pick, &x, &y).unwrap().to_f64_vec().unwrap();
+            assert_close(&got, &want, 0.0, &format!("where, {dt}"));
+            let got = x.astype(DType::F32).unwrap().to_f64_vec().unwrap();
+            assert_close(&got, &xv, 0.0, &format!("cast {dt} to f32"));
+        });
+    }
+}
