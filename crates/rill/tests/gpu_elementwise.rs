@@ -161,9 +161,9 @@ fn gpu_sources_match_cpu() {
     }
 }
 
-/// Maps over arrays large enough for the eight-vectors-per-thread kernel (`k_vec8`, used
-/// when it still gives every SM four blocks): two and three inputs, f32 and bf16, a cast,
-/// with a tail that is not a whole vector; against float64.
+/// Maps over large arrays (over a million 16-byte vectors: tens of thousands of blocks of
+/// the vector kernel): two and three inputs, f32 and bf16, a cast, with a tail that is not
+/// a whole vector; against float64.
 #[test]
 fn gpu_large_contiguous_maps_match_f64() {
     let Some(g) = gpu() else { return };

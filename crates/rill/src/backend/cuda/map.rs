@@ -1,11 +1,10 @@
 //! The generic elementwise launcher: `out[i] = fop(in0[..], in1[..], in2[..])` over a
 //! row-major output, with inputs broadcast to the output shape.
 //!
-//! Four kernels are generated per (function, dtypes): `k_vec` and `k_vec8` when every
-//! input is contiguous and 16-byte vectors line up (aligned vector loads/stores, float4 for
-//! f32 and 8 halves for f16/bf16, four or eight vectors per thread with all loads issued
-//! before the stores, one block step per block; eight when that still fills every SM),
-//! `k_contig` when every input is contiguous
+//! Three kernels are generated per (function, dtypes): `k_vec` when every input is
+//! contiguous and 16-byte vectors line up (aligned vector loads/stores, float4 for f32 and
+//! 8 halves for f16/bf16, `VEC_UNROLL` vectors per thread with all loads issued before
+//! the stores, one block step per block), `k_contig` when every input is contiguous
 //! or a broadcast scalar, and `k_strided` (shape/strides passed by value, after merging
 //! axes that are contiguous for every operand) otherwise.
 
@@ -27,14 +26,6 @@ use super::source::{MAX_DIMS, PRELUDE};
 
 /// Vectors each thread of `k_vec` handles per block step.
 const VEC_UNROLL: usize = 4;
-/// Vectors each thread of `k_vec8` handles: used when that still gives every SM
-/// [`VEC8_BLOCKS_PER_SM`] blocks. f32 add of 2^28 on the H200 (`rill bench add`, single
-/// eval / batched, two rounds of a sweep): four vectors 4153/4162, 4151/4183 GB/s; eight
-/// 4228/4210, 4271/4259 (two: 4199/4120, 4232/4212; 512-thread blocks or streaming
-/// stores no better, streaming loads 3800).
-const VEC8_UNROLL: usize = 8;
-/// Blocks per SM `k_vec8` must fill, else `k_vec` runs (more, smaller blocks).
-const VEC8_BLOCKS_PER_SM: usize = 4;
 
 /// The strided-layout kernel parameter (mirrors `struct Lay` in the prelude). Up to three
 /// operands; a view copy (`copy.rs`) uses operand 0 for the destination, 1 for the source.
@@ -125,7 +116,6 @@ fn kernel_source(fsrc: &str, out_t: &str, ins: &[&str], vec: usize) -> String {
     let params: String = ins.iter().enumerate().map(|(i, t)| format!(", const {t}* __restrict__ a{i}")).collect();
     let sparams: String = (0..k).map(|i| format!(", i64 s{i}")).collect();
     let call = |f: &dyn Fn(usize) -> String| (0..k).map(f).collect::<Vec<_>>().join(", ");
-    let args: String = (0..k).map(|i| format!(", a{i}")).collect();
     let contig_call = call(&|i| format!("a{i}[i * s{i}]"));
     let strided_off: String = (0..k).map(|i| format!("o{i} += c * lay.st[{i}][d]; ")).collect();
     let strided_init: String = (0..k).map(|i| format!("i64 o{i} = lay.off[{i}]; ")).collect();
@@ -139,6 +129,7 @@ fn kernel_source(fsrc: &str, out_t: &str, ins: &[&str], vec: usize) -> String {
         r#"{PRELUDE}
 {fsrc}
 #define VN {vec}
+#define UNR {VEC_UNROLL}
 template <typename T, int N> struct alignas(sizeof(T) * N) V {{ T v[N]; }};
 extern "C" __global__ void k_contig({out_t}* __restrict__ out{params}{sparams}, i64 n) {{
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
@@ -155,7 +146,7 @@ extern "C" __global__ void k_strided({out_t}* __restrict__ out{params}, Lay lay,
 }}
 // Each block step covers UNR * blockDim.x consecutive vectors: every thread first issues
 // its UNR vector loads per operand, then computes and stores them.
-template <int UNR> __device__ __forceinline__ void vec_map({out_t}* __restrict__ out{params}, i64 n) {{
+extern "C" __global__ void k_vec({out_t}* __restrict__ out{params}, i64 n) {{
     i64 nv = n / VN;
     i64 gid = blockIdx.x * (i64)blockDim.x + threadIdx.x;
     i64 step = (i64)gridDim.x * blockDim.x * UNR;
@@ -180,8 +171,6 @@ template <int UNR> __device__ __forceinline__ void vec_map({out_t}* __restrict__
     i64 r = nv * VN + gid;
     if (r < n) out[r] = fop({tail_call});
 }}
-extern "C" __global__ void k_vec({out_t}* __restrict__ out{params}, i64 n) {{ vec_map<{VEC_UNROLL}>(out{args}, n); }}
-extern "C" __global__ void k_vec8({out_t}* __restrict__ out{params}, i64 n) {{ vec_map<{VEC8_UNROLL}>(out{args}, n); }}
 "#
     )
 }
@@ -255,16 +244,10 @@ pub(crate) fn map(
         && out_ptr % (out_dtype.size() * vec) as u64 == 0
         && vec > 1;
     if aligned {
-        // Eight vectors per thread when that still fills every SM, else four.
-        let nv = n / vec;
-        let (name, unroll) = match nv.div_ceil(BLOCK as usize * VEC8_UNROLL) >= VEC8_BLOCKS_PER_SM * dev.sms as usize {
-            true => ("k_vec8", VEC8_UNROLL),
-            false => ("k_vec", VEC_UNROLL),
-        };
-        let mut b = operands(&get(name)?, out_ptr, &ptrs);
+        let mut b = operands(&get("k_vec")?, out_ptr, &ptrs);
         b.arg(&n64);
         // One block step per block: no grid-stride loop for any realistic size.
-        let blocks = nv.div_ceil(BLOCK as usize * unroll).clamp(1, 1 << 30) as u32;
+        let blocks = (n / vec).div_ceil(BLOCK as usize * VEC_UNROLL).clamp(1, 1 << 30) as u32;
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: the arguments match the generated signature; every pointer covers n
         // elements (vector-aligned, checked above).
