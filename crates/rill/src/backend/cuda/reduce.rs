@@ -791,8 +791,8 @@ mod tests {
     #[test]
     fn reduction_plans() {
         let sms = 132;
-        // A full reduction is split over many blocks.
-        // A stored array's full reduction: four blocks of 512 threads per SM.
+        // A full reduction is split over many blocks: for a stored array four blocks of
+        // 512 threads per SM.
         assert_eq!(plan(1, 1 << 28, 4, sms, SPLIT_BLOCK), Plan::Block { splits: sms * 4, threads: 512 });
         // Computed elements: eight blocks of 256.
         assert_eq!(plan(1, 1 << 28, 1, sms, RBLOCK), Plan::Block { splits: sms * 8, threads: 256 });
