@@ -146,17 +146,19 @@ impl Array {
         dtype: DType,
         stream: Stream,
     ) -> Array {
-        Array {
-            node: Arc::new(Node {
-                id: NEXT_NODE_ID.fetch_add(1, Ordering::Relaxed),
-                shape,
-                dtype,
-                prim,
-                stream,
-                state: Mutex::new(NodeState { status: Status::Pending, inputs }),
-                result: Completion::new(),
-            }),
-        }
+        Array::new_node(prim, shape, dtype, stream, NodeState { status: Status::Pending, inputs }, Completion::new())
+    }
+    /// A node with a fresh id (the one place nodes are made).
+    fn new_node(
+        prim: Primitive,
+        shape: Vec<usize>,
+        dtype: DType,
+        stream: Stream,
+        state: NodeState,
+        result: Completion<Result<Storage>>,
+    ) -> Array {
+        let id = NEXT_NODE_ID.fetch_add(1, Ordering::Relaxed);
+        Array { node: Arc::new(Node { id, shape, dtype, prim, stream, state: Mutex::new(state), result }) }
     }
     /// Creates an evaluated node around a storage.
     pub(crate) fn from_storage(storage: Storage, stream: Stream) -> Array {
@@ -166,17 +168,8 @@ impl Array {
     /// A node of `prim` born evaluated with `storage` (its dtype): no inputs, already
     /// `Done`, so no lock is taken and nobody is woken.
     pub(crate) fn evaluated(prim: Primitive, shape: Vec<usize>, storage: Storage, stream: Stream) -> Array {
-        Array {
-            node: Arc::new(Node {
-                id: NEXT_NODE_ID.fetch_add(1, Ordering::Relaxed),
-                shape,
-                dtype: storage.dtype,
-                prim,
-                stream,
-                state: Mutex::new(NodeState { status: Status::Done, inputs: Vec::new() }),
-                result: Completion::done(Ok(storage)),
-            }),
-        }
+        let (dtype, state) = (storage.dtype, NodeState { status: Status::Done, inputs: Vec::new() });
+        Array::new_node(prim, shape, dtype, stream, state, Completion::done(Ok(storage)))
     }
     /// A process-unique id of this node (never reused).
     pub fn id(&self) -> u64 {

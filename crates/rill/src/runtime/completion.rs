@@ -43,19 +43,16 @@ pub(crate) struct Completion<T> {
 
 impl<T: Clone> Completion<T> {
     pub fn new() -> Self {
-        Completion {
-            state: Mutex::new(State { value: None, wakers: Vec::new(), callbacks: Vec::new(), sleepers: 0 }),
-            cv: Condvar::new(),
-            done: AtomicBool::new(false),
-        }
+        Completion::with(None)
     }
     /// A completion whose value is already set (nobody can be waiting for it yet).
     pub fn done(v: T) -> Self {
-        Completion {
-            state: Mutex::new(State { value: Some(v), wakers: Vec::new(), callbacks: Vec::new(), sleepers: 0 }),
-            cv: Condvar::new(),
-            done: AtomicBool::new(true),
-        }
+        Completion::with(Some(v))
+    }
+    fn with(value: Option<T>) -> Self {
+        let done = AtomicBool::new(value.is_some());
+        let state = State { value, wakers: Vec::new(), callbacks: Vec::new(), sleepers: 0 };
+        Completion { state: Mutex::new(state), cv: Condvar::new(), done }
     }
     /// True once the value is set (lock-free).
     pub fn is_done(&self) -> bool {

@@ -482,7 +482,11 @@ pub(crate) fn launch(
     let (r64, c64) = (rows as i64, cols as i64);
     let sms = dev.sms as usize;
     let launch_err = |e| super::backend_err("launch", e);
-    let cfg = |grid: u32| LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (RBLOCK, 1, 1), shared_mem_bytes: 0 };
+    let cfg = |grid: u32, threads: u32| LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
     let warps = RBLOCK as usize / 32;
     let _ = dev.ctx.bind_to_thread();
     match how {
@@ -499,7 +503,7 @@ pub(crate) fn launch(
             b.arg(&r64).arg(&c64);
             // SAFETY: `out` holds `rows` elements; the data parameters match the module's
             // signature and address rows*cols elements (the caller's contract).
-            unsafe { b.launch(cs, cfg(blocks(rows.div_ceil(warps), sms * 64))) }.map_err(launch_err)?;
+            unsafe { b.launch(cs, cfg(blocks(rows.div_ceil(warps), sms * 64), RBLOCK)) }.map_err(launch_err)?;
         }
         Plan::Block { splits, threads } => {
             let acc_size = match d {
@@ -535,12 +539,7 @@ pub(crate) fn launch(
             // SAFETY: `out` holds `rows` elements, `part` rows*splits accumulators and the
             // counters at least `rows` zeros (with one split neither is touched); the data
             // parameters as above.
-            let cfg = LaunchConfig {
-                grid_dim: (blocks(rows * splits, 1 << 30), 1, 1),
-                block_dim: (threads, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            unsafe { b.launch(cs, cfg) }.map_err(launch_err)?;
+            unsafe { b.launch(cs, cfg(blocks(rows * splits, 1 << 30), threads)) }.map_err(launch_err)?;
             drop(part);
         }
     }
