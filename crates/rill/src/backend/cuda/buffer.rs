@@ -27,10 +27,9 @@ pub(crate) struct CudaBuffer {
     /// The rill id of the stream that allocated (and will free) the buffer.
     pub alloc_stream_id: u64,
     alloc_stream: ManuallyDrop<Arc<CudaStream>>,
-    /// The event recorded after the batch that produced the contents.
-    pub event: OnceLock<Arc<Ev>>,
-    /// The rill id of the stream that produced the contents.
-    pub producer: OnceLock<u64>,
+    /// The event recorded after the batch that produced the contents, and the rill id
+    /// of that batch's stream (one `OnceLock`: set once per buffer on the batch's path).
+    pub produced: OnceLock<(Arc<Ev>, u64)>,
     /// The last use on each other stream: `(stream id, event)`.
     users: Mutex<Vec<(u64, Arc<Ev>)>>,
     /// Complete when created and never written again (the scalar slab): readers need no
@@ -81,8 +80,7 @@ impl CudaBuffer {
             ordinal: cs.dev.ordinal,
             alloc_stream_id: cs.id,
             alloc_stream: ManuallyDrop::new(cs.raw_stream().clone()),
-            event: OnceLock::new(),
-            producer: OnceLock::new(),
+            produced: OnceLock::new(),
             users: Mutex::new(Vec::new()),
             constant: false,
             cache: class.map(|c| (cs.cache.clone(), c)),
@@ -91,6 +89,11 @@ impl CudaBuffer {
     /// The device address of byte 0.
     pub fn ptr(&self) -> u64 {
         self.ptr
+    }
+    /// The event after the batch that produced the contents (none for constants and for
+    /// buffers whose batch has not ended).
+    pub fn event(&self) -> Option<&Arc<Ev>> {
+        self.produced.get().map(|(ev, _)| ev)
     }
     /// Records that stream `stream_id` (not the allocating one) used the buffer in work
     /// that ends at `ev`; the free will wait for it.

@@ -17,7 +17,6 @@ use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use cudarc::driver::CudaSlice;
-use rustc_hash::FxHashMap as HashMap;
 
 use crate::runtime::{lifecycle, memory};
 use crate::sync::Mutex;
@@ -28,6 +27,13 @@ pub(crate) const MAX_CACHED: usize = 1 << 20;
 const MAX_STREAM: usize = 64 << 20;
 /// Smallest size class.
 const MIN_CLASS: usize = 256;
+/// Number of size classes (powers of two from `MIN_CLASS` to `MAX_CACHED`).
+const CLASSES: usize = (MAX_CACHED.trailing_zeros() - MIN_CLASS.trailing_zeros() + 1) as usize;
+
+/// The list index of size class `class`.
+fn slot(class: usize) -> usize {
+    (class.trailing_zeros() - MIN_CLASS.trailing_zeros()) as usize
+}
 
 /// The size class of a request of `bytes` (`None`: not cached).
 pub(crate) fn class(bytes: usize) -> Option<usize> {
@@ -42,9 +48,11 @@ pub(crate) struct BufferCache {
 
 #[derive(Default)]
 struct Lists {
-    /// First in, first out: a batch that repeats gets the addresses its previous run
-    /// freed in the same order, so a replayed CUDA graph keeps its kernels' arguments.
-    free: HashMap<usize, VecDeque<CudaSlice<u8>>>,
+    /// One list per size class (indexed by [`slot`]; no hashing on the path of every
+    /// small allocation and free). First in, first out: a batch that repeats gets the
+    /// addresses its previous run freed in the same order, so a replayed CUDA graph keeps
+    /// its kernels' arguments.
+    free: [VecDeque<CudaSlice<u8>>; CLASSES],
     bytes: usize,
 }
 
@@ -52,7 +60,7 @@ impl BufferCache {
     /// A cached buffer of size class `class`, if one is free.
     pub fn take(&self, class: usize) -> Option<CudaSlice<u8>> {
         let mut g = self.inner.lock();
-        let s = g.free.get_mut(&class)?.pop_front()?;
+        let s = g.free.get_mut(slot(class))?.pop_front()?;
         g.bytes -= class;
         memory::on_cache(-(class as isize));
         Some(s)
@@ -64,8 +72,9 @@ impl BufferCache {
         if g.bytes + class > MAX_STREAM {
             return Some(slice);
         }
+        let Some(list) = g.free.get_mut(slot(class)) else { return Some(slice) };
+        list.push_back(slice);
         g.bytes += class;
-        g.free.entry(class).or_default().push_back(slice);
         memory::on_cache(class as isize);
         None
     }
@@ -101,5 +110,7 @@ mod tests {
         assert_eq!(class(257), Some(512));
         assert_eq!(class(MAX_CACHED), Some(MAX_CACHED));
         assert_eq!(class(MAX_CACHED + 1), None);
+        assert_eq!(slot(MIN_CLASS), 0);
+        assert_eq!(slot(MAX_CACHED), CLASSES - 1);
     }
 }

@@ -95,7 +95,10 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
             .unwrap_or_else(|p| Err(Error::Panic { op: node.prim.name(), msg: panic_text(p).into() })),
         };
         any_ok |= result.is_ok();
-        read.extend(storages.into_iter().filter(|s| cuda_of(s).is_some_and(|b| b.alloc_stream_id != cs.id)));
+        // Constants (the scalar slab) record no users: they are not kept.
+        read.extend(
+            storages.into_iter().filter(|s| cuda_of(s).is_some_and(|b| b.alloc_stream_id != cs.id && !b.constant)),
+        );
         local.insert(node.id, result);
     }
     if let Some(r) = rec {
@@ -136,9 +139,8 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
         let r = local.remove(&a.node.id).unwrap_or_else(|| Err(Error::backend("cuda", "node result missing")));
         if let (Some(ev), Ok(s)) = (&ev, &r) {
             if let Some(b) = cuda_of(s) {
-                if !b.constant && b.event.get().is_none() {
-                    let _ = b.event.set(ev.clone());
-                    let _ = b.producer.set(cs.id);
+                if !b.constant && b.produced.get().is_none() {
+                    let _ = b.produced.set((ev.clone(), cs.id));
                 }
             }
         }
@@ -199,8 +201,8 @@ fn prepare_inputs(cs: &CudaStreamHandle, inputs: &[Storage], waited: &mut Vec<us
         if b.ordinal != cs.dev.ordinal {
             continue; // only ToDevice reads another device's buffer (through the host)
         }
-        let Some(ev) = b.event.get() else { continue }; // made earlier in this batch
-        if b.producer.get() == Some(&cs.id) || waited.contains(&ev.raw()) {
+        let Some((ev, producer)) = b.produced.get() else { continue }; // made earlier in this batch
+        if *producer == cs.id || waited.contains(&ev.raw()) {
             continue;
         }
         ev.wait_on(cs.stream()).map_err(|e| super::backend_err("cuda", e))?;
@@ -314,7 +316,7 @@ pub(crate) fn to_host(s: &Storage) -> Result<Storage> {
     // The wait and the copy run inside the backend gate (after shutdown: Error::ShutDown).
     let _pass = lifecycle::enter_backend().ok_or(Error::ShutDown)?;
     if s.fence.is_none() {
-        if let Some(ev) = b.event.get() {
+        if let Some(ev) = b.event() {
             ev.synchronize().map_err(|e| super::backend_err("to_host", e))?;
         }
     }

@@ -105,23 +105,20 @@ impl Ev {
     pub fn synchronize(&self) -> std::result::Result<(), DriverError> {
         self.wait_low_latency(crate::backend::WAIT_YIELD)
     }
-    /// True when the recorded work has finished (never blocks).
-    pub fn query(&self) -> std::result::Result<bool, DriverError> {
-        self.pool.ctx.bind_to_thread()?;
-        // SAFETY: a live event.
-        match unsafe { sys::cuEventQuery(self.ev) } {
-            sys::CUresult::CUDA_SUCCESS => Ok(true),
-            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            e => Err(DriverError(e)),
-        }
-    }
     /// Waits for the recorded work with low latency: polls (yielding the CPU between
     /// rounds of polls) until `until`, then queries with naps in between (growing from
     /// [`NAP_MIN`] to [`NAP_MAX`]), so a long wait costs the CPU almost nothing and ends at
     /// most one nap (plus the thread's timer slack) after the work.
+    ///
+    /// The context is bound once and the loop reads only a copy of the handle: the `Ev`
+    /// shares its cache line with its `Arc`'s count, which the stream job changes once per
+    /// buffer while it publishes and frees a batch, often the one being waited for here
+    /// (a poll that read the line would pull it away from the job every time).
     pub fn wait_low_latency(&self, until: std::time::Duration) -> std::result::Result<(), DriverError> {
+        self.pool.ctx.bind_to_thread()?;
+        let raw = self.ev;
         let mut err = None;
-        let query = || match self.query() {
+        let query = || match query_raw(raw) {
             Ok(done) => done,
             Err(e) => {
                 err = Some(e);
@@ -132,7 +129,7 @@ impl Ev {
             return err.map_or(Ok(()), Err);
         }
         let mut nap = NAP_MIN;
-        while !self.query()? {
+        while !query_raw(raw)? {
             std::thread::sleep(nap);
             nap = (nap * 2).min(NAP_MAX);
         }
@@ -165,6 +162,16 @@ impl Drop for Ev {
             // SAFETY: destroyed exactly once, here.
             let _ = unsafe { sys::cuEventDestroy_v2(self.ev) };
         }));
+    }
+}
+
+/// Queries a live event of the context bound to this thread.
+fn query_raw(ev: sys::CUevent) -> std::result::Result<bool, DriverError> {
+    // SAFETY: the caller's event is live (its `Ev` is borrowed) and its context is bound.
+    match unsafe { sys::cuEventQuery(ev) } {
+        sys::CUresult::CUDA_SUCCESS => Ok(true),
+        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        e => Err(DriverError(e)),
     }
 }
 
