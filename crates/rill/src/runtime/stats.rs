@@ -12,6 +12,7 @@
 //! | `threads_in_backend` | the backend gate (`gate.rs`) | threads inside a backend library now; 0 after shutdown |
 //! | `memory_waits`, `queue_waits` | the scheduler | times a submitter waited (memory limit, full queue) |
 //! | `graphs_built`, `graph_launches` | the CUDA backend's launcher | CUDA graphs instantiated; batches sent as one graph launch |
+//! | `graph_node_updates` | the CUDA backend's launcher | kernel nodes of a replayed graph whose arguments were rewritten |
 //! | `events_created` | the CUDA backend's event pool | CUDA events created (idle ones are recorded again) |
 //! | `fused_reduce_kernels` | the CUDA backend | `FusedReduce` nodes computed by one generated kernel |
 
@@ -30,6 +31,8 @@ pub(crate) static QUEUE_WAITS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static GRAPHS_BUILT: AtomicU64 = AtomicU64::new(0);
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) static GRAPH_LAUNCHES: AtomicU64 = AtomicU64::new(0);
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) static GRAPH_NODE_UPDATES: AtomicU64 = AtomicU64::new(0);
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) static EVENTS_CREATED: AtomicU64 = AtomicU64::new(0);
 pub(crate) static FUSED_REDUCE_KERNELS: AtomicU64 = AtomicU64::new(0);
@@ -71,6 +74,9 @@ pub struct Stats {
     /// GPU batches (or parts of one) sent as one CUDA graph launch instead of one launch
     /// per kernel.
     pub graph_launches: u64,
+    /// Kernel nodes of replayed CUDA graphs whose arguments had to be rewritten (a batch
+    /// replayed a graph made for other buffers).
+    pub graph_node_updates: u64,
     /// CUDA events created. Each GPU batch records one event; an idle one is recorded
     /// again, so a sequence of evaluations creates only a few.
     pub events_created: u64,
@@ -101,6 +107,7 @@ pub fn stats() -> Stats {
         queue_waits: QUEUE_WAITS.load(Relaxed),
         graphs_built: GRAPHS_BUILT.load(Relaxed),
         graph_launches: GRAPH_LAUNCHES.load(Relaxed),
+        graph_node_updates: GRAPH_NODE_UPDATES.load(Relaxed),
         events_created: EVENTS_CREATED.load(Relaxed),
         fused_reduce_kernels: FUSED_REDUCE_KERNELS.load(Relaxed),
         linger_handoffs: LINGER_HANDOFFS.load(Relaxed),

@@ -12,10 +12,13 @@
 //!
 //! A flush of at least [`GRAPH_MIN`] launches becomes one CUDA graph launch. Graphs are
 //! cached per stream, keyed by the sequence of (function, grid, block, shared memory,
-//! argument size): the second time a sequence is seen it is instantiated; after that each
-//! replay updates the arguments of the kernels whose arguments changed
-//! (`cuGraphExecKernelNodeSetParams`: buffers are often new; with the stream's buffer
-//! cache they are often the same) and launches the graph. Shorter flushes, sequences
+//! argument size): the second time a sequence is seen it is instantiated. A sequence keeps
+//! up to [`PER_SEQUENCE`] graphs for different arguments (the batches of a long chain
+//! repeat one sequence, each with its own buffers, and with the stream's buffer cache the
+//! same buffers in the next evaluation): a replay launches the graph whose arguments are
+//! already the batch's, instantiates another when the batch's arguments were seen before,
+//! or else updates the arguments of the kernels whose arguments changed
+//! (`cuGraphExecKernelNodeSetParams`) in the sequence's least recently used graph. Shorter flushes, sequences
 //! seen once, and any graph call that fails fall back to direct launches, so graphs never
 //! change results, only the cost per kernel. `RILL_CUDA_GRAPHS=0` turns them off.
 //!
@@ -52,9 +55,11 @@ use super::handles::CudaStreamHandle;
 /// Flushes with fewer launches than this go out one by one.
 pub(crate) const GRAPH_MIN: usize = 8;
 /// Graphs kept per stream (least recently used evicted).
-const GRAPHS_PER_STREAM: usize = 16;
+const GRAPHS_PER_STREAM: usize = 32;
+/// Graphs kept per launch sequence, each for other arguments.
+const PER_SEQUENCE: usize = 8;
 /// Sequences remembered as "seen once" per stream.
-const SEEN: usize = 64;
+const SEEN: usize = 128;
 
 fn graphs_enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
@@ -344,8 +349,9 @@ struct Graph {
     graph: sys::CUgraph,
     exec: sys::CUgraphExec,
     nodes: Vec<sys::CUgraphNode>,
-    /// Each node's arguments as last set.
+    /// Each node's arguments as last set, and their hash ([`hash_args`]).
     args: Vec<Words>,
+    args_hash: u64,
     used: u64,
 }
 
@@ -359,6 +365,16 @@ pub(crate) struct GraphCache {
 // SAFETY: graph handles may be used from any thread; the cache is behind the stream's mutex.
 unsafe impl Send for GraphCache {}
 
+/// A hash of the arguments of every launch of `pending`.
+fn hash_args(pending: &[Pending]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = rustc_hash::FxHasher::default();
+    for p in pending {
+        p.launch.words.hash(&mut h);
+    }
+    h.finish()
+}
+
 fn hash_keys(keys: &[Key]) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = rustc_hash::FxHasher::default();
@@ -369,20 +385,55 @@ fn hash_keys(keys: &[Key]) -> u64 {
 impl GraphCache {
     /// Launches `pending` as a cached graph; false (nothing launched) when the sequence has
     /// no graph yet and is seen for the first time, or a graph call fails.
+    ///
+    /// A stream often repeats one launch sequence with different arguments in the same
+    /// evaluation (the batches of a long chain of one op), each batch with the same
+    /// arguments as in the previous evaluation. A sequence may therefore have up to
+    /// [`PER_SEQUENCE`] graphs: a replay takes the one whose arguments are already those
+    /// of `pending`; otherwise, when these arguments were seen before (they repeat), it
+    /// instantiates a graph for them; otherwise it updates the arguments of the sequence's
+    /// least recently used graph.
     fn replay(&mut self, stream: sys::CUstream, pending: &mut [Pending], programmatic: bool) -> bool {
         let keys: Vec<Key> = pending.iter().map(Pending::key).collect();
         let hash = hash_keys(&keys);
+        let args = hash_args(pending);
         self.clock += 1;
         let clock = self.clock;
-        if let Some(i) = self.graphs.iter().position(|g| g.hash == hash && g.key == keys) {
+        let same = |g: &Graph| g.hash == hash && g.key == keys;
+        let exact = self.graphs.iter().position(|g| {
+            same(g) && g.args_hash == args && g.args.iter().zip(pending.iter()).all(|(a, p)| *a == p.launch.words)
+        });
+        if let Some(i) = exact {
             let g = &mut self.graphs[i];
             g.used = clock;
+            // SAFETY: a live executable graph and stream of the current context.
+            if unsafe { sys::cuGraphLaunch(g.exec, stream) }.result().is_ok() {
+                return true;
+            }
+            self.graphs.swap_remove(i);
+            return false;
+        }
+        let count = self.graphs.iter().filter(|g| same(g)).count();
+        let repeats = self.seen.contains(&(hash ^ args));
+        if count > 0 && (count >= PER_SEQUENCE || !repeats) {
+            if !repeats {
+                self.remember(hash ^ args);
+            }
+            let Some(i) =
+                self.graphs.iter().enumerate().filter(|(_, g)| same(g)).min_by_key(|(_, g)| g.used).map(|(i, _)| i)
+            else {
+                return false;
+            };
+            let g = &mut self.graphs[i];
+            g.used = clock;
+            g.args_hash = args;
             let ok = pending.iter_mut().zip(g.nodes.iter().zip(&mut g.args)).all(|(p, (&node, last))| {
                 if p.launch.words == *last {
                     return true; // the same arguments as the last launch (reused buffers)
                 }
                 let mut params = p.params();
                 let np = p.node_params(&mut params);
+                stats::GRAPH_NODE_UPDATES.fetch_add(1, Relaxed);
                 // SAFETY: `node` belongs to the graph `exec` was made from, with the same
                 // function and argument size; the arguments are copied by the call.
                 let ok = unsafe { sys::cuGraphExecKernelNodeSetParams_v2(g.exec, node, &np) }.result().is_ok();
@@ -397,14 +448,11 @@ impl GraphCache {
             self.graphs.swap_remove(i); // partly updated or unusable: rebuilt next time
             return false;
         }
-        if !self.seen.contains(&hash) {
-            if self.seen.len() >= SEEN {
-                self.seen.remove(0);
-            }
-            self.seen.push(hash);
+        if count == 0 && !self.seen.contains(&hash) {
+            self.remember(hash);
             return false;
         }
-        let Some(g) = build(pending, keys, hash, clock, programmatic) else { return false };
+        let Some(g) = build(pending, keys, hash, args, clock, programmatic) else { return false };
         // SAFETY: as above.
         if unsafe { sys::cuGraphLaunch(g.exec, stream) }.result().is_err() {
             return false;
@@ -418,6 +466,15 @@ impl GraphCache {
         self.graphs.push(g);
         true
     }
+    /// Notes a sequence (its hash), or a sequence with its arguments (the two hashes
+    /// combined), as seen once. A collision of two entries only changes when a graph is
+    /// instantiated, never what runs.
+    fn remember(&mut self, h: u64) {
+        if self.seen.len() >= SEEN {
+            self.seen.remove(0);
+        }
+        self.seen.push(h);
+    }
 }
 
 /// Builds and instantiates the chain of kernel nodes of `pending`. With `programmatic`,
@@ -426,13 +483,20 @@ impl GraphCache {
 /// previous one ends, and wait in `rill_grid_wait()` (the first statement of every rill
 /// kernel, see `nvrtc::with_grid_waits`) until its writes are visible. That saves most of
 /// the gap between dependent kernels; an edge the driver refuses is added as a plain one.
-fn build(pending: &mut [Pending], key: Vec<Key>, hash: u64, used: u64, programmatic: bool) -> Option<Graph> {
+fn build(
+    pending: &mut [Pending],
+    key: Vec<Key>,
+    hash: u64,
+    args_hash: u64,
+    used: u64,
+    programmatic: bool,
+) -> Option<Graph> {
     let mut graph: sys::CUgraph = std::ptr::null_mut();
     // SAFETY: creates an empty graph.
     unsafe { sys::cuGraphCreate(&mut graph, 0) }.result().ok()?;
     let nodes = Vec::with_capacity(pending.len());
     let args = pending.iter().map(|p| p.launch.words.clone()).collect();
-    let mut g = Graph { key, hash, graph, exec: std::ptr::null_mut(), nodes, args, used };
+    let mut g = Graph { key, hash, graph, exec: std::ptr::null_mut(), nodes, args, args_hash, used };
     for p in pending.iter_mut() {
         let mut params = p.params();
         let np = p.node_params(&mut params);
