@@ -71,8 +71,41 @@ impl std::hash::Hasher for IdHasher {
     }
 }
 
-/// A set of node ids.
-pub(crate) type IdSet = HashSet<u64, std::hash::BuildHasherDefault<IdHasher>>;
+/// Ids within this distance below a walk's newest node are bits of [`IdSet`]'s bitmap
+/// (8 KiB at most); older ones are hashed.
+const WINDOW: u64 = 1 << 16;
+
+/// A set of node ids for one walk, from below its newest node `top`. Ids are given out in
+/// creation order and a node's inputs exist before it, so every node below a set of
+/// outputs has an id at most the largest of theirs; most of what an evaluation walks was
+/// recorded just before it. Those ids are bits of a bitmap indexed by `top - id` (no
+/// hashing, no rehashing as a long graph grows the set); the rest go to a hash set.
+pub(crate) struct IdSet {
+    top: u64,
+    bits: Vec<u64>,
+    far: HashSet<u64, std::hash::BuildHasherDefault<IdHasher>>,
+}
+
+impl IdSet {
+    pub(crate) fn new(top: u64) -> IdSet {
+        IdSet { top, bits: Vec::new(), far: HashSet::default() }
+    }
+    /// Adds `id`; true when it was not in the set.
+    pub(crate) fn insert(&mut self, id: u64) -> bool {
+        match self.top.checked_sub(id) {
+            Some(d) if d < WINDOW => {
+                let (word, bit) = ((d / 64) as usize, 1u64 << (d % 64));
+                if word >= self.bits.len() {
+                    self.bits.resize((word + 1).next_power_of_two(), 0);
+                }
+                let fresh = self.bits[word] & bit == 0;
+                self.bits[word] |= bit;
+                fresh
+            }
+            _ => self.far.insert(id),
+        }
+    }
+}
 
 /// The inputs of a node (inline up to four) while it is still `Pending`.
 type Inputs<H> = smallvec::SmallVec<[H; 4]>;
@@ -89,7 +122,7 @@ fn pending_inputs<H: Claimable>(h: &H) -> Option<Inputs<H>> {
 pub(crate) fn pending_order<H: Claimable>(outputs: &[H]) -> Vec<H> {
     // Sized for a small graph: a long one grows them a few times, not from zero.
     let mut order = Vec::with_capacity(64);
-    let mut seen = IdSet::with_capacity_and_hasher(64, Default::default());
+    let mut seen = IdSet::new(outputs.iter().map(|o| o.id()).max().unwrap_or(0));
     let mut stack: Vec<(H, Inputs<H>, usize)> = Vec::new();
     for out in outputs {
         if !seen.insert(out.id()) {
@@ -137,7 +170,7 @@ pub(crate) fn claim<H: Claimable, Q>(_queue: &MutexGuard<'_, Q>, candidates: &[H
     let mut nodes: Vec<H> = Vec::with_capacity(candidates.len());
     let mut deps: Vec<H> = Vec::new();
     // Ids of `nodes` and `deps` (a linear search of `nodes` made long batches quadratic).
-    let mut known = IdSet::default();
+    let mut known = IdSet::new(candidates.iter().map(|h| h.id()).max().unwrap_or(0));
     for h in candidates {
         let mut g = h.state().lock();
         if g.status != Status::Pending {
@@ -168,4 +201,35 @@ pub(crate) fn complete<H, T: Clone>(state: &Mutex<NodeState<H>>, result: &Comple
     let first = result.complete(value);
     drop(inputs);
     first
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// The bitmap and the hash set together behave as one set, for ids just below the top,
+    /// at the edge of the window, far below it and above it.
+    #[test]
+    fn id_set_matches_a_hash_set() {
+        let top = 5 * WINDOW;
+        let mut set = IdSet::new(top);
+        let mut want = std::collections::HashSet::new();
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for i in 0..20_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let id = match i % 5 {
+                0 => top - x % 200,                       // a recent graph
+                1 => top - WINDOW + 1 - x % 3,            // both sides of the window's edge
+                2 => top - (x % (4 * WINDOW)),            // anywhere below
+                3 => top + 1 + x % 50,                    // newer than the top
+                _ => top - x % (2 * WINDOW) - WINDOW / 2, // older ones again
+            };
+            assert_eq!(set.insert(id), want.insert(id), "id {id}");
+        }
+        for &id in want.iter().take(1000) {
+            assert!(!set.insert(id), "id {id} lost");
+        }
+    }
 }
