@@ -128,7 +128,7 @@ impl Drop for CudaBuffer {
             unsafe {
                 let mut slice = ManuallyDrop::take(&mut self.slice);
                 if let (Some((cache, class)), Some(s)) = (&self.cache, slice.take()) {
-                    slice = cache.give(*class, s);
+                    slice = cache.give(*class, self.ptr, s);
                 }
                 drop(slice);
                 ManuallyDrop::drop(&mut self.alloc_stream);

@@ -8,12 +8,21 @@
 //! stream's next allocation of the same size class takes it. Reuse is on the allocating
 //! stream only, so the stream's order is what keeps the new kernels after the old ones.
 //!
+//! Each size class hands out its free buffer of lowest device address first. What a
+//! stream gets then depends only on which buffers are free, not on the order they were
+//! freed: an evaluation that repeats (the same allocations and frees, in the same order)
+//! gets the same buffer at every step, so its replayed CUDA graphs keep their kernels'
+//! arguments (`launch.rs`). A first-in-first-out list did not: a long chain reuses within
+//! one evaluation the buffers its earlier batches freed, and the order rotated from one
+//! evaluation to the next (every batch's graph had its arguments rewritten).
+//!
 //! Size classes are powers of two from 256 bytes. A stream keeps at most [`MAX_STREAM`]
 //! bytes; beyond that buffers are freed as before. `rill::clear_cache` frees every cache
 //! (the devices keep a weak list); an allocation that fails for memory frees its stream's
 //! cache and tries again. During shutdown cached memory is leaked, like every buffer.
 
-use std::collections::VecDeque;
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use cudarc::driver::CudaSlice;
@@ -40,6 +49,27 @@ pub(crate) fn class(bytes: usize) -> Option<usize> {
     (bytes > 0 && bytes <= MAX_CACHED).then(|| bytes.next_power_of_two().max(MIN_CLASS))
 }
 
+/// A cached buffer and its device address, ordered so that a `BinaryHeap` (a max-heap)
+/// has the lowest address on top.
+struct Free(u64, CudaSlice<u8>);
+
+impl PartialEq for Free {
+    fn eq(&self, other: &Free) -> bool {
+        self.0 == other.0
+    }
+}
+impl Eq for Free {}
+impl PartialOrd for Free {
+    fn partial_cmp(&self, other: &Free) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Free {
+    fn cmp(&self, other: &Free) -> Ordering {
+        other.0.cmp(&self.0)
+    }
+}
+
 /// One stream's cached buffers, by size class.
 #[derive(Default)]
 pub(crate) struct BufferCache {
@@ -48,32 +78,30 @@ pub(crate) struct BufferCache {
 
 #[derive(Default)]
 struct Lists {
-    /// One list per size class (indexed by [`slot`]; no hashing on the path of every
-    /// small allocation and free). First in, first out: a batch that repeats gets the
-    /// addresses its previous run freed in the same order, so a replayed CUDA graph keeps
-    /// its kernels' arguments.
-    free: [VecDeque<CudaSlice<u8>>; CLASSES],
+    /// One heap per size class (indexed by [`slot`]; no hashing on the path of every
+    /// small allocation and free), lowest address on top (see the module docs).
+    free: [BinaryHeap<Free>; CLASSES],
     bytes: usize,
 }
 
 impl BufferCache {
-    /// A cached buffer of size class `class`, if one is free.
+    /// The free cached buffer of size class `class` with the lowest address, if any.
     pub fn take(&self, class: usize) -> Option<CudaSlice<u8>> {
         let mut g = self.inner.lock();
-        let s = g.free.get_mut(slot(class))?.pop_front()?;
+        let Free(_, s) = g.free.get_mut(slot(class))?.pop()?;
         g.bytes -= class;
         memory::on_cache(-(class as isize));
         Some(s)
     }
-    /// Keeps `slice` (of size class `class`) for reuse; gives it back when the cache is
-    /// full.
-    pub fn give(&self, class: usize, slice: CudaSlice<u8>) -> Option<CudaSlice<u8>> {
+    /// Keeps `slice` (of size class `class`, at device address `ptr`) for reuse; gives it
+    /// back when the cache is full.
+    pub fn give(&self, class: usize, ptr: u64, slice: CudaSlice<u8>) -> Option<CudaSlice<u8>> {
         let mut g = self.inner.lock();
         if g.bytes + class > MAX_STREAM {
             return Some(slice);
         }
-        let Some(list) = g.free.get_mut(slot(class)) else { return Some(slice) };
-        list.push_back(slice);
+        let Some(heap) = g.free.get_mut(slot(class)) else { return Some(slice) };
+        heap.push(Free(ptr, slice));
         g.bytes += class;
         memory::on_cache(class as isize);
         None
