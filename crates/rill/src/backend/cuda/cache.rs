@@ -21,7 +21,7 @@
 //! (the devices keep a weak list); an allocation that fails for memory frees its stream's
 //! cache and tries again. During shutdown cached memory is leaked, like every buffer.
 
-use std::cmp::Ordering;
+use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -49,24 +49,37 @@ pub(crate) fn class(bytes: usize) -> Option<usize> {
     (bytes > 0 && bytes <= MAX_CACHED).then(|| bytes.next_power_of_two().max(MIN_CLASS))
 }
 
-/// A cached buffer and its device address, ordered so that a `BinaryHeap` (a max-heap)
-/// has the lowest address on top.
-struct Free(u64, CudaSlice<u8>);
+/// The free buffers of one size class: a heap of (address, place) with the lowest address
+/// on top, the buffers themselves in `places` (a heap of small entries: sifting moves 16
+/// bytes, not a whole `CudaSlice`).
+struct Class<T = CudaSlice<u8>> {
+    heap: BinaryHeap<Reverse<(u64, u32)>>,
+    places: Vec<Option<T>>,
+    vacant: Vec<u32>,
+}
 
-impl PartialEq for Free {
-    fn eq(&self, other: &Free) -> bool {
-        self.0 == other.0
+impl<T> Default for Class<T> {
+    fn default() -> Self {
+        Class { heap: BinaryHeap::new(), places: Vec::new(), vacant: Vec::new() }
     }
 }
-impl Eq for Free {}
-impl PartialOrd for Free {
-    fn partial_cmp(&self, other: &Free) -> Option<Ordering> {
-        Some(self.cmp(other))
+
+impl<T> Class<T> {
+    fn pop(&mut self) -> Option<T> {
+        let Reverse((_, at)) = self.heap.pop()?;
+        self.vacant.push(at);
+        self.places.get_mut(at as usize)?.take()
     }
-}
-impl Ord for Free {
-    fn cmp(&self, other: &Free) -> Ordering {
-        other.0.cmp(&self.0)
+    fn push(&mut self, ptr: u64, slice: T) {
+        let at = match self.vacant.pop() {
+            Some(at) => at,
+            None => {
+                self.places.push(None);
+                (self.places.len() - 1) as u32
+            }
+        };
+        self.places[at as usize] = Some(slice);
+        self.heap.push(Reverse((ptr, at)));
     }
 }
 
@@ -80,7 +93,7 @@ pub(crate) struct BufferCache {
 struct Lists {
     /// One heap per size class (indexed by [`slot`]; no hashing on the path of every
     /// small allocation and free), lowest address on top (see the module docs).
-    free: [BinaryHeap<Free>; CLASSES],
+    free: [Class; CLASSES],
     bytes: usize,
 }
 
@@ -88,7 +101,7 @@ impl BufferCache {
     /// The free cached buffer of size class `class` with the lowest address, if any.
     pub fn take(&self, class: usize) -> Option<CudaSlice<u8>> {
         let mut g = self.inner.lock();
-        let Free(_, s) = g.free.get_mut(slot(class))?.pop()?;
+        let s = g.free.get_mut(slot(class))?.pop()?;
         g.bytes -= class;
         memory::on_cache(-(class as isize));
         Some(s)
@@ -100,8 +113,8 @@ impl BufferCache {
         if g.bytes + class > MAX_STREAM {
             return Some(slice);
         }
-        let Some(heap) = g.free.get_mut(slot(class)) else { return Some(slice) };
-        heap.push(Free(ptr, slice));
+        let Some(list) = g.free.get_mut(slot(class)) else { return Some(slice) };
+        list.push(ptr, slice);
         g.bytes += class;
         memory::on_cache(class as isize);
         None
@@ -140,5 +153,22 @@ mod tests {
         assert_eq!(class(MAX_CACHED + 1), None);
         assert_eq!(slot(MIN_CLASS), 0);
         assert_eq!(slot(MAX_CACHED), CLASSES - 1);
+    }
+
+    /// Lowest address first, whatever the order of the frees; places are reused.
+    #[test]
+    fn a_class_hands_out_its_lowest_address_first() {
+        let mut c: Class<u64> = Class::default();
+        for p in [700u64, 100, 900, 300, 500] {
+            c.push(p, p * 10);
+        }
+        assert_eq!(c.pop(), Some(1000));
+        assert_eq!(c.pop(), Some(3000));
+        c.push(200, 2000);
+        c.push(50, 500);
+        let got: Vec<u64> = std::iter::from_fn(|| c.pop()).collect();
+        assert_eq!(got, [500, 2000, 5000, 7000, 9000]);
+        assert_eq!(c.places.len(), 5, "freed places are reused");
+        assert_eq!(c.pop(), None);
     }
 }

@@ -70,7 +70,7 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
     let mut any_ok = false;
     // Kernel launches are recorded and sent at the end (as one CUDA graph when the
     // sequence repeats), or earlier when something else needs the stream (`launch.rs`).
-    let rec = launch::Recording::begin(cs);
+    let rec = launch::Recording::begin(cs, nodes.len());
     // The nodes were made and claimed by the submitting thread: their memory is in another
     // core's cache. Each node is fetched `AHEAD` nodes early, and its inputs one node early
     // (the inputs of the next node are gathered before this one runs, and their nodes

@@ -229,9 +229,10 @@ pub(crate) struct Recording<'a> {
 }
 
 impl<'a> Recording<'a> {
-    /// Starts recording on this thread; `None` when graphs are off or this thread already
-    /// records (a nested batch launches directly).
-    pub fn begin(cs: &'a CudaStreamHandle) -> Option<Recording<'a>> {
+    /// Starts recording on this thread, with room for `launches` launches (a batch's node
+    /// count: most nodes launch one kernel); `None` when graphs are off or this thread
+    /// already records (a nested batch launches directly).
+    pub fn begin(cs: &'a CudaStreamHandle, launches: usize) -> Option<Recording<'a>> {
         if !graphs_enabled() {
             return None;
         }
@@ -240,7 +241,8 @@ impl<'a> Recording<'a> {
             if r.is_some() {
                 return None;
             }
-            *r = Some(Recorder { stream_id: cs.id, cs, pending: Vec::new(), node: 0, failed: Vec::new() });
+            let pending = Vec::with_capacity(launches);
+            *r = Some(Recorder { stream_id: cs.id, cs, pending, node: 0, failed: Vec::new() });
             Some(Recording { cs })
         })
         .ok()
