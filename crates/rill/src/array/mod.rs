@@ -223,7 +223,9 @@ impl Node {
     ///
     /// A batch's nodes were made, walked and claimed by the submitting thread, so the
     /// stream job that runs the batch finds every one of them in another core's cache; a
-    /// job that fetches them a few nodes ahead no longer stalls on each one in turn.
+    /// job that fetches them a few nodes ahead need not stall on each one in turn (on the
+    /// H200 host the 1000-op chain's median was 2.34 against 2.42 µs/op without it, one
+    /// call of eight runs each: within the spread between processes).
     #[inline]
     pub(crate) fn prefetch(&self) {
         #[cfg(target_arch = "x86_64")]

@@ -74,7 +74,7 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
     // The nodes were made and claimed by the submitting thread: their memory is in another
     // core's cache. Each node is fetched `AHEAD` nodes early, and its inputs one node early
     // (the inputs of the next node are gathered before this one runs, and their nodes
-    // fetched), so the loop does not stall on each in turn.
+    // fetched), so that the loop need not stall on each in turn.
     let pf = prefetch_on();
     let gather = |a: &Array| -> SmallVec<[Array; 4]> {
         let ins: SmallVec<[Array; 4]> = a.node.state.lock().inputs.iter().cloned().collect();

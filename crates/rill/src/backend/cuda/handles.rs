@@ -113,7 +113,7 @@ impl Ev {
     /// The context is bound once and the loop reads only a copy of the handle: the `Ev`
     /// shares its cache line with its `Arc`'s count, which the stream job changes once per
     /// buffer while it publishes and frees a batch, often the one being waited for here
-    /// (a poll that read the line would pull it away from the job every time).
+    /// (a poll that read the line could pull it away from the job each time).
     pub fn wait_low_latency(&self, until: std::time::Duration) -> std::result::Result<(), DriverError> {
         self.pool.ctx.bind_to_thread()?;
         let raw = self.ev;

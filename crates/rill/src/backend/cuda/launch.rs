@@ -18,9 +18,10 @@
 //! same buffers in the next evaluation): a replay launches the graph whose arguments are
 //! already the batch's, instantiates another when the batch's arguments were seen before,
 //! or else updates the arguments of the kernels whose arguments changed
-//! (`cuGraphExecKernelNodeSetParams`) in the sequence's least recently used graph. Shorter flushes, sequences
-//! seen once, and any graph call that fails fall back to direct launches, so graphs never
-//! change results, only the cost per kernel. `RILL_CUDA_GRAPHS=0` turns them off.
+//! (`cuGraphExecKernelNodeSetParams`) in the sequence's least recently used graph.
+//! Shorter flushes, sequences seen once, and any graph call that fails fall back to direct
+//! launches, so graphs never change results, only the cost per kernel.
+//! `RILL_CUDA_GRAPHS=0` turns them off.
 //!
 //! On sm_90 and later a graph's kernels are chained by programmatic edges (programmatic
 //! dependent launch): a kernel is started once every block of the previous one has
