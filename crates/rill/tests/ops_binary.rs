@@ -509,3 +509,36 @@ fn shared_scalar_operands_keep_each_value_and_dtype() {
         });
     }
 }
+
+/// An evaluated scalar operand is one node per stream, dtype and value while something
+/// holds it (the stream remembers it weakly): `y * 0.625` in a loop makes one `0.625`
+/// node. Another value or dtype is another node, and once nothing holds it the next use
+/// makes a new one. The values stay exact.
+#[test]
+fn a_repeated_scalar_operand_is_one_node_while_held() {
+    for dev in common::devices() {
+        common::on(dev, || {
+            let x = Array::from_slice(&[1.5f32, -2.0, 0.25], &[3]).unwrap();
+            // On a GPU the value becomes free (the scalar slab holds it) once used.
+            x.mul(0.625).unwrap().eval().unwrap();
+            let a = x.mul(0.625).unwrap();
+            let b = a.mul(0.625).unwrap();
+            let c = b.mul(0.25).unwrap();
+            let d = x.astype(DType::F64).unwrap().mul(0.625).unwrap();
+            let scalar = |y: &Array| y.inputs()[1].clone();
+            let (sa, sb, sc, sd) = (scalar(&a), scalar(&b), scalar(&c), scalar(&d));
+            assert!(sa.is_evaluated(), "{dev}: {sa:?}");
+            assert_eq!(sa.id(), sb.id(), "{dev}: one node for one value");
+            assert_ne!(sa.id(), sc.id(), "{dev}: another value");
+            assert_ne!(sa.id(), sd.id(), "{dev}: another dtype");
+            let want: Vec<f64> = [1.5f64, -2.0, 0.25].iter().map(|v| v * 0.625 * 0.625 * 0.25).collect();
+            assert_eq!(c.to_f64_vec().unwrap(), want, "{dev}");
+            let old = sa.id();
+            drop((a, b, c, d, sa, sb, sc, sd));
+            let e = x.mul(0.625).unwrap();
+            assert_ne!(scalar(&e).id(), old, "{dev}: a node nobody holds is not kept");
+            let want: Vec<f64> = [1.5f64, -2.0, 0.25].iter().map(|v| v * 0.625).collect();
+            assert_eq!(e.to_f64_vec().unwrap(), want, "{dev}");
+        });
+    }
+}

@@ -92,10 +92,21 @@ pub(crate) fn prepare(a: &Array, dtype: DType, stream: &Stream) -> Array {
 /// A scalar as a 0-d `Full` array of `dtype` on `stream`: already evaluated when its value
 /// costs no work (see `backend::ready_scalar`), else recorded lazily. Either way it stays a
 /// `Full` node, which `compile` inlines as a literal.
+///
+/// An evaluated scalar is shared: the stream remembers the last few (weakly), so `y * 0.5`
+/// in a loop makes one `0.5` node while the previous ones are still held.
 pub(crate) fn scalar_on(s: Scalar, dtype: DType, stream: &Stream) -> Array {
     let value = s.as_f64();
+    let key = (dtype, value.to_bits());
+    if let Some(node) = stream.inner.scalar(key) {
+        return Array { node };
+    }
     match crate::backend::ready_scalar(stream, dtype, value) {
-        Some(storage) => Array::evaluated(Primitive::Full { value }, Vec::new(), storage, stream.clone()),
+        Some(storage) => {
+            let a = Array::evaluated(Primitive::Full { value }, Vec::new(), storage, stream.clone());
+            stream.inner.keep_scalar(key, &a.node);
+            a
+        }
         None => Array::from_op(Primitive::Full { value }, Vec::new(), Vec::new(), dtype, stream.clone()),
     }
 }

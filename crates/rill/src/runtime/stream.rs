@@ -66,8 +66,39 @@ pub(crate) struct StreamInner {
     pub queue: Mutex<Queue>,
     /// Notified when queued work shrinks (backpressure waits) or the stream idles.
     pub space: Condvar,
+    /// The last evaluated scalar operands made for this stream (see [`StreamInner::scalar`]).
+    scalars: Mutex<ScalarNodes>,
     #[cfg(feature = "cuda")]
     pub cuda: Option<crate::backend::cuda::CudaStreamHandle>,
+}
+
+/// Scalar operand nodes kept for reuse, by (dtype, bits of the value).
+type ScalarNodes = [Option<((crate::dtype::DType, u64), Weak<Node>)>; SCALAR_NODES];
+
+/// Scalar operand nodes a stream remembers.
+const SCALAR_NODES: usize = 4;
+
+impl StreamInner {
+    /// A live evaluated scalar operand of `key` (dtype, bits of the value) made earlier for
+    /// this stream, if one is still held by some node: `y * 0.5` in a loop then shares one
+    /// `0.5` node instead of making (and later freeing) one per op. The entries are weak:
+    /// they keep no node, storage or stream alive.
+    pub(crate) fn scalar(&self, key: (crate::dtype::DType, u64)) -> Option<Arc<Node>> {
+        let g = self.scalars.lock();
+        g.iter().flatten().find(|(k, _)| *k == key).and_then(|(_, w)| w.upgrade())
+    }
+    /// Remembers `node` (evaluated, immutable) as the scalar operand of `key`, in place of
+    /// the entry for the same key, a dead one or the oldest.
+    pub(crate) fn keep_scalar(&self, key: (crate::dtype::DType, u64), node: &Arc<Node>) {
+        let mut g = self.scalars.lock();
+        let at = g
+            .iter()
+            .position(|e| e.as_ref().is_none_or(|(k, w)| *k == key || w.strong_count() == 0))
+            .unwrap_or(SCALAR_NODES - 1);
+        // Oldest last: shift the others down and put the new entry first.
+        g[..=at].rotate_right(1);
+        g[0] = Some((key, Arc::downgrade(node)));
+    }
 }
 
 impl Drop for StreamInner {
@@ -111,6 +142,7 @@ impl Stream {
                 linger: None,
             }),
             space: Condvar::new(),
+            scalars: Mutex::new(Default::default()),
             #[cfg(feature = "cuda")]
             cuda,
         });
