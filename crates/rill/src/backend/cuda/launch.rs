@@ -406,31 +406,34 @@ impl GraphCache {
         let exact = self.graphs.iter().position(|g| {
             same(g) && g.args_hash == args && g.args.iter().zip(pending.iter()).all(|(a, p)| *a == p.launch.words)
         });
-        if let Some(i) = exact {
-            let g = &mut self.graphs[i];
-            g.used = clock;
-            // SAFETY: a live executable graph and stream of the current context.
-            if unsafe { sys::cuGraphLaunch(g.exec, stream) }.result().is_ok() {
-                return true;
+        let i = match exact {
+            Some(i) => i,
+            None => {
+                let count = self.graphs.iter().filter(|g| same(g)).count();
+                let repeats = self.seen.contains(&(hash ^ args));
+                if count == 0 || (count < PER_SEQUENCE && repeats) {
+                    if count == 0 && !self.seen.contains(&hash) {
+                        self.remember(hash);
+                        return false;
+                    }
+                    return self.instantiate(stream, pending, keys, hash, args, clock, programmatic);
+                }
+                if !repeats {
+                    self.remember(hash ^ args);
+                }
+                let lru = self.graphs.iter().enumerate().filter(|(_, g)| same(g)).min_by_key(|(_, g)| g.used);
+                match lru {
+                    Some((i, _)) => i,
+                    None => return false,
+                }
             }
-            self.graphs.swap_remove(i);
-            return false;
-        }
-        let count = self.graphs.iter().filter(|g| same(g)).count();
-        let repeats = self.seen.contains(&(hash ^ args));
-        if count > 0 && (count >= PER_SEQUENCE || !repeats) {
-            if !repeats {
-                self.remember(hash ^ args);
-            }
-            let Some(i) =
-                self.graphs.iter().enumerate().filter(|(_, g)| same(g)).min_by_key(|(_, g)| g.used).map(|(i, _)| i)
-            else {
-                return false;
-            };
-            let g = &mut self.graphs[i];
-            g.used = clock;
-            g.args_hash = args;
-            let ok = pending.iter_mut().zip(g.nodes.iter().zip(&mut g.args)).all(|(p, (&node, last))| {
+        };
+        let g = &mut self.graphs[i];
+        g.used = clock;
+        g.args_hash = args;
+        // An exact graph already has every argument; another gets the ones that changed.
+        let ok = exact.is_some()
+            || pending.iter_mut().zip(g.nodes.iter().zip(&mut g.args)).all(|(p, (&node, last))| {
                 if p.launch.words == *last {
                     return true; // the same arguments as the last launch (reused buffers)
                 }
@@ -444,19 +447,28 @@ impl GraphCache {
                 last.clone_from(&p.launch.words);
                 ok
             });
-            // SAFETY: a live executable graph and stream of the current context.
-            if ok && unsafe { sys::cuGraphLaunch(g.exec, stream) }.result().is_ok() {
-                return true;
-            }
-            self.graphs.swap_remove(i); // partly updated or unusable: rebuilt next time
-            return false;
+        // SAFETY: a live executable graph and stream of the current context.
+        if ok && unsafe { sys::cuGraphLaunch(g.exec, stream) }.result().is_ok() {
+            return true;
         }
-        if count == 0 && !self.seen.contains(&hash) {
-            self.remember(hash);
-            return false;
-        }
+        self.graphs.swap_remove(i); // partly updated or unusable: rebuilt next time
+        false
+    }
+    /// Instantiates a graph of `pending`, launches it and keeps it (evicting the least
+    /// recently used graph when full); false when a graph call fails.
+    #[allow(clippy::too_many_arguments)]
+    fn instantiate(
+        &mut self,
+        stream: sys::CUstream,
+        pending: &mut [Pending],
+        keys: Vec<Key>,
+        hash: u64,
+        args: u64,
+        clock: u64,
+        programmatic: bool,
+    ) -> bool {
         let Some(g) = build(pending, keys, hash, args, clock, programmatic) else { return false };
-        // SAFETY: as above.
+        // SAFETY: a live executable graph and stream of the current context.
         if unsafe { sys::cuGraphLaunch(g.exec, stream) }.result().is_err() {
             return false;
         }
