@@ -217,32 +217,6 @@ impl Array {
     }
 }
 
-impl Node {
-    /// Asks the CPU to bring this node's memory into its cache ahead of use (a hint: no
-    /// load, no fault, nothing on targets without a prefetch instruction here).
-    ///
-    /// A batch's nodes were made, walked and claimed by the submitting thread, so the
-    /// stream job that runs the batch finds every one of them in another core's cache; a
-    /// job that fetches them a few nodes ahead need not stall on each one in turn (on the
-    /// H200 host the 1000-op chain's median was 2.34 against 2.42 µs/op without it, one
-    /// call of eight runs each: within the spread between processes).
-    #[inline]
-    pub(crate) fn prefetch(&self) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-            let p = (self as *const Node).cast::<i8>();
-            let mut off = 0;
-            while off < std::mem::size_of::<Node>() {
-                // SAFETY: a prefetch is only a hint: it never faults and reads nothing the
-                // program can observe; the addresses lie inside this live node anyway.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off)) };
-                off += 64;
-            }
-        }
-    }
-}
-
 impl Claimable for Array {
     fn id(&self) -> u64 {
         self.node.id

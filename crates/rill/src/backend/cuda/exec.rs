@@ -39,16 +39,6 @@ fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "unknown panic".into())
 }
 
-/// How many nodes ahead the batch loop fetches a node's memory.
-const AHEAD: usize = 4;
-
-/// Whether the batch loop fetches nodes ahead (`RILL_CUDA_PREFETCH=0` turns it off, for
-/// comparisons).
-fn prefetch_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("RILL_CUDA_PREFETCH").as_deref() != Ok("0"))
-}
-
 /// Runs one batch of nodes (all on the GPU stream `stream`) in order.
 pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
     let Some(cs) = stream.inner.cuda.as_ref() else {
@@ -71,39 +61,13 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
     // Kernel launches are recorded and sent at the end (as one CUDA graph when the
     // sequence repeats), or earlier when something else needs the stream (`launch.rs`).
     let rec = launch::Recording::begin(cs, nodes.len());
-    // The nodes were made and claimed by the submitting thread: their memory is in another
-    // core's cache. Each node is fetched `AHEAD` nodes early, and its inputs one node early
-    // (the inputs of the next node are gathered before this one runs, and their nodes
-    // fetched), so that the loop need not stall on each in turn.
-    let pf = prefetch_on();
-    let gather = |a: &Array| -> SmallVec<[Array; 4]> {
-        let ins: SmallVec<[Array; 4]> = a.node.state.lock().inputs.iter().cloned().collect();
-        if pf {
-            for i in &ins {
-                i.node.prefetch();
-            }
-        }
-        ins
-    };
-    if pf {
-        for a in nodes.iter().take(AHEAD) {
-            a.node.prefetch();
-        }
-    }
-    let mut next_inputs = nodes.first().map(gather);
-    for (k, a) in nodes.iter().enumerate() {
+    for a in nodes {
         let node = &a.node;
         if let Some(r) = &rec {
             r.node(node.id);
         }
-        if pf {
-            if let Some(n) = nodes.get(k + AHEAD) {
-                n.node.prefetch();
-            }
-        }
         // Inline up to four inputs: no allocation per node on the hot path.
-        let inputs = next_inputs.take().unwrap_or_default();
-        next_inputs = nodes.get(k + 1).map(gather);
+        let inputs: SmallVec<[Array; 4]> = node.state.lock().inputs.iter().cloned().collect();
         let mut storages: SmallVec<[Storage; 4]> = SmallVec::new();
         let mut failed = None;
         for i in &inputs {
