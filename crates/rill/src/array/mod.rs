@@ -32,6 +32,7 @@ use crate::runtime::claim::{self, Claimable};
 use crate::runtime::completion::Completion;
 use crate::runtime::device::Device;
 use crate::runtime::stream::Stream;
+use crate::shape::Dims;
 use crate::sync::{Arc, Mutex};
 
 static NEXT_NODE_ID: AtomicU64 = AtomicU64::new(1);
@@ -41,10 +42,13 @@ pub(crate) use crate::runtime::completion::Callback;
 
 /// A node's status and inputs (see `runtime/claim.rs`).
 pub(crate) type NodeState = crate::runtime::claim::NodeState<Array>;
+/// A node's inputs (inline up to four).
+pub(crate) type Inputs = crate::runtime::claim::Inputs<Array>;
 
 pub(crate) struct Node {
     pub id: u64,
-    pub shape: Vec<usize>,
+    /// Inline up to six axes (see `claim::Inputs` for why a node allocates once).
+    pub shape: Dims,
     pub dtype: DType,
     pub prim: Primitive,
     pub stream: Stream,
@@ -123,15 +127,16 @@ impl Drop for Node {
     /// Drops long chains of unevaluated inputs iteratively, never recursively, so a graph
     /// of any depth can be dropped on any thread without overflowing its stack.
     fn drop(&mut self) {
-        let mut stack: Vec<Array> = std::mem::take(&mut self.state.get_mut().inputs);
+        // The inputs are the stack: it allocates only when a long chain is freed.
+        let mut stack = std::mem::take(&mut self.state.get_mut().inputs);
         while let Some(mut a) = stack.pop() {
             // The last handle of a node: take its inputs in place (no move of the node
             // out of its allocation), then drop it with none left to recurse into.
             if let Some(node) = Arc::get_mut(&mut a.node) {
-                stack.append(&mut node.state.get_mut().inputs);
+                stack.extend(node.state.get_mut().inputs.drain(..));
             } else if let Some(mut node) = Arc::into_inner(a.node) {
                 // Unique but for weak handles (a stream's last-node link).
-                stack.append(&mut node.state.get_mut().inputs);
+                stack.extend(node.state.get_mut().inputs.drain(..));
             }
         }
     }
@@ -141,17 +146,18 @@ impl Array {
     /// Records a node (used by ops after validation).
     pub(crate) fn from_op(
         prim: Primitive,
-        inputs: Vec<Array>,
-        shape: Vec<usize>,
+        inputs: impl Into<Inputs>,
+        shape: impl Into<Dims>,
         dtype: DType,
         stream: Stream,
     ) -> Array {
-        Array::new_node(prim, shape, dtype, stream, NodeState { status: Status::Pending, inputs }, Completion::new())
+        let state = NodeState { status: Status::Pending, inputs: inputs.into() };
+        Array::new_node(prim, shape.into(), dtype, stream, state, Completion::new())
     }
     /// A node with a fresh id (the one place nodes are made).
     fn new_node(
         prim: Primitive,
-        shape: Vec<usize>,
+        shape: Dims,
         dtype: DType,
         stream: Stream,
         state: NodeState,
@@ -162,14 +168,14 @@ impl Array {
     }
     /// Creates an evaluated node around a storage.
     pub(crate) fn from_storage(storage: Storage, stream: Stream) -> Array {
-        let shape = storage.layout.shape.to_vec();
+        let shape = storage.layout.shape.clone();
         Array::evaluated(Primitive::Constant, shape, storage, stream)
     }
     /// A node of `prim` born evaluated with `storage` (its dtype): no inputs, already
     /// `Done`, so no lock is taken and nobody is woken.
-    pub(crate) fn evaluated(prim: Primitive, shape: Vec<usize>, storage: Storage, stream: Stream) -> Array {
-        let (dtype, state) = (storage.dtype, NodeState { status: Status::Done, inputs: Vec::new() });
-        Array::new_node(prim, shape, dtype, stream, state, Completion::done(Ok(storage)))
+    pub(crate) fn evaluated(prim: Primitive, shape: impl Into<Dims>, storage: Storage, stream: Stream) -> Array {
+        let (dtype, state) = (storage.dtype, NodeState { status: Status::Done, inputs: Inputs::new() });
+        Array::new_node(prim, shape.into(), dtype, stream, state, Completion::done(Ok(storage)))
     }
     /// A process-unique id of this node (never reused).
     pub fn id(&self) -> u64 {
@@ -213,7 +219,7 @@ impl Array {
     }
     /// The inputs of a node not yet evaluated (empty once evaluated).
     pub fn inputs(&self) -> Vec<Array> {
-        self.node.state.lock().inputs.clone()
+        self.node.state.lock().inputs.to_vec()
     }
 }
 

@@ -138,7 +138,7 @@ impl Recorder<'_> {
         let g = a.node.state.lock();
         match g.status {
             Status::Done => Ok(Vec::new()),
-            Status::Pending | Status::Scheduled => Ok(g.inputs.clone()),
+            Status::Pending | Status::Scheduled => Ok(g.inputs.to_vec()),
         }
     }
 

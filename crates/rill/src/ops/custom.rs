@@ -19,6 +19,6 @@ where
     F: Fn(&[Vec<f64>]) -> Result<Vec<f64>> + Send + Sync + 'static,
 {
     let stream = target_stream(inputs)?;
-    let ins = inputs.iter().map(|a| prepare(a, a.dtype(), &stream)).collect();
+    let ins: Vec<Array> = inputs.iter().map(|a| prepare(a, a.dtype(), &stream)).collect();
     Ok(Array::from_op(Primitive::Host { name, f: Arc::new(f) }, ins, shape.to_vec(), dtype, stream))
 }

@@ -14,7 +14,8 @@ use crate::ops::{IntoOperand, Operand, on_device, prepare, scalar_on, target_str
 use crate::primitives::{BinaryOp, Primitive, UnaryOp};
 use crate::runtime::device::Device;
 use crate::runtime::stream::Stream;
-use crate::shape::broadcast_shapes;
+use crate::shape::{Dims, broadcast_shapes};
+use smallvec::smallvec;
 
 /// A weakly typed Rust scalar as a 0-d operand of `dtype` on `stream`.
 ///
@@ -55,7 +56,7 @@ fn unary(x: &Array, op: UnaryOp) -> Result<Array> {
         x.dtype()
     };
     let input = if op == UnaryOp::LogicalNot { prepare(x, x.dtype(), &stream) } else { prepare(x, dtype, &stream) };
-    Ok(Array::from_op(Primitive::Unary(op), vec![input], x.shape().to_vec(), dtype, stream))
+    Ok(Array::from_op(Primitive::Unary(op), smallvec![input], Dims::from_slice(x.shape()), dtype, stream))
 }
 
 fn binary(a: &Array, b: Operand, op: BinaryOp) -> Result<Array> {
@@ -65,8 +66,8 @@ fn binary(a: &Array, b: Operand, op: BinaryOp) -> Result<Array> {
         Operand::Scalar(s) => (None, promote_scalar(a.dtype(), *s)),
     };
     let shape = match b_arr {
-        Some(b) => broadcast_shapes(name, a.shape(), b.shape())?,
-        None => a.shape().to_vec(),
+        Some(b) if b.shape() != a.shape() => Dims::from_vec(broadcast_shapes(name, a.shape(), b.shape())?),
+        _ => Dims::from_slice(a.shape()),
     };
     let stream = match b_arr {
         Some(b) => target_stream(&[a, b])?,
@@ -89,7 +90,7 @@ fn binary(a: &Array, b: Operand, op: BinaryOp) -> Result<Array> {
         Operand::Array(b) => prepare(&b, compute, &stream),
         Operand::Scalar(s) => weak_scalar(s, compute, &stream)?,
     };
-    Ok(Array::from_op(Primitive::Binary(op), vec![lhs, rhs], shape, out_dtype, stream))
+    Ok(Array::from_op(Primitive::Binary(op), smallvec![lhs, rhs], shape, out_dtype, stream))
 }
 
 macro_rules! unary_methods {
@@ -196,7 +197,7 @@ impl Array {
     pub fn astype(&self, dtype: DType) -> Result<Array> {
         let stream = target_stream(&[self])?;
         let x = crate::ops::on_device(self, &stream);
-        Ok(Array::from_op(Primitive::Cast, vec![x], self.shape().to_vec(), dtype, stream))
+        Ok(Array::from_op(Primitive::Cast, smallvec![x], Dims::from_slice(self.shape()), dtype, stream))
     }
 }
 

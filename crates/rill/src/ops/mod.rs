@@ -21,6 +21,8 @@ use crate::runtime::device::default_device;
 use crate::runtime::lifecycle;
 use crate::runtime::scope::current_stream_override;
 use crate::runtime::stream::Stream;
+use crate::shape::Dims;
+use smallvec::smallvec;
 
 /// An operand of an elementwise op: an array or a weakly typed Rust scalar.
 #[derive(Clone, Debug)]
@@ -75,7 +77,13 @@ pub(crate) fn on_device(a: &Array, stream: &Stream) -> Array {
     if a.device() == stream.device() {
         a.clone()
     } else {
-        Array::from_op(Primitive::ToDevice, vec![a.clone()], a.shape().to_vec(), a.dtype(), stream.clone())
+        Array::from_op(
+            Primitive::ToDevice,
+            smallvec![a.clone()],
+            Dims::from_slice(a.shape()),
+            a.dtype(),
+            stream.clone(),
+        )
     }
 }
 
@@ -85,8 +93,8 @@ pub(crate) fn prepare(a: &Array, dtype: DType, stream: &Stream) -> Array {
     if a.dtype() == dtype {
         return a;
     }
-    let shape = a.shape().to_vec();
-    Array::from_op(Primitive::Cast, vec![a], shape, dtype, stream.clone())
+    let shape = Dims::from_slice(a.shape());
+    Array::from_op(Primitive::Cast, smallvec![a], shape, dtype, stream.clone())
 }
 
 /// A scalar as a 0-d `Full` array of `dtype` on `stream`: already evaluated when its value
@@ -107,6 +115,6 @@ pub(crate) fn scalar_on(s: Scalar, dtype: DType, stream: &Stream) -> Array {
             stream.inner.keep_scalar(key, &a.node);
             a
         }
-        None => Array::from_op(Primitive::Full { value }, Vec::new(), Vec::new(), dtype, stream.clone()),
+        None => Array::from_op(Primitive::Full { value }, smallvec![], Dims::new(), dtype, stream.clone()),
     }
 }

@@ -39,8 +39,13 @@ pub(crate) enum Status {
 /// The mutable part of a node: its status and, until it is done, its inputs.
 pub(crate) struct NodeState<H> {
     pub status: Status,
-    pub inputs: Vec<H>,
+    pub inputs: Inputs<H>,
 }
+
+/// A node's inputs, inline up to four: recording a node makes one allocation (the node),
+/// not two. Nodes are usually freed on a runtime thread, not the one that made them, and
+/// every allocation freed across threads was measured in the caller's `malloc`.
+pub(crate) type Inputs<H> = smallvec::SmallVec<[H; 4]>;
 
 /// A cheap handle to a graph node, as the claim protocol sees it.
 pub(crate) trait Claimable: Clone {
@@ -106,9 +111,6 @@ impl IdSet {
         }
     }
 }
-
-/// The inputs of a node (inline up to four) while it is still `Pending`.
-type Inputs<H> = smallvec::SmallVec<[H; 4]>;
 
 /// The inputs of a node that is still `Pending`; `None` once claimed or done.
 fn pending_inputs<H: Claimable>(h: &H) -> Option<Inputs<H>> {

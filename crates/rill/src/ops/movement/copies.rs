@@ -119,7 +119,7 @@ pub fn concatenate(arrays: &[&Array], axis: isize) -> Result<Array> {
     }
     check_numel("concatenate", &shape)?;
     let stream = target_stream(arrays)?;
-    let inputs = arrays.iter().map(|a| prepare(a, dtype, &stream)).collect();
+    let inputs: Vec<Array> = arrays.iter().map(|a| prepare(a, dtype, &stream)).collect();
     Ok(Array::from_op(Primitive::Concatenate { axis: ax }, inputs, shape, dtype, stream))
 }
 
