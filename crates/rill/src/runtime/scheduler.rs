@@ -416,11 +416,12 @@ pub(crate) fn execute_node(
     node: &Node,
     run: impl FnOnce(&Node, &[crate::backend::Storage]) -> Result<crate::backend::Storage>,
 ) {
-    // Inline up to four inputs: the hot path of a long chain of small ops allocates nothing here.
-    let inputs: smallvec::SmallVec<[Array; 4]> = node.state.lock().inputs.iter().cloned().collect();
+    // The inputs are read under the node's lock, not cloned (as in the CUDA batch runner);
+    // up to four storages inline: the hot path of a long chain of small ops allocates
+    // nothing here.
     let mut storages: smallvec::SmallVec<[crate::backend::Storage; 4]> = smallvec::SmallVec::new();
     let mut result = None;
-    for i in &inputs {
+    for i in node.state.lock().inputs.iter() {
         match i.node.storage() {
             Ok(s) => storages.push(s),
             Err(e) => {
@@ -429,7 +430,6 @@ pub(crate) fn execute_node(
             }
         }
     }
-    drop(inputs);
     let result = match result {
         Some(r) => r,
         None if lifecycle::backend_call_forbidden() => Err(Error::ShutDown),

@@ -66,11 +66,12 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
         if let Some(r) = &rec {
             r.node(node.id);
         }
-        // Inline up to four inputs: no allocation per node on the hot path.
-        let inputs: SmallVec<[Array; 4]> = node.state.lock().inputs.iter().cloned().collect();
+        // The inputs are read under the node's lock, not cloned: the node is this batch's
+        // (`Scheduled`), so nothing else changes them, and each input's own lock is taken
+        // inside (never the other way round). Up to four inline: no allocation per node.
         let mut storages: SmallVec<[Storage; 4]> = SmallVec::new();
         let mut failed = None;
-        for i in &inputs {
+        for i in node.state.lock().inputs.iter() {
             let s = match local.get(&i.node.id) {
                 Some(r) => r.clone(),
                 None => i.node.storage(),
@@ -83,7 +84,6 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
                 }
             }
         }
-        drop(inputs);
         let result = match failed {
             Some(e) => Err(e),
             // Shutdown's drain ended while this batch ran: stop early, the closer waits.

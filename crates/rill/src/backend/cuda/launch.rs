@@ -94,7 +94,11 @@ type Params = SmallVec<[*mut std::ffi::c_void; INLINE_WORDS]>;
 
 impl Launch {
     pub fn new(func: &CudaFunction) -> Launch {
-        Launch { func: func.cu_function(), words: Words::new(), starts: SmallVec::new() }
+        Launch::raw(func.cu_function())
+    }
+    /// A launch of a raw function handle of a module that stays loaded (see above).
+    pub fn raw(func: sys::CUfunction) -> Launch {
+        Launch { func, words: Words::new(), starts: SmallVec::new() }
     }
     /// Adds one argument: the bytes of `v`.
     pub fn arg<T: Copy>(&mut self, v: &T) -> &mut Launch {

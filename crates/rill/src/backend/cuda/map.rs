@@ -10,7 +10,7 @@
 
 use rustc_hash::FxHashMap as HashMap;
 
-use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig};
+use cudarc::driver::{CudaFunction, DeviceRepr, LaunchConfig, sys};
 
 use crate::backend::Storage;
 use crate::dtype::DType;
@@ -204,10 +204,12 @@ pub(crate) fn map(
         *slot = Some(i.s.dtype);
     }
     let mut fsrc = Some(fsrc);
-    let mut get = |name: &'static str| -> Result<CudaFunction> {
+    // The raw handle, copied out under the lock (no reference count per launch): the
+    // module stays loaded for the life of the process (see `Launch`).
+    let mut get = |name: &'static str| -> Result<sys::CUfunction> {
         let memo = (what, out_dtype, in_dtypes, name);
         if let Some(f) = dev.map_fns.lock().get(&memo) {
-            return Ok(f.clone());
+            return Ok(f.cu_function());
         }
         let types: Vec<&str> = ins.iter().map(|i| i.ctype).collect();
         // Keyed by dtype, not C type: f16/bf16 (and bool/u8) share a C type but not code.
@@ -217,8 +219,9 @@ pub(crate) fn map(
             let f = fsrc.take().map(|f| f()).unwrap_or_default();
             kernel_source(&f, out_t, &types, vec)
         })?;
-        dev.map_fns.lock().insert(memo, f.clone());
-        Ok(f)
+        let raw = f.cu_function();
+        dev.map_fns.lock().insert(memo, f);
+        Ok(raw)
     };
     // No context binding here: `Launch::launch` binds when it sends a launch directly, and
     // a recorded launch needs none until its batch sends it.
@@ -265,8 +268,8 @@ pub(crate) fn map(
 }
 
 /// A launch of `f` with its first arguments: the output pointer, then each operand's.
-fn operands(f: &CudaFunction, out: u64, ptrs: &[u64]) -> Launch {
-    let mut b = Launch::new(f);
+fn operands(f: &sys::CUfunction, out: u64, ptrs: &[u64]) -> Launch {
+    let mut b = Launch::raw(*f);
     b.arg(&out);
     for p in ptrs {
         b.arg(p);
