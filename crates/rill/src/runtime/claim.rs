@@ -114,10 +114,14 @@ impl IdSet {
     }
 }
 
-/// The inputs of a node that is still `Pending`; `None` once claimed or done.
+/// The inputs of a node that is still `Pending` that are not published yet, last first
+/// (the walk pops them, so they are visited in their order); `None` once the node is
+/// claimed or done. Only those inputs are cloned: most operands of a long chain (its
+/// scalars and constants, the evaluated inputs) are not walked, and each walked one is
+/// moved, not cloned again, onto the walk's stack.
 fn pending_inputs<H: Claimable>(h: &H) -> Option<Inputs<H>> {
     let g = h.state().lock();
-    (g.status == Status::Pending).then(|| g.inputs.iter().cloned().collect())
+    (g.status == Status::Pending).then(|| g.inputs.iter().rev().filter(|i| !i.is_done()).cloned().collect())
 }
 
 /// The `Pending` nodes below `outputs` (included), each once, in topological order (inputs
@@ -127,31 +131,29 @@ pub(crate) fn pending_order<H: Claimable>(outputs: &[H]) -> Vec<H> {
     // Sized for a small graph: a long one grows them a few times, not from zero.
     let mut order = Vec::with_capacity(64);
     let mut seen = IdSet::new(outputs.iter().map(|o| o.id()).max().unwrap_or(0));
-    let mut stack: Vec<(H, Inputs<H>, usize)> = Vec::new();
+    // Each entry: a node and its inputs still to visit (see `pending_inputs`).
+    let mut stack: Vec<(H, Inputs<H>)> = Vec::new();
     for out in outputs {
         if !seen.insert(out.id()) {
             continue;
         }
         if let Some(ins) = pending_inputs(out) {
-            stack.push((out.clone(), ins, 0));
+            stack.push((out.clone(), ins));
         }
         while let Some(top) = stack.last_mut() {
-            if top.2 < top.1.len() {
-                let child = &top.1[top.2];
-                top.2 += 1;
-                // Nothing below a published node is submitted (lock-free check: most
-                // operands of a long chain, its scalars and constants, are evaluated).
-                if child.is_done() {
-                    continue;
-                }
-                let child = child.clone();
-                if seen.insert(child.id()) {
-                    if let Some(ins) = pending_inputs(&child) {
-                        stack.push((child, ins, 0));
+            match top.1.pop() {
+                Some(child) => {
+                    if seen.insert(child.id()) {
+                        if let Some(ins) = pending_inputs(&child) {
+                            stack.push((child, ins));
+                        }
                     }
                 }
-            } else if let Some((h, _, _)) = stack.pop() {
-                order.push(h);
+                None => {
+                    if let Some((h, _)) = stack.pop() {
+                        order.push(h);
+                    }
+                }
             }
         }
     }
