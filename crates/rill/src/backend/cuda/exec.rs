@@ -50,8 +50,13 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
         let _ = lifecycle::backend_call_forbidden(); // counted: a batch ran after the gate closed
         return fail_all(nodes, Error::ShutDown);
     };
-    let mut local: HashMap<u64, Result<Storage>> = HashMap::default();
-    local.reserve(nodes.len());
+    // The batch's results, in batch order, and where each node id's value is: a position
+    // in `results` (a node of this batch, completed only at the end) or in `outside` (an
+    // input made before the batch: read from its node once per batch, not once per use).
+    let mut results: Vec<Result<Storage>> = Vec::with_capacity(nodes.len());
+    let mut outside: Vec<Result<Storage>> = Vec::new();
+    let mut at: HashMap<u64, Slot> = HashMap::default();
+    at.reserve(nodes.len() + 4);
     let mut waited: Vec<usize> = Vec::new();
     // Every storage of another stream's buffer read by the batch, kept alive until its
     // last-use event is set (this stream's own buffers need no last use: their free is
@@ -72,9 +77,15 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
         let mut storages: SmallVec<[Storage; 4]> = SmallVec::new();
         let mut failed = None;
         for i in node.state.lock().inputs.iter() {
-            let s = match local.get(&i.node.id) {
-                Some(r) => r.clone(),
-                None => i.node.storage(),
+            let s = match at.get(&i.node.id) {
+                Some(Slot::Batch(k)) => results[*k as usize].clone(),
+                Some(Slot::Outside(k)) => outside[*k as usize].clone(),
+                None => {
+                    let s = i.node.storage();
+                    at.insert(i.node.id, Slot::Outside(outside.len() as u32));
+                    outside.push(s.clone());
+                    s
+                }
             };
             match s {
                 Ok(s) => storages.push(s),
@@ -96,15 +107,18 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
         };
         any_ok |= result.is_ok();
         // Constants (the scalar slab) record no users: they are not kept.
-        read.extend(
-            storages.into_iter().filter(|s| cuda_of(s).is_some_and(|b| b.alloc_stream_id != cs.id && !b.constant)),
-        );
-        local.insert(node.id, result);
+        for s in storages {
+            if cuda_of(&s).is_some_and(|b| b.alloc_stream_id != cs.id && !b.constant) {
+                read.push(s);
+            }
+        }
+        at.insert(node.id, Slot::Batch(results.len() as u32));
+        results.push(result);
     }
     if let Some(r) = rec {
         let failed = r.finish();
         if !failed.is_empty() {
-            fail_launched(nodes, &mut local, &failed);
+            fail_launched(nodes, &mut results, &failed);
         }
     }
     let fence = Fence::new();
@@ -113,7 +127,7 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
             Ok(ev) => Some(Arc::new(ev)),
             Err(e) => {
                 let err = super::backend_err("cuda", format!("recording the batch event: {e:?}"));
-                for r in local.values_mut() {
+                for r in results.iter_mut() {
                     if r.is_ok() {
                         *r = Err(err.clone());
                     }
@@ -135,8 +149,7 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
     stats::NODES_COMPUTED.fetch_add(nodes.len() as u64, SeqCst);
     // In the batch's (topological) order: a buffer's event is set before the first node
     // that holds it is published, so another stream that reads it waits for this batch.
-    for a in nodes {
-        let r = local.remove(&a.node.id).unwrap_or_else(|| Err(Error::backend("cuda", "node result missing")));
+    for (a, r) in nodes.iter().zip(results) {
         if let (Some(ev), Ok(s)) = (&ev, &r) {
             if let Some(b) = cuda_of(s) {
                 if !b.constant && b.produced.get().is_none() {
@@ -155,6 +168,15 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
     }
 }
 
+/// Where `execute_batch` keeps the value of a node id it has seen.
+#[derive(Clone, Copy)]
+enum Slot {
+    /// The node at this position of the batch.
+    Batch(u32),
+    /// An input made before the batch, at this position of the batch's list of them.
+    Outside(u32),
+}
+
 /// Completes every node of a batch that cannot run with `err`.
 fn fail_all(nodes: &[Array], err: Error) {
     for a in nodes {
@@ -166,11 +188,11 @@ fn fail_all(nodes: &[Array], err: Error) {
 
 /// Fails the nodes whose recorded launches failed when they were sent, and every node of
 /// the batch that depends on one of them (the batch is in dependency order).
-fn fail_launched(nodes: &[Array], local: &mut HashMap<u64, Result<Storage>>, failed: &[(u64, DriverError)]) {
+fn fail_launched(nodes: &[Array], results: &mut [Result<Storage>], failed: &[(u64, DriverError)]) {
     let mut bad: Vec<u64> = Vec::new();
     // Node 0: a failure that cannot be charged to one node (the sender panicked).
     let everyone = failed.iter().find(|(n, _)| *n == 0).map(|(_, e)| super::backend_err("launch", e));
-    for a in nodes {
+    for (a, r) in nodes.iter().zip(results.iter_mut()) {
         let id = a.node.id;
         let own = failed.iter().find(|(n, _)| *n == id).map(|(_, e)| super::backend_err("launch", e));
         let own = own.or_else(|| everyone.clone());
@@ -182,10 +204,8 @@ fn fail_launched(nodes: &[Array], local: &mut HashMap<u64, Result<Storage>>, fai
         };
         if let Some(e) = err {
             bad.push(id);
-            if let Some(r) = local.get_mut(&id) {
-                if r.is_ok() {
-                    *r = Err(e);
-                }
+            if r.is_ok() {
+                *r = Err(e);
             }
         }
     }
