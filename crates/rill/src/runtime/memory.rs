@@ -14,7 +14,11 @@ static LIMIT: AtomicUsize = AtomicUsize::new(usize::MAX);
 
 pub(crate) fn on_alloc(bytes: usize) {
     let now = ACTIVE.fetch_add(bytes, Relaxed) + bytes;
-    PEAK.fetch_max(now, Relaxed);
+    // Read first: most allocations do not raise the peak, and a plain load is cheaper
+    // than the read-modify-write loop of `fetch_max`.
+    if now > PEAK.load(Relaxed) {
+        PEAK.fetch_max(now, Relaxed);
+    }
 }
 pub(crate) fn on_free(bytes: usize) {
     ACTIVE.fetch_sub(bytes, Relaxed);

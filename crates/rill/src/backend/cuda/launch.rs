@@ -102,6 +102,14 @@ impl Launch {
     }
     /// Adds one argument: the bytes of `v`.
     pub fn arg<T: Copy>(&mut self, v: &T) -> &mut Launch {
+        if std::mem::size_of::<T>() == 8 {
+            // Pointers and 64-bit counts, most arguments: one word, no zero-fill first.
+            // SAFETY: `T` is 8 bytes of plain data (`Copy`), read without alignment needs.
+            let w = unsafe { std::ptr::read_unaligned((v as *const T).cast::<u64>()) };
+            self.starts.push(self.words.len() as u32);
+            self.words.push(w);
+            return self;
+        }
         self.arg_slice(std::slice::from_ref(v))
     }
     /// Adds one argument made of the bytes of every element of `v` (a parameter struct
