@@ -134,7 +134,11 @@ impl Plan {
                 lifecycle::check_running()?;
                 stats::QUEUE_WAITS.fetch_add(1, SeqCst);
                 match &mode {
-                    Mode::Block => q = inner.space.wait(q),
+                    Mode::Block => {
+                        q.space_sleepers += 1;
+                        q = inner.space.wait(q);
+                        q.space_sleepers -= 1;
+                    }
                     Mode::Poll(w) => {
                         q.space_wakers.push((*w).clone());
                         return Poll::Pending;
@@ -279,7 +283,12 @@ fn reschedule(stream: Stream) {
     }
 }
 
+/// Batches a GPU stream's job runs back to back before it hands the stream to a new pool
+/// job (which lets other queued jobs of the pool run first).
+const GPU_BATCHES_PER_JOB: usize = 64;
+
 fn run_stream(mut stream: Stream) {
+    let mut ran = 0usize;
     loop {
         let batch = {
             let mut q = stream.inner.queue.lock();
@@ -296,20 +305,25 @@ fn run_stream(mut stream: Stream) {
                     for w in q.space_wakers.drain(..) {
                         w.wake();
                     }
+                    let sleepers = q.space_sleepers > 0;
                     drop(q);
-                    stream.inner.space.notify_all();
+                    if sleepers {
+                        stream.inner.space.notify_all();
+                    }
                     b
                 }
             }
         };
         backend::execute_batch(&stream, &batch.nodes);
         let gpu = stream.device().is_gpu();
-        let fence = if gpu { batch.nodes.last().and_then(|a| a.node.fence()) } else { None };
+        // The last node, for its fence should the job linger (read only then).
+        let mut last = if gpu { batch.nodes.last().cloned() } else { None };
         drop(batch);
         notify_completion();
         let mut q = stream.inner.queue.lock();
         if gpu && q.serial.batches.is_empty() {
             drop(q);
+            let fence = last.take().and_then(|a| a.node.fence());
             match linger(stream, fence.as_deref()) {
                 Linger::More(s) => {
                     stream = s;
@@ -322,6 +336,13 @@ fn run_stream(mut stream: Stream) {
         }
         let spawn = q.serial.finish();
         drop(q);
+        ran += 1;
+        if spawn && gpu && ran < GPU_BATCHES_PER_JOB {
+            // The next batch is queued: run it here. A new pool job would wake another
+            // pool thread, which may take it (on another core, with the nodes' memory in
+            // this core's cache), and costs a wake-up per batch.
+            continue;
+        }
         if spawn {
             spawn_stream(stream);
         }

@@ -55,6 +55,9 @@ pub(crate) struct Queue {
     /// The last node pushed, to let `synchronize` wait for everything before it.
     pub last: Option<std::sync::Weak<Node>>,
     pub space_wakers: Vec<Waker>,
+    /// Submitters blocked on [`StreamInner::space`] now (counted under this lock, so the
+    /// job signals the condition variable, a system call, only when someone sleeps on it).
+    pub space_sleepers: usize,
     /// Set while the stream's pool job lingers after its last batch (GPU streams, see
     /// `scheduler::linger`): a submitter raises the flag with each new batch.
     pub linger: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
@@ -64,7 +67,7 @@ pub(crate) struct StreamInner {
     pub id: u64,
     pub device: Device,
     pub queue: Mutex<Queue>,
-    /// Notified when queued work shrinks (backpressure waits) or the stream idles.
+    /// Notified when queued work shrinks, for submitters blocked by backpressure.
     pub space: Condvar,
     /// The last evaluated scalar operands made for this stream (see [`StreamInner::scalar`]).
     scalars: Mutex<ScalarNodes>,
@@ -139,6 +142,7 @@ impl Stream {
                 queued_nodes: 0,
                 last: None,
                 space_wakers: Vec::new(),
+                space_sleepers: 0,
                 linger: None,
             }),
             space: Condvar::new(),
