@@ -143,3 +143,11 @@ impl Error {
         Error::Backend { op, msg: msg.to_string().into() }
     }
 }
+
+/// The message of a caught panic (its `&str` or `String` payload).
+pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}

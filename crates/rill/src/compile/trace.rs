@@ -47,13 +47,6 @@ pub(crate) struct Tape {
 /// The function type every compiled function is stored as.
 pub(crate) type TraceFn = dyn Fn(&[Array], &[i64]) -> Result<Vec<Array>> + Send + Sync;
 
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into())
-}
-
 /// Runs `f` on placeholders shaped like `inputs`, with every op it records targeting
 /// `stream`, and records the result.
 pub(crate) fn trace(
@@ -74,7 +67,7 @@ pub(crate) fn trace(
     let outputs = match with_stream(stream, || catch_unwind(AssertUnwindSafe(|| f(&placeholders, statics)))) {
         Ok(Ok(outs)) => outs,
         Ok(Err(e)) => return Err(e),
-        Err(p) => return Err(Error::Panic { op: "compile", msg: panic_message(&*p).into() }),
+        Err(p) => return Err(Error::Panic { op: "compile", msg: crate::error::panic_message(&*p).into() }),
     };
     let ids: HashMap<u64, usize> = placeholders.iter().enumerate().map(|(i, p)| (p.id(), i)).collect();
     let mut rec = Recorder {

@@ -432,41 +432,34 @@ fn linger(stream: Stream, fence: Option<&backend::Fence>) -> Linger {
 
 // ---- node execution ----
 
+/// The storages of `node`'s inputs, each found by `lookup`, or the first error. The inputs
+/// are read under the node's lock, not cloned: the node is being run (`Scheduled`), so
+/// nothing else changes them, and each input's own lock is taken inside (never the other
+/// way round). Up to four inline: the hot path of a long chain of small ops allocates
+/// nothing here. Shared by the CPU runner below and the CUDA batch runner.
+pub(crate) fn input_storages(
+    node: &Node,
+    mut lookup: impl FnMut(&Array) -> Result<crate::backend::Storage>,
+) -> Result<smallvec::SmallVec<[crate::backend::Storage; 4]>> {
+    let mut storages = smallvec::SmallVec::new();
+    for i in node.state.lock().inputs.iter() {
+        storages.push(lookup(i)?);
+    }
+    Ok(storages)
+}
+
 /// Runs one node's kernel and records the outcome. Used by the backends' batch runners.
 pub(crate) fn execute_node(
     node: &Node,
     run: impl FnOnce(&Node, &[crate::backend::Storage]) -> Result<crate::backend::Storage>,
 ) {
-    // The inputs are read under the node's lock, not cloned (as in the CUDA batch runner);
-    // up to four storages inline: the hot path of a long chain of small ops allocates
-    // nothing here.
-    let mut storages: smallvec::SmallVec<[crate::backend::Storage; 4]> = smallvec::SmallVec::new();
-    let mut result = None;
-    for i in node.state.lock().inputs.iter() {
-        match i.node.storage() {
-            Ok(s) => storages.push(s),
-            Err(e) => {
-                result = Some(Err(e));
-                break;
-            }
-        }
-    }
-    let result = match result {
-        Some(r) => r,
-        None if lifecycle::backend_call_forbidden() => Err(Error::ShutDown),
-        None => match catch_unwind(AssertUnwindSafe(|| run(node, &storages))) {
-            Ok(r) => r,
-            Err(p) => {
-                let msg = p
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| p.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".into());
-                Err(Error::Panic { op: node.prim.name(), msg: msg.into() })
-            }
-        },
+    let result = match input_storages(node, |i| i.node.storage()) {
+        Err(e) => Err(e),
+        Ok(_) if lifecycle::backend_call_forbidden() => Err(Error::ShutDown),
+        Ok(storages) => catch_unwind(AssertUnwindSafe(|| run(node, &storages))).unwrap_or_else(|p| {
+            Err(Error::Panic { op: node.prim.name(), msg: crate::error::panic_message(&*p).into() })
+        }),
     };
-    drop(storages);
     stats::NODES_COMPUTED.fetch_add(1, SeqCst);
     stats::IN_FLIGHT.fetch_sub(1, SeqCst);
     node.complete(result);

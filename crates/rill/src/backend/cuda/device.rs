@@ -77,13 +77,6 @@ struct Worker {
 static PROBE: OnceLock<std::result::Result<usize, String>> = OnceLock::new();
 static DEVICES: Mutex<Vec<Option<Arc<DeviceState>>>> = Mutex::new(Vec::new());
 
-fn panic_msg(p: Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into())
-}
-
 /// Loads the driver once and counts the devices; never panics.
 fn probe() -> std::result::Result<usize, String> {
     PROBE
@@ -103,7 +96,7 @@ fn probe() -> std::result::Result<usize, String> {
             });
             match r {
                 Ok(r) => r,
-                Err(p) => Err(format!("the CUDA driver could not be loaded: {}", panic_msg(p))),
+                Err(p) => Err(format!("the CUDA driver could not be loaded: {}", crate::error::panic_message(&*p))),
             }
         })
         .clone()
@@ -130,8 +123,9 @@ pub(crate) fn device(ordinal: usize) -> Result<Arc<DeviceState>> {
     }
     lifecycle::check_running()?;
     let _pass = lifecycle::enter_backend().ok_or(Error::ShutDown)?;
-    let d = catch_unwind(AssertUnwindSafe(|| init(ordinal)))
-        .unwrap_or_else(|p| Err(unavailable(ordinal, format!("initialisation panicked: {}", panic_msg(p)))))?;
+    let d = catch_unwind(AssertUnwindSafe(|| init(ordinal))).unwrap_or_else(|p| {
+        Err(unavailable(ordinal, format!("initialisation panicked: {}", crate::error::panic_message(&*p))))
+    })?;
     if table.len() <= ordinal {
         table.resize_with(ordinal + 1, || None);
     }
@@ -256,7 +250,7 @@ fn worker_main(ctx: Arc<CudaContext>, q: Arc<WorkerShared>) {
             Some(_pass) => match catch_unwind(AssertUnwindSafe(|| ev.wait_low_latency(UNTIL))) {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(e)) => Err(Error::backend("cuda", format!("device work failed: {e:?}"))),
-                Err(p) => Err(Error::Panic { op: "cuda", msg: panic_msg(p).into() }),
+                Err(p) => Err(Error::Panic { op: "cuda", msg: crate::error::panic_message(&*p).into() }),
             },
         };
         fence.signal(r);

@@ -21,6 +21,7 @@ use crate::backend::{Buffer, Fence, Storage};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::primitives::Primitive;
+use crate::runtime::scheduler::input_storages;
 use crate::runtime::stream::Stream;
 use crate::runtime::{lifecycle, stats};
 use crate::sync::Arc;
@@ -31,13 +32,6 @@ use super::{copy, elementwise as ew, fused, launch, matmul, norm, random, reduce
 use cudarc::driver::DriverError;
 use rustc_hash::FxHashMap as HashMap;
 use smallvec::SmallVec;
-
-fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into())
-}
 
 /// Runs one batch of nodes (all on the GPU stream `stream`) in order.
 pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
@@ -71,39 +65,31 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
         if let Some(r) = &rec {
             r.node(node.id);
         }
-        // The inputs are read under the node's lock, not cloned: the node is this batch's
-        // (`Scheduled`), so nothing else changes them, and each input's own lock is taken
-        // inside (never the other way round). Up to four inline: no allocation per node.
-        let mut storages: SmallVec<[Storage; 4]> = SmallVec::new();
-        let mut failed = None;
-        for i in node.state.lock().inputs.iter() {
-            let s = match at.get(&i.node.id) {
-                Some(Slot::Batch(k)) => results[*k as usize].clone(),
-                Some(Slot::Outside(k)) => outside[*k as usize].clone(),
-                None => {
-                    let s = i.node.storage();
-                    at.insert(i.node.id, Slot::Outside(outside.len() as u32));
-                    outside.push(s.clone());
-                    s
-                }
-            };
-            match s {
-                Ok(s) => storages.push(s),
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
+        // Inputs of this batch come from `results`, earlier ones from their nodes (once).
+        let inputs = input_storages(node, |i| match at.get(&i.node.id) {
+            Some(Slot::Batch(k)) => results[*k as usize].clone(),
+            Some(Slot::Outside(k)) => outside[*k as usize].clone(),
+            None => {
+                let s = i.node.storage();
+                at.insert(i.node.id, Slot::Outside(outside.len() as u32));
+                outside.push(s.clone());
+                s
             }
-        }
-        let result = match failed {
-            Some(e) => Err(e),
+        });
+        let (result, storages) = match inputs {
+            Err(e) => (Err(e), SmallVec::new()),
             // Shutdown's drain ended while this batch ran: stop early, the closer waits.
-            None if lifecycle::is_cancelled() => Err(Error::ShutDown),
-            None => catch_unwind(AssertUnwindSafe(|| {
-                prepare_inputs(cs, &storages, &mut waited)?;
-                eval(cs, &node.prim, &node.shape, node.dtype, &mut storages)
-            }))
-            .unwrap_or_else(|p| Err(Error::Panic { op: node.prim.name(), msg: panic_text(p).into() })),
+            Ok(storages) if lifecycle::is_cancelled() => (Err(Error::ShutDown), storages),
+            Ok(mut storages) => {
+                let r = catch_unwind(AssertUnwindSafe(|| {
+                    prepare_inputs(cs, &storages, &mut waited)?;
+                    eval(cs, &node.prim, &node.shape, node.dtype, &mut storages)
+                }))
+                .unwrap_or_else(|p| {
+                    Err(Error::Panic { op: node.prim.name(), msg: crate::error::panic_message(&*p).into() })
+                });
+                (r, storages)
+            }
         };
         any_ok |= result.is_ok();
         // Constants (the scalar slab) record no users: they are not kept.
@@ -342,5 +328,5 @@ pub(crate) fn to_host(s: &Storage) -> Result<Storage> {
     }
     let dev = super::device::device(b.ordinal)?;
     catch_unwind(AssertUnwindSafe(|| download(&dev.transfer, s)))
-        .unwrap_or_else(|p| Err(Error::Panic { op: "to_host", msg: panic_text(p).into() }))
+        .unwrap_or_else(|p| Err(Error::Panic { op: "to_host", msg: crate::error::panic_message(&*p).into() }))
 }

@@ -230,7 +230,7 @@ pub(crate) fn map(
     let run = match addressing(ins, shape)? {
         Addressing::Run(run) => run,
         Addressing::Strided(lay) => {
-            let mut b = operands(&get("k_strided")?, out_ptr, &bases);
+            let mut b = operands(get("k_strided")?, out_ptr, &bases);
             b.arg(&lay);
             b.arg(&n64);
             // SAFETY: the arguments match the generated signature; every offset the layout
@@ -247,7 +247,7 @@ pub(crate) fn map(
         && out_ptr % (out_dtype.size() * vec) as u64 == 0
         && vec > 1;
     if aligned {
-        let mut b = operands(&get("k_vec")?, out_ptr, &ptrs);
+        let mut b = operands(get("k_vec")?, out_ptr, &ptrs);
         b.arg(&n64);
         // One block step per block: no grid-stride loop for any realistic size.
         let blocks = (n / vec).div_ceil(BLOCK as usize * VEC_UNROLL).clamp(1, 1 << 30) as u32;
@@ -256,7 +256,7 @@ pub(crate) fn map(
         // elements (vector-aligned, checked above).
         unsafe { b.launch(cs, cfg) }.map_err(launch_err)?;
     } else {
-        let mut b = operands(&get("k_contig")?, out_ptr, &ptrs);
+        let mut b = operands(get("k_contig")?, out_ptr, &ptrs);
         for s in &run {
             b.arg(s);
         }
@@ -268,8 +268,8 @@ pub(crate) fn map(
 }
 
 /// A launch of `f` with its first arguments: the output pointer, then each operand's.
-fn operands(f: &sys::CUfunction, out: u64, ptrs: &[u64]) -> Launch {
-    let mut b = Launch::raw(*f);
+fn operands(f: sys::CUfunction, out: u64, ptrs: &[u64]) -> Launch {
+    let mut b = Launch::raw(f);
     b.arg(&out);
     for p in ptrs {
         b.arg(p);
