@@ -432,20 +432,13 @@ fn linger(stream: Stream, fence: Option<&backend::Fence>) -> Linger {
 
 // ---- node execution ----
 
-/// The storages of `node`'s inputs, each found by `lookup`, or the first error. The inputs
-/// are read under the node's lock, not cloned: the node is being run (`Scheduled`), so
-/// nothing else changes them, and each input's own lock is taken inside (never the other
-/// way round). Up to four inline: the hot path of a long chain of small ops allocates
-/// nothing here. Shared by the CPU runner below and the CUDA batch runner.
-pub(crate) fn input_storages(
-    node: &Node,
-    mut lookup: impl FnMut(&Array) -> Result<crate::backend::Storage>,
-) -> Result<smallvec::SmallVec<[crate::backend::Storage; 4]>> {
-    let mut storages = smallvec::SmallVec::new();
-    for i in node.state.lock().inputs.iter() {
-        storages.push(lookup(i)?);
-    }
-    Ok(storages)
+/// The storages of `node`'s inputs, or the first error. The inputs are read under the
+/// node's lock, not cloned: the node is being run (`Scheduled`), so nothing else changes
+/// them, and each input's own lock is taken inside (never the other way round). Up to four
+/// inline: the hot path of a long chain of small ops allocates nothing here. (The CUDA
+/// batch runner borrows its inputs from the batch instead: `cuda/exec.rs`.)
+fn input_storages(node: &Node) -> Result<smallvec::SmallVec<[crate::backend::Storage; 4]>> {
+    node.state.lock().inputs.iter().map(|i| i.node.storage()).collect()
 }
 
 /// Runs one node's kernel and records the outcome. Used by the backends' batch runners.
@@ -453,7 +446,7 @@ pub(crate) fn execute_node(
     node: &Node,
     run: impl FnOnce(&Node, &[crate::backend::Storage]) -> Result<crate::backend::Storage>,
 ) {
-    let result = match input_storages(node, |i| i.node.storage()) {
+    let result = match input_storages(node) {
         Err(e) => Err(e),
         Ok(_) if lifecycle::backend_call_forbidden() => Err(Error::ShutDown),
         Ok(storages) => catch_unwind(AssertUnwindSafe(|| run(node, &storages))).unwrap_or_else(|p| {

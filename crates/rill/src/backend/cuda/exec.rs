@@ -21,7 +21,6 @@ use crate::backend::{Buffer, Fence, Storage};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::primitives::Primitive;
-use crate::runtime::scheduler::input_storages;
 use crate::runtime::stream::Stream;
 use crate::runtime::{lifecycle, stats};
 use crate::sync::Arc;
@@ -65,39 +64,34 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
         if let Some(r) = &rec {
             r.node(node.id);
         }
-        // Inputs of this batch come from `results`, earlier ones from their nodes (once).
-        let inputs = input_storages(node, |i| match at.get(&i.node.id) {
-            Some(Slot::Batch(k)) => results[*k as usize].clone(),
-            Some(Slot::Outside(k)) => outside[*k as usize].clone(),
-            None => {
-                let s = i.node.storage();
-                at.insert(i.node.id, Slot::Outside(outside.len() as u32));
-                outside.push(s.clone());
-                s
-            }
+        // Where each input's value is: a node of this batch (in `results`) or one made
+        // before it (read from its node into `outside` once per batch).
+        let mut slots: SmallVec<[Slot; 4]> = SmallVec::new();
+        for i in node.state.lock().inputs.iter() {
+            let slot = *at.entry(i.node.id).or_insert_with(|| {
+                outside.push(i.node.storage());
+                Slot::Outside(outside.len() as u32 - 1)
+            });
+            slots.push(slot);
+        }
+        // The inputs are borrowed from there, not cloned (no reference counts per use).
+        let inputs = slots.iter().map(|slot| match *slot {
+            Slot::Batch(k) => results[k as usize].as_ref().map_err(Error::clone),
+            Slot::Outside(k) => outside[k as usize].as_ref().map_err(Error::clone),
         });
-        let (result, storages) = match inputs {
-            Err(e) => (Err(e), SmallVec::new()),
+        let result = match inputs.collect::<Result<SmallVec<[&Storage; 4]>>>() {
+            Err(e) => Err(e),
             // Shutdown's drain ended while this batch ran: stop early, the closer waits.
-            Ok(storages) if lifecycle::is_cancelled() => (Err(Error::ShutDown), storages),
-            Ok(mut storages) => {
-                let r = catch_unwind(AssertUnwindSafe(|| {
-                    prepare_inputs(cs, &storages, &mut waited)?;
-                    eval(cs, &node.prim, &node.shape, node.dtype, &mut storages)
-                }))
-                .unwrap_or_else(|p| {
-                    Err(Error::Panic { op: node.prim.name(), msg: crate::error::panic_message(&*p).into() })
-                });
-                (r, storages)
-            }
+            Ok(_) if lifecycle::is_cancelled() => Err(Error::ShutDown),
+            Ok(inputs) => catch_unwind(AssertUnwindSafe(|| {
+                prepare_inputs(cs, &inputs, &mut waited)?;
+                eval(cs, &node.prim, &node.shape, node.dtype, &inputs, &mut read)
+            }))
+            .unwrap_or_else(|p| {
+                Err(Error::Panic { op: node.prim.name(), msg: crate::error::panic_message(&*p).into() })
+            }),
         };
         any_ok |= result.is_ok();
-        // Constants (the scalar slab) record no users: they are not kept.
-        for s in storages {
-            if cuda_of(&s).is_some_and(|b| b.alloc_stream_id != cs.id && !b.constant) {
-                read.push(s);
-            }
-        }
         at.insert(node.id, Slot::Batch(results.len() as u32));
         results.push(result);
     }
@@ -135,15 +129,15 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
     stats::NODES_COMPUTED.fetch_add(nodes.len() as u64, SeqCst);
     // In the batch's (topological) order: a buffer's event is set before the first node
     // that holds it is published, so another stream that reads it waits for this batch.
-    for (a, r) in nodes.iter().zip(results) {
-        if let (Some(ev), Ok(s)) = (&ev, &r) {
-            if let Some(b) = cuda_of(s) {
+    for (a, mut r) in nodes.iter().zip(results) {
+        if let Ok(s) = &mut r {
+            if let (Some(ev), Some(b)) = (&ev, cuda_of(s)) {
                 if !b.constant && b.produced.get().is_none() {
                     let _ = b.produced.set((ev.clone(), cs.id));
                 }
             }
+            s.fence = Some(fence.clone());
         }
-        let r = r.map(|s| Storage { fence: Some(fence.clone()), ..s });
         a.node.complete(r);
     }
     // Once, after every node of the batch is complete (a shutdown drain waits for zero).
@@ -201,8 +195,8 @@ fn fail_launched(nodes: &[Array], results: &mut [Result<Storage>], failed: &[(u6
 /// event handles already waited for in this batch; a handle cannot be reused for another
 /// event meanwhile (pooled handles return only when the event is dropped, and the batch
 /// keeps every other stream's input storage, and with it the event, until it ends).
-fn prepare_inputs(cs: &CudaStreamHandle, inputs: &[Storage], waited: &mut Vec<usize>) -> Result<()> {
-    for s in inputs {
+fn prepare_inputs(cs: &CudaStreamHandle, inputs: &[&Storage], waited: &mut Vec<usize>) -> Result<()> {
+    for &s in inputs {
         let Some(b) = cuda_of(s) else { continue };
         if b.ordinal != cs.dev.ordinal {
             continue; // only ToDevice reads another device's buffer (through the host)
@@ -231,40 +225,56 @@ fn copy_to_gpu(cs: &CudaStreamHandle, s: &Storage) -> Result<Option<Storage>> {
 }
 
 /// Computes one primitive on the GPU stream `cs` (inputs converted by the ops layer).
-/// Inputs that are not on this device are replaced in `raw` by device copies.
+/// Inputs that are not on this device are copied here first. Every input buffer of
+/// another stream that the kernels read is added to `read` (kept until the batch's event
+/// is its last use; constants of the scalar slab record no users).
 fn eval(
     cs: &CudaStreamHandle,
     prim: &Primitive,
     shape: &[usize],
     dtype: DType,
-    raw: &mut [Storage],
+    raw: &[&Storage],
+    read: &mut Vec<Storage>,
 ) -> Result<Storage> {
     use Primitive::*;
+    let mut keep = |s: &Storage| {
+        if cuda_of(s).is_some_and(|b| b.alloc_stream_id != cs.id && !b.constant) {
+            read.push(s.clone());
+        }
+    };
     if let ToDevice = prim {
-        return Ok(copy_to_gpu(cs, &raw[0])?.unwrap_or_else(|| raw[0].clone()));
+        keep(raw[0]);
+        return Ok(copy_to_gpu(cs, raw[0])?.unwrap_or_else(|| raw[0].clone()));
     }
     if matches!(prim, Matmul) && !dtype.is_float() {
         // cuBLAS has no integer GEMM here: integer (and bool-as-i32) matmul runs on the
         // host, after the stream has produced its inputs (a host wait, documented).
         cs.synchronize()?;
-        let host: Vec<Storage> = raw.iter().map(host_copy).collect::<Result<_>>()?;
+        let host: Vec<Storage> = raw.iter().map(|s| host_copy(s)).collect::<Result<_>>()?;
         let out = crate::backend::cpu::eval(prim, shape, dtype, &host)?;
         return upload(cs, &out);
     }
     if let Host { f, name } = prim {
         // The inputs may be produced earlier in this batch: finish the stream first.
         cs.synchronize()?;
-        let host: Vec<Storage> = raw.iter().map(host_copy).collect::<Result<_>>()?;
+        let host: Vec<Storage> = raw.iter().map(|s| host_copy(s)).collect::<Result<_>>()?;
         let out = crate::backend::cpu::eval(&Host { f: f.clone(), name }, shape, dtype, &host)?;
         return upload(cs, &out);
     }
-    for s in raw.iter_mut() {
-        if let Some(d) = copy_to_gpu(cs, s)? {
-            *s = d;
-        }
+    // Inputs of another device or the host: device copies, made on this stream.
+    let mut copies: SmallVec<[Option<Storage>; 4]> = SmallVec::new();
+    for s in raw {
+        copies.push(copy_to_gpu(cs, s)?);
     }
-    let inputs = &*raw;
-    let x = || &inputs[0];
+    let inputs: SmallVec<[&Storage; 4]> = raw.iter().zip(&copies).map(|(s, c)| c.as_ref().unwrap_or(s)).collect();
+    for s in &inputs {
+        keep(s);
+    }
+    let inputs = &inputs[..];
+    // Ops that take their inputs as one slice of storages (none is on the path of a long
+    // chain of small ops).
+    let owned = || inputs.iter().map(|s| (*s).clone()).collect::<SmallVec<[Storage; 4]>>();
+    let x = || inputs[0];
     match prim {
         Constant => Err(Error::invalid("constant", "a constant has no kernel")),
         // One element (the `2.0` of `x * 2.0`): a slot of the scalar slab, no kernel.
@@ -277,15 +287,15 @@ fn eval(
         Random { key, dist } => random::random(cs, shape, dtype, *key, *dist),
         Cast => ew::cast(cs, x(), dtype),
         Unary(op) => ew::unary(cs, *op, x(), dtype),
-        Binary(op) => ew::binary(cs, *op, x(), &inputs[1], shape, dtype),
-        Where => ew::where_(cs, x(), &inputs[1], &inputs[2], shape, dtype),
+        Binary(op) => ew::binary(cs, *op, x(), inputs[1], shape, dtype),
+        Where => ew::where_(cs, x(), inputs[1], inputs[2], shape, dtype),
         Reduce { op, axes } => reduce::reduce(cs, *op, x(), axes, shape),
         ArgReduce { op, axis } => scan::arg_reduce(cs, *op, x(), *axis, shape),
         Cumsum { axis, reverse, exclusive } => scan::cumsum(cs, x(), *axis, *reverse, *exclusive),
         Softmax { axis, log } => reduce::softmax(cs, x(), *axis, *log),
-        LayerNorm { eps, has_weight, has_bias } => norm::layer_norm(cs, inputs, *eps, *has_weight, *has_bias),
-        RmsNorm { eps, has_weight } => norm::rms_norm(cs, inputs, *eps, *has_weight),
-        Matmul => matmul::matmul(cs, x(), &inputs[1], shape, dtype),
+        LayerNorm { eps, has_weight, has_bias } => norm::layer_norm(cs, &owned(), *eps, *has_weight, *has_bias),
+        RmsNorm { eps, has_weight } => norm::rms_norm(cs, &owned(), *eps, *has_weight),
+        Matmul => matmul::matmul(cs, x(), inputs[1], shape, dtype),
         Reshape => match x().layout.reshape(shape) {
             Some(l) => Ok(x().with_layout(l)),
             None => Ok(ew::copy(cs, x())?.with_layout(crate::shape::Layout::contiguous(shape))),
@@ -294,12 +304,12 @@ fn eval(
         BroadcastTo => Ok(x().with_layout(x().layout.broadcast_to(shape))),
         Slice { start, step } => Ok(crate::backend::cpu::movement::slice_view(x(), start, step, shape)),
         Contiguous => ew::copy(cs, x()),
-        Take { axis } => copy::take(cs, x(), &inputs[1], *axis, shape),
-        Concatenate { axis } => copy::concatenate(cs, inputs, *axis, shape),
+        Take { axis } => copy::take(cs, x(), inputs[1], *axis, shape),
+        Concatenate { axis } => copy::concatenate(cs, &owned(), *axis, shape),
         Pad { widths, value } => copy::pad(cs, x(), widths, *value, shape),
         Placeholder { .. } => Err(Error::invalid("placeholder", "a compile placeholder cannot be evaluated")),
-        Fused(p) => fused::fused(cs, p, inputs, shape, dtype),
-        FusedReduce { program, op, axes } => fused::fused_reduce(cs, program, *op, axes, inputs, shape, dtype),
+        Fused(p) => fused::fused(cs, p, &owned(), shape, dtype),
+        FusedReduce { program, op, axes } => fused::fused_reduce(cs, program, *op, axes, &owned(), shape, dtype),
         ToDevice | Host { .. } => Err(Error::invalid(prim.name(), "handled above")),
     }
 }
