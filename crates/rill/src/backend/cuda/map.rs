@@ -94,9 +94,20 @@ impl MapFn {
     }
 }
 
-/// The loaded map kernels of one device, found without formatting a key: (function,
-/// output dtype, input dtypes, kernel variant).
-pub(crate) type MapFns = HashMap<(MapFn, DType, [Option<DType>; 3], &'static str), CudaFunction>;
+/// What names a map kernel on a device: (function, output dtype, input dtypes, kernel
+/// variant).
+type MapKey = (MapFn, DType, [Option<DType>; 3], &'static str);
+
+/// The loaded map kernels of one device, found without formatting a key.
+pub(crate) type MapFns = HashMap<MapKey, CudaFunction>;
+
+thread_local! {
+    /// The map kernel this thread launched last: (device state, key, function). A long
+    /// chain of one op asks for the same kernel at every node; this finds it without the
+    /// device's lock and a hash. A function stays valid for the life of the process (its
+    /// module is never unloaded) and so does a device's state.
+    static LAST_MAP: std::cell::Cell<Option<(usize, MapKey, sys::CUfunction)>> = const { std::cell::Cell::new(None) };
+}
 
 /// One input of a map: a storage and the C type its kernel parameter has.
 pub(crate) struct In<'a> {
@@ -208,8 +219,18 @@ pub(crate) fn map(
     // module stays loaded for the life of the process (see `Launch`).
     let mut get = |name: &'static str| -> Result<sys::CUfunction> {
         let memo = (what, out_dtype, in_dtypes, name);
+        let here = std::sync::Arc::as_ptr(dev) as usize;
+        if let Ok(Some((d, k, f))) = LAST_MAP.try_with(|c| c.get()) {
+            if d == here && k == memo {
+                return Ok(f);
+            }
+        }
+        let remember = |f: sys::CUfunction| {
+            let _ = LAST_MAP.try_with(|c| c.set(Some((here, memo, f))));
+            f
+        };
         if let Some(f) = dev.map_fns.lock().get(&memo) {
-            return Ok(f.cu_function());
+            return Ok(remember(f.cu_function()));
         }
         let types: Vec<&str> = ins.iter().map(|i| i.ctype).collect();
         // Keyed by dtype, not C type: f16/bf16 (and bool/u8) share a C type but not code.
@@ -221,7 +242,7 @@ pub(crate) fn map(
         })?;
         let raw = f.cu_function();
         dev.map_fns.lock().insert(memo, f);
-        Ok(raw)
+        Ok(remember(raw))
     };
     // No context binding here: `Launch::launch` binds when it sends a launch directly, and
     // a recorded launch needs none until its batch sends it.
