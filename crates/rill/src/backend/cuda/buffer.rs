@@ -24,9 +24,9 @@ pub(crate) struct CudaBuffer {
     ptr: u64,
     bytes: usize,
     pub ordinal: usize,
-    /// The rill id of the stream that allocated (and will free) the buffer.
+    /// The rill id of the stream that allocated (and will free) the buffer. The CUDA
+    /// stream itself is the one the memory (`slice`) belongs to.
     pub alloc_stream_id: u64,
-    alloc_stream: ManuallyDrop<Arc<CudaStream>>,
     /// The event recorded after the batch that produced the contents, and the rill id
     /// of that batch's stream (one `OnceLock`: set once per buffer on the batch's path).
     pub produced: OnceLock<(Arc<Ev>, u64)>,
@@ -79,7 +79,6 @@ impl CudaBuffer {
             bytes,
             ordinal: cs.dev.ordinal,
             alloc_stream_id: cs.id,
-            alloc_stream: ManuallyDrop::new(cs.raw_stream().clone()),
             produced: OnceLock::new(),
             users: Mutex::new(Vec::new()),
             constant: false,
@@ -119,20 +118,20 @@ impl Drop for CudaBuffer {
             // Kernels this thread recorded on the allocating stream (a temporary's) are
             // sent first, so that the free is ordered after them.
             super::launch::flush_stream(self.alloc_stream_id);
-            for (_, ev) in &users {
-                let _ = ev.wait_on(&self.alloc_stream);
-            }
-            // SAFETY: each field is taken or dropped exactly once, here; the free (or the
-            // reuse, on the same stream) is ordered on the allocating stream after the
-            // waits above.
-            unsafe {
-                let mut slice = ManuallyDrop::take(&mut self.slice);
-                if let (Some((cache, class)), Some(s)) = (&self.cache, slice.take()) {
-                    slice = cache.give(*class, self.ptr, s);
+            // SAFETY: the slice is taken exactly once, here.
+            let mut slice = unsafe { ManuallyDrop::take(&mut self.slice) };
+            // No memory (an empty buffer): nothing to free, nothing to wait for.
+            if let Some(s) = &slice {
+                for (_, ev) in &users {
+                    let _ = ev.wait_on(s.stream());
                 }
-                drop(slice);
-                ManuallyDrop::drop(&mut self.alloc_stream);
             }
+            // The free (or the reuse, on the same stream) is ordered on the allocating
+            // stream after the waits above.
+            if let (Some((cache, class)), Some(s)) = (&self.cache, slice.take()) {
+                slice = cache.give(*class, self.ptr, s);
+            }
+            drop(slice);
         }));
     }
 }
