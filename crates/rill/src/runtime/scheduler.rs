@@ -373,7 +373,10 @@ enum Linger {
 /// Polls for the stream's next batch (see [`LINGER_BUSY`]). The job's run state stays
 /// `Running`, so a submitter does not spawn a job but raises the stream's linger flag.
 /// While polling the job holds only a weak reference: dropping the stream's last handle
-/// drops the stream as it would without lingering.
+/// drops the stream as it would without lingering, and the stream's drop raises the flag.
+/// The loop reads only the flag, the fence and the shutdown state: not the stream's
+/// reference count, which the thread recording the next evaluation's ops changes once per
+/// op (polling it made each of those changes a transfer of the cache line between cores).
 fn linger(stream: Stream, fence: Option<&backend::Fence>) -> Linger {
     let most = (pool::num_threads() / 4).max(1);
     if LINGERING.fetch_add(1, SeqCst) >= most {
@@ -400,7 +403,7 @@ fn linger(stream: Stream, fence: Option<&backend::Fence>) -> Linger {
         }
         polls = polls.wrapping_add(1);
         if polls % 16 == 0 {
-            if lifecycle::is_shutting_down() || weak.strong_count() == 0 {
+            if lifecycle::is_shutting_down() {
                 break false;
             }
             let now = Instant::now();

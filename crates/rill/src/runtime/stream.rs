@@ -107,6 +107,11 @@ impl StreamInner {
 impl Drop for StreamInner {
     fn drop(&mut self) {
         stats::STREAMS_LIVE.fetch_sub(1, Relaxed);
+        // A job lingering for this stream's next batch holds only a weak handle: raising
+        // its flag ends the wait now (it then finds the stream gone).
+        if let Some(flag) = self.queue.get_mut().linger.take() {
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
     }
 }
 
