@@ -376,7 +376,8 @@ enum Linger {
 /// drops the stream as it would without lingering, and the stream's drop raises the flag.
 /// The loop reads only the flag, the fence and the shutdown state: not the stream's
 /// reference count, which the thread recording the next evaluation's ops changes once per
-/// op (polling it made each of those changes a transfer of the cache line between cores).
+/// op (a read here between two of those changes moves the count's cache line to this core
+/// and back; the gain measured on the H200 was within the spread, docs/PERFORMANCE.md).
 fn linger(stream: Stream, fence: Option<&backend::Fence>) -> Linger {
     let most = (pool::num_threads() / 4).max(1);
     if LINGERING.fetch_add(1, SeqCst) >= most {
