@@ -188,3 +188,37 @@ fn gpu_large_contiguous_maps_match_f64() {
         });
     }
 }
+
+/// One batch (one pool thread) that keeps switching elementwise kernels: the same op over
+/// f32, f16 and bf16 (f16 and bf16 share a C type, not code), on contiguous operands (the
+/// vector kernel), with a transposed operand (the strided kernel) and with a scalar
+/// operand (the contiguous kernel), in two orders. The kernel lookup remembers the last
+/// kernel a thread launched; each result against float64 shows it is keyed by the
+/// function, every dtype and the variant.
+#[test]
+fn gpu_kernel_switches_within_one_batch_match_f64() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(21);
+    let (a, b) = (rng.vec(64, -2.0, 2.0), rng.vec(64, -2.0, 2.0));
+    common::on(g, || {
+        let mut outs = Vec::new();
+        let mut wants: Vec<(Vec<f64>, f64, String)> = Vec::new();
+        for order in [[DType::F32, DType::F16, DType::BF16], [DType::BF16, DType::F16, DType::F32]] {
+            for dt in order {
+                let (x, xv) = common::array_of(&a, &[8, 8], dt);
+                let (y, yv) = common::array_of(&b, &[8, 8], dt);
+                outs.push(x.add(&y).unwrap());
+                wants.push((xv.iter().zip(&yv).map(|(p, q)| p + q).collect(), tol(dt), format!("x + y, {dt}")));
+                outs.push(x.transpose(&[1, 0]).unwrap().add(&y).unwrap());
+                let want = (0..64).map(|k| xv[(k % 8) * 8 + k / 8] + yv[k]).collect();
+                wants.push((want, tol(dt), format!("x.T + y, {dt}")));
+                outs.push(x.add(0.5).unwrap());
+                wants.push((xv.iter().map(|p| p + 0.5).collect(), tol(dt), format!("x + 0.5, {dt}")));
+            }
+        }
+        rill::eval(&outs).unwrap();
+        for (o, (want, t, what)) in outs.iter().zip(&wants) {
+            assert_close(&o.to_f64_vec().unwrap(), want, *t * 2.0, what);
+        }
+    });
+}
