@@ -261,16 +261,20 @@ fn eval(
         let out = crate::backend::cpu::eval(&Host { f: f.clone(), name }, shape, dtype, &host)?;
         return upload(cs, &out);
     }
-    // Inputs of another device or the host: device copies, made on this stream.
-    let mut copies: SmallVec<[Option<Storage>; 4]> = SmallVec::new();
-    for s in raw {
-        copies.push(copy_to_gpu(cs, s)?);
-    }
-    let inputs: SmallVec<[&Storage; 4]> = raw.iter().zip(&copies).map(|(s, c)| c.as_ref().unwrap_or(s)).collect();
-    for s in &inputs {
+    // Inputs of another device or the host get device copies, made on this stream (the
+    // usual case, every input already here, builds nothing).
+    let here = |s: &Storage| cuda_of(s).is_some_and(|b| b.ordinal == cs.dev.ordinal);
+    let (copies, copied): (SmallVec<[Storage; 4]>, SmallVec<[&Storage; 4]>);
+    let inputs: &[&Storage] = if raw.iter().all(|s| here(s)) {
+        raw
+    } else {
+        copies = raw.iter().map(|s| Ok(copy_to_gpu(cs, s)?.unwrap_or_else(|| (*s).clone()))).collect::<Result<_>>()?;
+        copied = copies.iter().collect();
+        &copied
+    };
+    for s in inputs {
         keep(s);
     }
-    let inputs = &inputs[..];
     // Ops that take their inputs as one slice of storages (none is on the path of a long
     // chain of small ops).
     let owned = || inputs.iter().map(|s| (*s).clone()).collect::<SmallVec<[Storage; 4]>>();
