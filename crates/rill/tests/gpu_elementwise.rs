@@ -189,7 +189,7 @@ fn gpu_large_contiguous_maps_match_f64() {
     }
 }
 
-/// One batch (one pool thread) that keeps switching elementwise kernels: the same op over
+/// One batch (one thread) that keeps switching elementwise kernels: the same op over
 /// f32, f16 and bf16 (f16 and bf16 share a C type, not code), on contiguous operands (the
 /// vector kernel), with a transposed operand (the strided kernel) and with a scalar
 /// operand (the contiguous kernel), in two orders. The kernel lookup remembers the last

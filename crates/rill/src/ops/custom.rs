@@ -9,8 +9,9 @@ use crate::ops::{prepare, target_stream};
 use crate::primitives::Primitive;
 
 /// Records a node whose value is computed by `f` on the host, from its inputs' values
-/// (as f64, row-major). `f` runs on the runtime's worker pool in stream order, like any
-/// kernel. If `f` returns an error or panics, only this array and the arrays computed
+/// (as f64, row-major). `f` runs in stream order, like any kernel: on the runtime's
+/// worker pool, or, on a GPU stream that a blocking `eval` found idle, on the thread that
+/// called `eval`. If `f` returns an error or panics, only this array and the arrays computed
 /// from it report the error; every other array, stream and thread keeps working.
 ///
 /// `f` must not block waiting for other rill work (it occupies a worker while it runs).

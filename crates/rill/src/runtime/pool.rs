@@ -109,6 +109,24 @@ pub(crate) fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     }
 }
 
+/// Runs `f` on one of the pool's threads and returns its result, blocking the calling
+/// thread meanwhile (on a pool thread: runs it there). `None` when the pool is stopped
+/// (shutdown) or cannot start: `f` is then not run at all.
+pub(crate) fn run_on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> Option<R> {
+    if rayon::current_thread_index().is_some() {
+        return Some(f());
+    }
+    ensure_started();
+    // Never hold the lock while `f` runs: jobs need it to spawn.
+    let pool = POOL.lock().clone()?;
+    Some(pool.install(f))
+}
+
+/// True on one of the pool's threads.
+pub(crate) fn on_pool_thread() -> bool {
+    rayon::current_thread_index().is_some()
+}
+
 /// Stops the pool and waits up to `bound` for its threads to exit. Returns true when
 /// every thread exited in time.
 pub(crate) fn stop(bound: Duration) -> bool {

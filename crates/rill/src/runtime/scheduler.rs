@@ -100,11 +100,24 @@ fn wait_completion(mode: &Mode<'_>, cond: impl Fn() -> bool) -> Poll<()> {
 pub(crate) struct Plan {
     order: Vec<Array>,
     pos: usize,
+    /// Which idle streams a blocking `eval` runs itself (`run_inline`).
+    inline: Inline,
+    /// The GPU stream whose run this plan's caller owns: pushed to while idle, its job not
+    /// spawned; the caller runs its batches after submitting (`run_inline`).
+    owned: Option<Stream>,
 }
 
 impl Plan {
     pub(crate) fn build(outputs: &[Array]) -> Plan {
-        Plan { order: claim::pending_order(outputs), pos: 0 }
+        Plan { order: claim::pending_order(outputs), pos: 0, inline: Inline::Never, owned: None }
+    }
+
+    /// Before the caller blocks (queue room, memory): a run it owns goes to the pool, since
+    /// what the caller waits for may need that stream's batches to run.
+    fn release_owned(&mut self) {
+        if let Some(s) = self.owned.take() {
+            spawn_stream(s);
+        }
     }
 
     fn is_done(&self) -> bool {
@@ -122,6 +135,7 @@ impl Plan {
             }
             // Memory limit: let completions free memory before adding more work.
             if memory::over_limit() && stats::IN_FLIGHT.load(SeqCst) > 0 {
+                self.release_owned();
                 stats::MEMORY_WAITS.fetch_add(1, SeqCst);
                 if wait_completion(&mode, || memory::over_limit() && stats::IN_FLIGHT.load(SeqCst) > 0).is_pending() {
                     return Poll::Pending;
@@ -135,6 +149,12 @@ impl Plan {
                 stats::QUEUE_WAITS.fetch_add(1, SeqCst);
                 match &mode {
                     Mode::Block => {
+                        if self.owned.is_some() {
+                            drop(q);
+                            self.release_owned();
+                            q = inner.queue.lock();
+                            continue;
+                        }
                         q.space_sleepers += 1;
                         q = inner.space.wait(q);
                         q.space_sleepers -= 1;
@@ -159,12 +179,15 @@ impl Plan {
                 flag.store(true, SeqCst);
             }
             drop(q);
-            // Batches always run on the runtime's pool, never inline on the caller: a
-            // kernel compile (NVRTC) or driver call on a user thread could still be
-            // running when that thread or the process exits (measured: running GPU
-            // batches inline in `eval` made the GPU exit torture crash inside NVRTC).
+            // A blocking `eval` that finds the stream idle runs its batches itself once
+            // everything is queued (`run_inline`); any other submitter spawns the
+            // stream's job on the pool.
             if spawn {
-                spawn_stream(stream);
+                if self.owned.is_none() && self.inline.allows(&stream) {
+                    self.owned = Some(stream);
+                } else {
+                    spawn_stream(stream);
+                }
             }
         }
         // Everything is queued: the batches hold the nodes now. Letting go of them here
@@ -177,12 +200,58 @@ impl Plan {
     }
 }
 
+/// A plan whose caller still owns a stream's run (a panic between pushing and running
+/// it) hands it to the pool, so the stream's queue never waits for a job nobody runs.
+impl Drop for Plan {
+    fn drop(&mut self) {
+        self.release_owned();
+    }
+}
+
+/// Which streams a blocking `eval` that finds one idle runs on its own thread.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Inline {
+    /// None: every batch runs on the pool (`submit`, `async_eval`).
+    Never,
+    /// GPU streams (`eval`): the caller only records launches and waits. CPU streams stay
+    /// on the pool, whose threads take part in their kernels' parallel work (measured on
+    /// two cores: running a 2^20-element chain from a user thread, whose parallel parts
+    /// then go to the pool while it waits, was about a tenth slower).
+    Gpu,
+    /// Every stream (the scheduler's own tests, which exercise this path without a GPU).
+    #[cfg_attr(not(test), allow(dead_code))]
+    Any,
+}
+
+impl Inline {
+    fn allows(self, stream: &Stream) -> bool {
+        match self {
+            Inline::Never => false,
+            Inline::Gpu => stream.device().is_gpu(),
+            Inline::Any => true,
+        }
+    }
+}
+
 /// Evaluates `arrays` (and everything they need) and blocks until they are computed.
 /// Returns the first error among them. Creates no stream and no thread.
+///
+/// A GPU stream that is idle when its first batch is pushed has its batches run by the
+/// calling thread (kernel launches recorded and sent, inside the backend gate; kernels
+/// are compiled on the pool), since it would otherwise only wait for them.
 pub fn eval(arrays: &[Array]) -> Result<()> {
+    eval_with(arrays, Inline::Gpu)
+}
+
+pub(crate) fn eval_with(arrays: &[Array], inline: Inline) -> Result<()> {
     let mut plan = Plan::build(arrays);
+    plan.inline = inline;
     if !plan.is_done() {
-        match plan.advance(Mode::Block) {
+        let r = plan.advance(Mode::Block);
+        if let Some(s) = plan.owned.take() {
+            run_inline(s, arrays);
+        }
+        match r {
             Poll::Ready(r) => r?,
             Poll::Pending => unreachable!("blocking submission never returns Pending"),
         }
@@ -287,33 +356,39 @@ fn reschedule(stream: Stream) {
 /// job (which lets other queued jobs of the pool run first).
 const GPU_BATCHES_PER_JOB: usize = 64;
 
+/// The head batch of `stream`'s queue, which its job (the caller) now runs; `None` when
+/// the queue is empty (now idle) or the head waits for another stream's node (the queue
+/// is parked and that node's completion spawns a job for it).
+fn take_batch(stream: &Stream) -> Option<Batch> {
+    let mut q = stream.inner.queue.lock();
+    match q.serial.take(|head| head.deps.iter().find(|d| !d.node.is_done()).cloned()) {
+        Take::Idle => None,
+        Take::Park(dep) => {
+            drop(q);
+            let s = stream.clone();
+            dep.node.on_done(Box::new(move || reschedule(s)));
+            None
+        }
+        Take::Run(b) => {
+            q.queued_nodes -= b.nodes.len();
+            for w in q.space_wakers.drain(..) {
+                w.wake();
+            }
+            let sleepers = q.space_sleepers > 0;
+            drop(q);
+            if sleepers {
+                stream.inner.space.notify_all();
+            }
+            Some(b)
+        }
+    }
+}
+
+/// A stream's job on the pool.
 fn run_stream(mut stream: Stream) {
     let mut ran = 0usize;
     loop {
-        let batch = {
-            let mut q = stream.inner.queue.lock();
-            match q.serial.take(|head| head.deps.iter().find(|d| !d.node.is_done()).cloned()) {
-                Take::Idle => return,
-                Take::Park(dep) => {
-                    drop(q);
-                    let s = stream.clone();
-                    dep.node.on_done(Box::new(move || reschedule(s)));
-                    return;
-                }
-                Take::Run(b) => {
-                    q.queued_nodes -= b.nodes.len();
-                    for w in q.space_wakers.drain(..) {
-                        w.wake();
-                    }
-                    let sleepers = q.space_sleepers > 0;
-                    drop(q);
-                    if sleepers {
-                        stream.inner.space.notify_all();
-                    }
-                    b
-                }
-            }
-        };
+        let Some(batch) = take_batch(&stream) else { return };
         backend::execute_batch(&stream, &batch.nodes);
         let gpu = stream.device().is_gpu();
         // The last node, for its fence should the job linger (read only then).
@@ -347,6 +422,33 @@ fn run_stream(mut stream: Stream) {
             spawn_stream(stream);
         }
         return;
+    }
+}
+
+/// The job of a stream whose run a blocking `eval` owns (it pushed the stream's first
+/// batch while the stream was idle; see `Plan::advance`), run on the calling thread, which
+/// would otherwise only wait: no pool thread is woken, and the nodes the caller has just
+/// recorded are read and released by the thread whose cache holds them. Runs the queue's
+/// batches in order until it is empty or its head waits for another stream (parked, as on
+/// the pool); when the caller's outputs are done and other threads' batches are still
+/// queued behind them, those go to a pool job (the caller does not serve others' work).
+/// Kernels are compiled on the pool even from here (`cuda/nvrtc.rs`); every backend call
+/// is inside the backend gate, as on the pool.
+fn run_inline(stream: Stream, outputs: &[Array]) {
+    loop {
+        let Some(batch) = take_batch(&stream) else { return };
+        stats::INLINE_BATCHES.fetch_add(1, SeqCst);
+        backend::execute_batch(&stream, &batch.nodes);
+        drop(batch);
+        notify_completion();
+        let spawn = stream.inner.queue.lock().serial.finish();
+        if !spawn {
+            return;
+        }
+        if outputs.iter().all(|a| a.node.is_done()) {
+            spawn_stream(stream);
+            return;
+        }
     }
 }
 
@@ -507,4 +609,168 @@ pub(crate) fn cancel_queued(streams: &[Stream]) {
         }
     }
     wake_completion_waiters();
+}
+
+#[cfg(test)]
+mod tests {
+    //! The inline path of a blocking `eval` (`run_inline`), exercised on CPU streams with
+    //! `Inline::Any` so that it runs without a GPU; `tests/gpu_inline.rs` checks the real
+    //! policy on a GPU.
+    use super::*;
+    use crate::{DType, Device, custom, with_stream};
+    use std::thread::ThreadId;
+
+    /// A node that records the thread it ran on and passes its input through.
+    fn traced(x: &Array, seen: &Arc<Mutex<Vec<ThreadId>>>) -> Array {
+        let seen = seen.clone();
+        custom("traced", &[x], x.shape(), x.dtype(), move |ins| {
+            seen.lock().push(std::thread::current().id());
+            Ok(ins[0].clone())
+        })
+        .unwrap()
+    }
+
+    /// `n` steps of `y = y * 0.999 + 0.5` from `start` (a contraction: rounding errors do
+    /// not grow with `n`), then a traced node.
+    fn chain(start: &[f32], n: usize, seen: &Arc<Mutex<Vec<ThreadId>>>) -> Array {
+        let mut y = Array::from_slice(start, &[start.len()]).unwrap();
+        for _ in 0..n {
+            y = y.mul(0.999).unwrap().add(0.5).unwrap();
+        }
+        traced(&y, seen)
+    }
+
+    fn want(start: &[f32], n: usize) -> Vec<f64> {
+        start
+            .iter()
+            .map(|&v| {
+                let mut y = v as f64;
+                for _ in 0..n {
+                    y = y * 0.999 + 0.5;
+                }
+                y
+            })
+            .collect()
+    }
+
+    fn check(got: &Array, want: &[f64]) {
+        let v = got.to_vec::<f32>().unwrap();
+        for (i, (g, w)) in v.iter().zip(want).enumerate() {
+            assert!(((*g as f64) - w).abs() <= 1e-4 * w.abs().max(1.0), "element {i}: {g} against {w}");
+        }
+    }
+
+    #[test]
+    fn an_idle_streams_batches_run_on_the_calling_thread_only_when_allowed() {
+        let s = Stream::new(&Device::cpu()).unwrap();
+        let start = [1.0f32, -2.0, 3.5];
+        // More nodes than one batch holds, so the caller runs several batches in a row.
+        let n = MAX_BATCH_NODES;
+        for (policy, on_caller) in [(Inline::Any, true), (Inline::Gpu, false), (Inline::Never, false)] {
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let y = with_stream(&s, || chain(&start, n, &seen));
+            let before = stats::INLINE_BATCHES.load(SeqCst);
+            eval_with(std::slice::from_ref(&y), policy).unwrap();
+            let ran = stats::INLINE_BATCHES.load(SeqCst) - before;
+            check(&y, &want(&start, n));
+            let seen = seen.lock().clone();
+            assert_eq!(seen.len(), 1, "{policy:?}");
+            assert_eq!(seen[0] == std::thread::current().id(), on_caller, "{policy:?}: ran on {:?}", seen[0]);
+            if on_caller {
+                assert!(ran >= 2, "{policy:?}: {ran} batches inline");
+            }
+        }
+    }
+
+    #[test]
+    fn a_plan_longer_than_the_queue_hands_its_stream_to_the_pool_before_waiting_for_room() {
+        // More queued nodes than a stream may hold: the caller must stop owning the run
+        // before it sleeps for room, or it would wait for itself.
+        let s = Stream::new(&Device::cpu()).unwrap();
+        let start = [0.25f32, 4.0];
+        let n = MAX_QUEUED_NODES; // two nodes per step: twice the queue's bound
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let y = with_stream(&s, || chain(&start, n, &seen));
+        // On another thread, so that a caller waiting for itself fails the test (after a
+        // generous bound) instead of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let y2 = y.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(eval_with(std::slice::from_ref(&y2), Inline::Any));
+        });
+        let r = rx.recv_timeout(std::time::Duration::from_secs(120)).expect("the caller waited for its own stream");
+        r.unwrap();
+        check(&y, &want(&start, n));
+        assert_eq!(seen.lock().len(), 1);
+    }
+
+    #[test]
+    fn a_batch_waiting_for_another_stream_parks_and_finishes_on_the_pool() {
+        // The first stream's batch takes a while on the pool (submitted, not inline); the
+        // caller owns the second stream, whose head batch needs the first one's result.
+        let (s1, s2) = (Stream::new(&Device::cpu()).unwrap(), Stream::new(&Device::cpu()).unwrap());
+        let gate = Arc::new((Mutex::new(false), crate::sync::Condvar::new()));
+        let g2 = gate.clone();
+        let x = with_stream(&s1, || Array::from_slice(&[2.0f32, 3.0], &[2]).unwrap());
+        let slow = with_stream(&s1, || {
+            custom("slow", &[&x], &[2], DType::F32, move |ins| {
+                let mut open = g2.0.lock();
+                while !*open {
+                    open = g2.1.wait(open);
+                }
+                Ok(ins[0].iter().map(|v| v * 10.0).collect())
+            })
+            .unwrap()
+        });
+        submit(std::slice::from_ref(&slow)).unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let y = with_stream(&s2, || traced(&slow.add(1.0).unwrap(), &seen));
+        let parked = std::thread::scope(|sc| {
+            let opener = sc.spawn(|| {
+                // Opens the first stream's node once the caller's stream has parked on
+                // it (or after a bound, so that a missing park fails the test below
+                // instead of hanging it).
+                let t = Instant::now();
+                let mut parked = false;
+                while t.elapsed() < std::time::Duration::from_secs(10) {
+                    if s2.inner.queue.lock().serial.run == crate::runtime::serial::Run::Parked {
+                        parked = true;
+                        break;
+                    }
+                    std::thread::yield_now();
+                }
+                *gate.0.lock() = true;
+                gate.1.notify_all();
+                parked
+            });
+            eval_with(std::slice::from_ref(&y), Inline::Any).unwrap();
+            opener.join().unwrap()
+        });
+        assert!(parked, "the caller's stream never parked on the other stream's node");
+        assert_eq!(y.to_vec::<f32>().unwrap(), vec![21.0, 31.0]);
+        assert_eq!(seen.lock().len(), 1);
+    }
+
+    #[test]
+    fn threads_sharing_a_stream_get_their_own_results_and_none_waits_forever() {
+        // One thread owns the run; the others' batches queue behind it. The owner hands
+        // what is left to the pool once its own outputs are done.
+        let s = Stream::new(&Device::cpu()).unwrap();
+        std::thread::scope(|sc| {
+            for t in 0..6usize {
+                let s = s.clone();
+                sc.spawn(move || {
+                    for round in 0..20usize {
+                        let start = [t as f32, round as f32];
+                        let n = 50 + 37 * ((t + round) % 5);
+                        let seen = Arc::new(Mutex::new(Vec::new()));
+                        let y = with_stream(&s, || chain(&start, n, &seen));
+                        eval_with(std::slice::from_ref(&y), Inline::Any).unwrap();
+                        check(&y, &want(&start, n));
+                        assert_eq!(seen.lock().len(), 1);
+                    }
+                });
+            }
+        });
+    }
 }

@@ -15,6 +15,9 @@
 //! | `graph_node_updates` | the CUDA backend's launcher | kernel nodes of a replayed graph whose arguments were rewritten |
 //! | `events_created` | the CUDA backend's event pool | CUDA events created (idle ones are recorded again) |
 //! | `fused_reduce_kernels` | the CUDA backend | `FusedReduce` nodes computed by one generated kernel |
+//! | `linger_handoffs` | the scheduler | GPU batches started by a lingering pool job |
+//! | `inline_batches` | the scheduler | batches a blocking `eval` ran on its own thread |
+//! | `kernels_compiled`, `kernels_compiled_on_user_threads` | the CUDA backend's NVRTC cache | kernels compiled; of them, on a thread not the runtime's (must stay 0) |
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
@@ -37,6 +40,11 @@ pub(crate) static GRAPH_NODE_UPDATES: AtomicU64 = AtomicU64::new(0);
 pub(crate) static EVENTS_CREATED: AtomicU64 = AtomicU64::new(0);
 pub(crate) static FUSED_REDUCE_KERNELS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static LINGER_HANDOFFS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static INLINE_BATCHES: AtomicU64 = AtomicU64::new(0);
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) static KERNELS_COMPILED: AtomicU64 = AtomicU64::new(0);
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) static KERNELS_COMPILED_ON_USER_THREADS: AtomicU64 = AtomicU64::new(0);
 
 /// A snapshot of the runtime's counters (see the module docs for each one).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -87,6 +95,15 @@ pub struct Stats {
     /// GPU batches started by their stream's pool job while it waited for them after the
     /// stream's previous batch (no pool thread was woken; see the scheduler's `linger`).
     pub linger_handoffs: u64,
+    /// Batches a blocking `eval` ran on its own thread (it found the stream idle; see the
+    /// scheduler's `run_inline`) instead of on the pool.
+    pub inline_batches: u64,
+    /// Kernels compiled with NVRTC (each distinct kernel once per process; the small
+    /// kernel compiled while a GPU initialises is not counted).
+    pub kernels_compiled: u64,
+    /// Of `kernels_compiled`, those compiled on a thread that is not the runtime's (always
+    /// 0: a compile needed by a blocking `eval` on the calling thread runs on the pool).
+    pub kernels_compiled_on_user_threads: u64,
 }
 
 /// Reads every counter.
@@ -111,5 +128,8 @@ pub fn stats() -> Stats {
         events_created: EVENTS_CREATED.load(Relaxed),
         fused_reduce_kernels: FUSED_REDUCE_KERNELS.load(Relaxed),
         linger_handoffs: LINGER_HANDOFFS.load(Relaxed),
+        inline_batches: INLINE_BATCHES.load(Relaxed),
+        kernels_compiled: KERNELS_COMPILED.load(Relaxed),
+        kernels_compiled_on_user_threads: KERNELS_COMPILED_ON_USER_THREADS.load(Relaxed),
     }
 }

@@ -41,33 +41,44 @@ pub(crate) fn grid_1d(n: usize, block: u32) -> LaunchConfig {
 }
 
 /// The function `name` of the module cached under `key`, compiling `src()` on a miss.
+///
+/// A miss compiles on the runtime's pool, never on a user thread (a blocking `eval` runs
+/// its GPU stream's batches on the calling thread, `runtime/scheduler.rs`): a thread still
+/// inside NVRTC when its process exits must be one that shutdown knows and joins. The
+/// cache's lock is not held while compiling, so a compile waiting for a pool thread never
+/// blocks the pool threads that look up kernels; two threads missing the same key at once
+/// both compile it, and the first module stored is the one kept.
 pub(crate) fn function(dev: &DeviceState, key: &str, name: &str, src: impl FnOnce() -> String) -> Result<CudaFunction> {
+    let cached = |g: &mut Vec<HashMap<String, Entry>>| -> Option<Result<CudaFunction>> {
+        let entry = g.get_mut(dev.ordinal)?.get_mut(key)?;
+        if let Some((_, f)) = entry.funcs.iter().find(|(n, _)| n == name) {
+            return Some(Ok(f.clone()));
+        }
+        // The module's context current on this thread for the lookup (a miss only:
+        // launchers do not bind, see `map.rs`).
+        let loaded = dev
+            .ctx
+            .bind_to_thread()
+            .and_then(|()| entry.module.load_function(name))
+            .map_err(|e| Error::backend("cuda", format!("kernel {key}::{name}: {e:?}")));
+        Some(loaded.inspect(|f| entry.funcs.push((name.to_string(), f.clone()))))
+    };
+    if let Some(found) = cached(&mut CACHE.lock()) {
+        return found;
+    }
+    let src = src();
+    let arch = dev.arch.clone();
+    let image = crate::runtime::pool::run_on_pool(|| compile_for(&arch, key, &src)).ok_or(Error::ShutDown)??;
     let mut g = CACHE.lock();
     if g.len() <= dev.ordinal {
         g.resize_with(dev.ordinal + 1, HashMap::new);
     }
-    let map = &mut g[dev.ordinal];
-    if !map.contains_key(key) {
-        let image = compile(dev, key, &src())?;
+    if !g[dev.ordinal].contains_key(key) {
         let module =
             dev.ctx.load_module(image).map_err(|e| Error::backend("cuda", format!("loading kernel {key}: {e:?}")))?;
-        map.insert(key.to_string(), Entry { module, funcs: Vec::new() });
+        g[dev.ordinal].insert(key.to_string(), Entry { module, funcs: Vec::new() });
     }
-    let Some(entry) = map.get_mut(key) else { return Err(Error::backend("cuda", format!("kernel {key} missing"))) };
-    if let Some((_, f)) = entry.funcs.iter().find(|(n, _)| n == name) {
-        return Ok(f.clone());
-    }
-    // The module's context current on this thread for the lookup (a miss only: launchers
-    // do not bind, see `map.rs`).
-    dev.ctx.bind_to_thread().map_err(|e| Error::backend("cuda", format!("kernel {key}::{name}: {e:?}")))?;
-    let f =
-        entry.module.load_function(name).map_err(|e| Error::backend("cuda", format!("kernel {key}::{name}: {e:?}")))?;
-    entry.funcs.push((name.to_string(), f.clone()));
-    Ok(f)
-}
-
-fn compile(dev: &DeviceState, key: &str, src: &str) -> Result<Ptx> {
-    compile_for(&dev.arch, key, src)
+    cached(&mut g).unwrap_or_else(|| Err(Error::backend("cuda", format!("kernel {key} missing"))))
 }
 
 /// Loads NVRTC and compiles one small kernel, once per process, then registers the exit
@@ -96,6 +107,10 @@ fn warm_up_source() -> String {
 /// Compiles `src` for the architecture `arch` (`sm_90`); needs NVRTC, not a GPU.
 pub(crate) fn compile_for(arch: &str, key: &str, src: &str) -> Result<Ptx> {
     warm_up(arch);
+    crate::runtime::stats::KERNELS_COMPILED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if !crate::runtime::pool::on_pool_thread() {
+        crate::runtime::stats::KERNELS_COMPILED_ON_USER_THREADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
     let r = catch_unwind(AssertUnwindSafe(|| compile_inner(arch, key, src)));
     // Statics first used by this compile (none were seen after the warm-up with NVRTC
     // 13.0; kept so that a kernel reaching new compiler code stays covered): keep the hook
