@@ -36,9 +36,10 @@
 //!
 //! The recorder is a thread-local, and the backend's only one. It is not ambient state
 //! and owns no backend resource: it exists only while `execute_batch` runs, synchronously
-//! (no `.await`), on a runtime pool thread; its guard clears it when the batch returns or
-//! unwinds; it holds plain data (function handles of modules that stay loaded, argument
-//! bytes, and a pointer to the stream handle the batch borrows). Launches for any other
+//! (no `.await`), on the thread running the batch (a pool thread, or the thread of a
+//! blocking `eval` running an idle GPU stream's batches itself); its guard clears it when
+//! the batch returns or unwinds; it holds plain data (function handles of modules that
+//! stay loaded, argument bytes, and a pointer to the stream handle the batch borrows). Launches for any other
 //! stream, and launches on threads that are not running a batch, go out directly.
 
 use std::cell::RefCell;
