@@ -98,12 +98,10 @@ pub(crate) fn spawn(job: impl FnOnce() + Send + 'static) -> bool {
 /// (and no others). Runs `f` on the calling thread when the pool is stopped.
 #[allow(dead_code)]
 pub(crate) fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    if rayon::current_thread_index().is_some() {
+    if on_pool_thread() {
         return f();
     }
-    // Never hold the lock while running `f`: jobs that `f` starts need it to spawn.
-    let pool = POOL.lock().clone();
-    match pool {
+    match handle() {
         Some(p) => p.install(f),
         None => f(),
     }
@@ -113,13 +111,17 @@ pub(crate) fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 /// thread meanwhile (on a pool thread: runs it there). `None` when the pool is stopped
 /// (shutdown) or cannot start: `f` is then not run at all.
 pub(crate) fn run_on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> Option<R> {
-    if rayon::current_thread_index().is_some() {
+    if on_pool_thread() {
         return Some(f());
     }
     ensure_started();
-    // Never hold the lock while `f` runs: jobs need it to spawn.
-    let pool = POOL.lock().clone()?;
-    Some(pool.install(f))
+    handle().map(|p| p.install(f))
+}
+
+/// The pool, cloned out of its lock (never hold the lock while a job runs: jobs that the
+/// job starts need it to spawn).
+fn handle() -> Option<std::sync::Arc<rayon::ThreadPool>> {
+    POOL.lock().clone()
 }
 
 /// True on one of the pool's threads.
@@ -136,7 +138,7 @@ pub(crate) fn stop(bound: Duration) -> bool {
     drop(pool);
     // Called from a pool thread (a user callback calling shutdown): that thread cannot
     // exit before we return.
-    let own = usize::from(rayon::current_thread_index().is_some());
+    let own = usize::from(on_pool_thread());
     let deadline = Instant::now() + bound;
     let mut g = EXITED.lock();
     while *g + own < n {

@@ -98,8 +98,9 @@ pub struct Stats {
     /// Batches a blocking `eval` ran on its own thread (it found the stream idle; see the
     /// scheduler's `run_inline`) instead of on the pool.
     pub inline_batches: u64,
-    /// Kernels compiled with NVRTC (each distinct kernel once per process; the small
-    /// kernel compiled while a GPU initialises is not counted).
+    /// Kernels compiled with NVRTC (each distinct kernel once per process, unless two
+    /// threads needed it at the same moment; the small kernel compiled while a GPU
+    /// initialises is not counted).
     pub kernels_compiled: u64,
     /// Of `kernels_compiled`, those compiled on a thread that is not the runtime's (always
     /// 0: a compile needed by a blocking `eval` on the calling thread runs on the pool).
