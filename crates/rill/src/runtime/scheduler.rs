@@ -100,10 +100,10 @@ fn wait_completion(mode: &Mode<'_>, cond: impl Fn() -> bool) -> Poll<()> {
 pub(crate) struct Plan {
     order: Vec<Array>,
     pos: usize,
-    /// Which idle streams a blocking `eval` runs itself (`run_inline`).
+    /// Which idle streams a blocking `eval` runs itself (`Runner::Caller`).
     inline: Inline,
     /// The GPU stream whose run this plan's caller owns: pushed to while idle, its job not
-    /// spawned; the caller runs its batches after submitting (`run_inline`).
+    /// spawned; the caller runs its batches after submitting (`Runner::Caller`).
     owned: Option<Stream>,
 }
 
@@ -180,7 +180,7 @@ impl Plan {
             }
             drop(q);
             // A blocking `eval` that finds the stream idle runs its batches itself once
-            // everything is queued (`run_inline`); any other submitter spawns the
+            // everything is queued (`Runner::Caller`); any other submitter spawns the
             // stream's job on the pool.
             if spawn {
                 if self.owned.is_none() && self.inline.allows(&stream) {
@@ -249,7 +249,7 @@ pub(crate) fn eval_with(arrays: &[Array], inline: Inline) -> Result<()> {
     if !plan.is_done() {
         let r = plan.advance(Mode::Block);
         if let Some(s) = plan.owned.take() {
-            run_inline(s, arrays);
+            run_stream(s, Runner::Caller(arrays));
         }
         match r {
             Poll::Ready(r) => r?,
@@ -339,7 +339,7 @@ impl Future for EvalFuture {
 
 fn spawn_stream(stream: Stream) {
     let s2 = stream.clone();
-    if !pool::spawn(move || run_stream(s2)) {
+    if !pool::spawn(move || run_stream(s2, Runner::Pool)) {
         // The pool is stopped (shutdown): fail what is queued instead of running it.
         cancel_queued(std::slice::from_ref(&stream));
     }
@@ -384,19 +384,40 @@ fn take_batch(stream: &Stream) -> Option<Batch> {
     }
 }
 
-/// A stream's job on the pool.
-fn run_stream(mut stream: Stream) {
+/// Who runs a stream's job.
+#[derive(Clone, Copy)]
+enum Runner<'a> {
+    /// A pool job.
+    Pool,
+    /// A blocking `eval` that pushed the stream's first batch while the stream was idle
+    /// (see `Plan::advance`), on its own thread, which would otherwise only wait: no pool
+    /// thread is woken, and the nodes the caller has just recorded are read and released by
+    /// the thread whose cache holds them. Holds the caller's outputs: once they are done,
+    /// batches other threads queued behind them go to a pool job (the caller does not
+    /// serve others' work). Kernels are compiled on the pool even from here
+    /// (`cuda/nvrtc.rs`); every backend call is inside the backend gate, as on the pool.
+    Caller(&'a [Array]),
+}
+
+/// A stream's job: runs the queue's batches in order until it is empty or its head waits
+/// for another stream (the stream parks); on the pool it lingers after a GPU batch for the
+/// stream's next one.
+fn run_stream(mut stream: Stream, runner: Runner<'_>) {
+    let on_pool = matches!(runner, Runner::Pool);
     let mut ran = 0usize;
     loop {
         let Some(batch) = take_batch(&stream) else { return };
+        if !on_pool {
+            stats::INLINE_BATCHES.fetch_add(1, SeqCst);
+        }
         backend::execute_batch(&stream, &batch.nodes);
         let gpu = stream.device().is_gpu();
         // The last node, for its fence should the job linger (read only then).
-        let mut last = if gpu { batch.nodes.last().cloned() } else { None };
+        let mut last = if gpu && on_pool { batch.nodes.last().cloned() } else { None };
         drop(batch);
         notify_completion();
         let mut q = stream.inner.queue.lock();
-        if gpu && q.serial.batches.is_empty() {
+        if gpu && on_pool && q.serial.batches.is_empty() {
             drop(q);
             let fence = last.take().and_then(|a| a.node.fence());
             match linger(stream, fence.as_deref()) {
@@ -412,43 +433,20 @@ fn run_stream(mut stream: Stream) {
         let spawn = q.serial.finish();
         drop(q);
         ran += 1;
-        if spawn && gpu && ran < GPU_BATCHES_PER_JOB {
+        let stay = match runner {
             // The next batch is queued: run it here. A new pool job would wake another
             // pool thread, which may take it (on another core, with the nodes' memory in
             // this core's cache), and costs a wake-up per batch.
+            Runner::Pool => gpu && ran < GPU_BATCHES_PER_JOB,
+            Runner::Caller(outputs) => !outputs.iter().all(|a| a.node.is_done()),
+        };
+        if spawn && stay {
             continue;
         }
         if spawn {
             spawn_stream(stream);
         }
         return;
-    }
-}
-
-/// The job of a stream whose run a blocking `eval` owns (it pushed the stream's first
-/// batch while the stream was idle; see `Plan::advance`), run on the calling thread, which
-/// would otherwise only wait: no pool thread is woken, and the nodes the caller has just
-/// recorded are read and released by the thread whose cache holds them. Runs the queue's
-/// batches in order until it is empty or its head waits for another stream (parked, as on
-/// the pool); when the caller's outputs are done and other threads' batches are still
-/// queued behind them, those go to a pool job (the caller does not serve others' work).
-/// Kernels are compiled on the pool even from here (`cuda/nvrtc.rs`); every backend call
-/// is inside the backend gate, as on the pool.
-fn run_inline(stream: Stream, outputs: &[Array]) {
-    loop {
-        let Some(batch) = take_batch(&stream) else { return };
-        stats::INLINE_BATCHES.fetch_add(1, SeqCst);
-        backend::execute_batch(&stream, &batch.nodes);
-        drop(batch);
-        notify_completion();
-        let spawn = stream.inner.queue.lock().serial.finish();
-        if !spawn {
-            return;
-        }
-        if outputs.iter().all(|a| a.node.is_done()) {
-            spawn_stream(stream);
-            return;
-        }
     }
 }
 
@@ -613,7 +611,7 @@ pub(crate) fn cancel_queued(streams: &[Stream]) {
 
 #[cfg(test)]
 mod tests {
-    //! The inline path of a blocking `eval` (`run_inline`), exercised on CPU streams with
+    //! The inline path of a blocking `eval` (`Runner::Caller`), exercised on CPU streams with
     //! `Inline::Any` so that it runs without a GPU; `tests/gpu_inline.rs` checks the real
     //! policy on a GPU.
     use super::*;

@@ -96,7 +96,7 @@ pub struct Stats {
     /// stream's previous batch (no pool thread was woken; see the scheduler's `linger`).
     pub linger_handoffs: u64,
     /// Batches a blocking `eval` ran on its own thread (it found the stream idle; see the
-    /// scheduler's `run_inline`) instead of on the pool.
+    /// scheduler's `Runner::Caller`) instead of on the pool.
     pub inline_batches: u64,
     /// Kernels compiled with NVRTC (each distinct kernel once per process, unless two
     /// threads needed it at the same moment; the small kernel compiled while a GPU

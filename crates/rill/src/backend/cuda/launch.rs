@@ -39,8 +39,9 @@
 //! (no `.await`), on the thread running the batch (a pool thread, or the thread of a
 //! blocking `eval` running an idle GPU stream's batches itself); its guard clears it when
 //! the batch returns or unwinds; it holds plain data (function handles of modules that
-//! stay loaded, argument bytes, and a pointer to the stream handle the batch borrows). Launches for any other
-//! stream, and launches on threads that are not running a batch, go out directly.
+//! stay loaded, argument bytes, and a pointer to the stream handle the batch borrows).
+//! Launches for any other stream, and launches on threads that are not running a batch,
+//! go out directly.
 
 use std::cell::RefCell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
