@@ -254,8 +254,20 @@ pub fn run(device: Device, names: &[String]) -> Result<()> {
     };
     if want("chain") {
         let n = 1000;
-        let t = chain(&filled(&[16], DType::F32, 8)?, n)?;
+        let x = filled(&[16], DType::F32, 8)?;
+        let s0 = rill::runtime::stats();
+        let t = chain(&x, n)?;
+        let s1 = rill::runtime::stats();
         println!("chain    {n} dependent tiny ops: {:8.3} ms  {:6.2} us/op", t * 1e3, t / n as f64 * 1e6);
+        // What the runs above cost the GPU graphs: a replay that rewrites arguments or a new
+        // graph is work the host does per batch.
+        println!(
+            "chain    graphs built {}, graph launches {}, graph node updates {}, device memory peak {} KiB",
+            s1.graphs_built - s0.graphs_built,
+            s1.graph_launches - s0.graph_launches,
+            s1.graph_node_updates - s0.graph_node_updates,
+            s1.bytes_peak / 1024
+        );
     }
     if want("chain_wide") {
         // The same chain on 2^20 elements (4 MiB): on a GPU each kernel then takes longer than the
