@@ -4,9 +4,11 @@ use smallvec::SmallVec;
 
 use crate::error::{Error, Result};
 
-/// Axes a [`Layout`] keeps inline before it allocates (ranks up to 6 cost no allocation:
-/// a storage's layout is copied on every op of the hot path).
-pub const INLINE_DIMS: usize = 6;
+/// Axes a [`Layout`] keeps inline before it allocates (ranks up to 5 cost no allocation:
+/// a storage's layout is copied on every op of the hot path). Five, not more: a storage is
+/// then 128 bytes, which the compiler moves with inline stores instead of a `memcpy` call
+/// (a storage moves several times per node on the GPU's hot path).
+pub const INLINE_DIMS: usize = 5;
 /// A shape held inline up to [`INLINE_DIMS`] axes.
 pub type Dims = SmallVec<[usize; INLINE_DIMS]>;
 /// Strides held inline up to [`INLINE_DIMS`] axes.

@@ -47,7 +47,7 @@ pub(crate) type Inputs = crate::runtime::claim::Inputs<Array>;
 
 pub(crate) struct Node {
     pub id: u64,
-    /// Inline up to six axes (see `claim::Inputs` for why a node allocates once).
+    /// Inline up to five axes (see `claim::Inputs` for why a node allocates once).
     pub shape: Dims,
     pub dtype: DType,
     pub prim: Primitive,
@@ -90,7 +90,7 @@ impl Node {
     /// The device-completion fence of a ready GPU node, if any.
     pub fn fence(&self) -> Option<std::sync::Arc<crate::backend::Fence>> {
         match self.result.get() {
-            Some(Ok(s)) => s.fence,
+            Some(Ok(mut s)) => s.fence.take(),
             _ => None,
         }
     }

@@ -9,6 +9,7 @@ pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 use crate::dtype::DType;
@@ -41,10 +42,25 @@ impl Buffer {
 /// device's completion worker. CPU storages have no fence (they are finished when made).
 #[derive(Clone)]
 pub(crate) struct Storage {
-    pub buffer: Arc<Buffer>,
+    /// Taken exactly once, in `Drop` (a GPU buffer of a cached size whose last reference
+    /// this is goes back to its stream's cache whole: see `cuda::recycle`).
+    pub buffer: ManuallyDrop<Arc<Buffer>>,
     pub dtype: DType,
     pub layout: Layout,
     pub fence: Option<Arc<Fence>>,
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        // SAFETY: the field is taken exactly once, here, and never used again.
+        let buffer = unsafe { ManuallyDrop::take(&mut self.buffer) };
+        #[cfg(feature = "cuda")]
+        if matches!(&*buffer, Buffer::Cuda(_)) && Arc::strong_count(&buffer) == 1 {
+            cuda::recycle(buffer);
+            return;
+        }
+        drop(buffer);
+    }
 }
 
 /// How long a thread that waits for device work polls before it sleeps. A sleeping thread
@@ -110,7 +126,11 @@ impl Fence {
 impl Storage {
     /// A storage over a whole new contiguous buffer.
     pub fn contiguous(buffer: Buffer, dtype: DType, shape: &[usize]) -> Storage {
-        Storage { buffer: Arc::new(buffer), dtype, layout: Layout::contiguous(shape), fence: None }
+        Storage::from_arc(Arc::new(buffer), dtype, Layout::contiguous(shape))
+    }
+    /// A storage over `buffer` (no fence).
+    pub fn from_arc(buffer: Arc<Buffer>, dtype: DType, layout: Layout) -> Storage {
+        Storage { buffer: ManuallyDrop::new(buffer), dtype, layout, fence: None }
     }
     /// The same buffer seen through another layout.
     pub fn with_layout(&self, layout: Layout) -> Storage {

@@ -181,7 +181,7 @@ mod tests {
 
     fn storage<T: Element>(vals: &[T], layout: Layout) -> Storage {
         let buf = CpuBuffer::from_slice(vals).unwrap();
-        Storage { buffer: std::sync::Arc::new(Buffer::Cpu(buf)), dtype: T::DTYPE, layout, fence: None }
+        Storage::from_arc(std::sync::Arc::new(Buffer::Cpu(buf)), T::DTYPE, layout)
     }
 
     fn reference(a: &[f64], la: &Layout, b: &[f64], lb: &Layout) -> Vec<f64> {

@@ -70,7 +70,7 @@ pub(crate) fn eval(prim: &Primitive, shape: &[usize], dtype: DType, inputs: &[St
 
 /// Copies a storage of any device into a contiguous host storage.
 pub(crate) fn to_host(s: &Storage) -> Result<Storage> {
-    match &*s.buffer {
+    match &**s.buffer {
         Buffer::Cpu(_) => movement::make_contiguous(s),
         #[cfg(feature = "cuda")]
         Buffer::Cuda(_) => crate::backend::cuda::to_host(s),

@@ -234,7 +234,7 @@ mod tests {
 
     fn storage_f64(vals: &[f64], layout: Layout) -> Storage {
         let buf = CpuBuffer::from_slice(vals).unwrap();
-        Storage { buffer: std::sync::Arc::new(Buffer::Cpu(buf)), dtype: DType::F64, layout, fence: None }
+        Storage::from_arc(std::sync::Arc::new(Buffer::Cpu(buf)), DType::F64, layout)
     }
 
     /// Reference reduction by multi-index walk.

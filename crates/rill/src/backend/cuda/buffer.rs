@@ -15,7 +15,7 @@ use crate::runtime::{lifecycle, memory};
 use crate::shape::Layout;
 use crate::sync::{Arc, Mutex};
 
-use super::cache::{self, BufferCache};
+use super::cache::{self, BufferCache, Cached};
 use super::handles::{CudaStreamHandle, Ev};
 
 /// Device memory of one array (or of several views of it).
@@ -40,9 +40,28 @@ pub(crate) struct CudaBuffer {
     cache: Option<(Arc<BufferCache>, usize)>,
 }
 
+/// What [`CudaBuffer::get`] found: a buffer made now, or a whole cached one (already in its
+/// reference count, ready to be a storage's buffer).
+enum Got {
+    New(CudaBuffer),
+    Whole(Arc<Buffer>),
+}
+
 impl CudaBuffer {
     /// Allocates `bytes` (unspecified contents) in stream order on `cs`.
     pub fn alloc(cs: &CudaStreamHandle, bytes: usize) -> Result<CudaBuffer> {
+        match CudaBuffer::get(cs, bytes)? {
+            Got::New(b) => Ok(b),
+            Got::Whole(arc) => match Arc::try_unwrap(arc) {
+                Ok(Buffer::Cuda(b)) => Ok(b),
+                // Not reached: a cached whole buffer is a unique CUDA buffer.
+                _ => Err(super::backend_err("alloc", "a cached buffer was shared")),
+            },
+        }
+    }
+    /// A buffer of `bytes` on `cs`: from the stream's cache (whole, when a storage gave it
+    /// back) or from the driver's pool.
+    fn get(cs: &CudaStreamHandle, bytes: usize) -> Result<Got> {
         let oom = || Error::OutOfMemory { device: format!("gpu:{}", cs.dev.ordinal), bytes };
         let class = cache::class(bytes);
         let fresh = |n: usize| {
@@ -57,23 +76,28 @@ impl CudaBuffer {
             })
             .map_err(|_| oom())
         };
-        let slice = match class {
-            _ if bytes == 0 => None,
-            Some(c) => Some(match cs.cache.take(c) {
-                Some(s) => s,
-                None => fresh(c)?,
-            }),
-            None => Some(fresh(bytes)?),
+        let address = |s: CudaSlice<u8>| {
+            let p = s.device_ptr(cs.raw_stream()).0;
+            (Some(s), p)
         };
-        let ptr = match &slice {
-            Some(s) => {
-                let (p, _sync) = s.device_ptr(cs.raw_stream());
-                p
-            }
-            None => 0,
+        // A cached buffer comes with its address (no driver-side bookkeeping per reuse).
+        let (slice, ptr) = match class {
+            _ if bytes == 0 => (None, 0),
+            Some(c) => match cs.cache.take(c) {
+                Some((_, Cached::Whole(mut arc))) => {
+                    if let Some(Buffer::Cuda(b)) = Arc::get_mut(&mut arc) {
+                        b.bytes = bytes;
+                    }
+                    memory::on_alloc(bytes);
+                    return Ok(Got::Whole(arc));
+                }
+                Some((p, Cached::Slice(s))) => (Some(s), p),
+                None => address(fresh(c)?),
+            },
+            None => address(fresh(bytes)?),
         };
         memory::on_alloc(bytes);
-        Ok(CudaBuffer {
+        Ok(Got::New(CudaBuffer {
             slice: ManuallyDrop::new(slice),
             ptr,
             bytes,
@@ -83,7 +107,12 @@ impl CudaBuffer {
             users: Mutex::new(Vec::new()),
             constant: false,
             cache: class.map(|c| (cs.cache.clone(), c)),
-        })
+        }))
+    }
+    /// Leaves the cache: the buffer's drop then frees its memory (used when a cache frees
+    /// a whole buffer it kept).
+    pub(super) fn forget_cache(&mut self) {
+        self.cache = None;
     }
     /// The device address of byte 0.
     pub fn ptr(&self) -> u64 {
@@ -129,16 +158,57 @@ impl Drop for CudaBuffer {
             // The free (or the reuse, on the same stream) is ordered on the allocating
             // stream after the waits above.
             if let (Some((cache, class)), Some(s)) = (&self.cache, slice.take()) {
-                slice = cache.give(*class, self.ptr, s);
+                slice = match cache.give(*class, self.ptr, Cached::Slice(s)) {
+                    Some(Cached::Slice(s)) => Some(s),
+                    Some(other) => {
+                        drop(other);
+                        None
+                    }
+                    None => None,
+                };
             }
             drop(slice);
         }));
     }
 }
 
+/// Called by a storage that holds the last reference to a CUDA buffer: a buffer of a cached
+/// size, read by no other stream, goes back to its stream's cache whole (its memory, its
+/// host allocation and its reference to the cache), so that the stream's next allocation
+/// of the size class allocates nothing on the host either. Any other buffer is dropped as
+/// usual. As for a free, launches this thread recorded on the buffer's stream are sent
+/// first; reuse is on that stream only, so its order keeps the next kernels after them.
+pub(crate) fn recycle(mut arc: Arc<Buffer>) {
+    let Some(Buffer::Cuda(b)) = Arc::get_mut(&mut arc) else { return };
+    if b.constant || b.slice.is_none() || !b.users.get_mut().is_empty() {
+        return;
+    }
+    let Some((cache, class)) = b.cache.clone() else { return };
+    // After shutdown began the buffer's own drop leaks it.
+    let Some(_pass) = lifecycle::release_pass() else { return };
+    let stream_id = b.alloc_stream_id;
+    if catch_unwind(|| super::launch::flush_stream(stream_id)).is_err() {
+        return;
+    }
+    let (ptr, bytes) = (b.ptr, b.bytes);
+    b.produced = OnceLock::new();
+    b.bytes = 0;
+    match cache.give(class, ptr, Cached::Whole(arc)) {
+        None => memory::on_free(bytes),
+        Some(Cached::Whole(mut back)) => {
+            // Not kept (the cache is full or closed): freed as usual, counted once.
+            if let Some(Buffer::Cuda(b)) = Arc::get_mut(&mut back) {
+                b.bytes = bytes;
+            }
+            drop(back);
+        }
+        Some(other) => drop(other),
+    }
+}
+
 /// The CUDA buffer of a storage (None for host storages).
 pub(crate) fn cuda_of(s: &Storage) -> Option<&CudaBuffer> {
-    match &*s.buffer {
+    match &**s.buffer {
         Buffer::Cuda(b) => Some(b),
         Buffer::Cpu(_) => None,
     }
@@ -288,6 +358,9 @@ pub(crate) fn download(stream: &CudaStream, s: &Storage) -> Result<Storage> {
 /// A storage of `dtype`/`shape` over a new contiguous device buffer.
 pub(crate) fn new_storage(cs: &CudaStreamHandle, dtype: DType, shape: &[usize]) -> Result<Storage> {
     let n: usize = shape.iter().product();
-    let buf = CudaBuffer::alloc(cs, n * dtype.size())?;
-    Ok(Storage::contiguous(Buffer::Cuda(buf), dtype, shape))
+    let buffer = match CudaBuffer::get(cs, n * dtype.size())? {
+        Got::New(b) => Arc::new(Buffer::Cuda(b)),
+        Got::Whole(arc) => arc,
+    };
+    Ok(Storage::from_arc(buffer, dtype, Layout::contiguous(shape)))
 }

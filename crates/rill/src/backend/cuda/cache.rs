@@ -27,8 +27,18 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use cudarc::driver::CudaSlice;
 
+use crate::backend::Buffer;
 use crate::runtime::{lifecycle, memory};
-use crate::sync::Mutex;
+use crate::sync::{Arc, Mutex};
+
+/// A free buffer kept by a cache: the device memory alone (from a buffer freed the usual
+/// way), or the whole reference-counted buffer around it (from a storage that held its
+/// last reference: taking it back allocates nothing on the host; see `buffer::recycle`).
+pub(crate) enum Cached {
+    Slice(CudaSlice<u8>),
+    /// Unique; its `bytes` is 0 and its producer event cleared while it is cached.
+    Whole(Arc<Buffer>),
+}
 
 /// Largest buffer kept for reuse.
 pub(crate) const MAX_CACHED: usize = 1 << 20;
@@ -52,7 +62,7 @@ pub(crate) fn class(bytes: usize) -> Option<usize> {
 /// The free buffers of one size class: a heap of (address, place) with the lowest address
 /// on top, the buffers themselves in `places` (a heap of small entries: sifting moves 16
 /// bytes, not a whole `CudaSlice`).
-struct Class<T = CudaSlice<u8>> {
+struct Class<T = Cached> {
     heap: BinaryHeap<Reverse<(u64, u32)>>,
     places: Vec<Option<T>>,
     vacant: Vec<u32>,
@@ -65,10 +75,11 @@ impl<T> Default for Class<T> {
 }
 
 impl<T> Class<T> {
-    fn pop(&mut self) -> Option<T> {
-        let Reverse((_, at)) = self.heap.pop()?;
+    /// The free buffer of lowest address, with its address.
+    fn pop(&mut self) -> Option<(u64, T)> {
+        let Reverse((ptr, at)) = self.heap.pop()?;
         self.vacant.push(at);
-        self.places.get_mut(at as usize)?.take()
+        Some((ptr, self.places.get_mut(at as usize)?.take()?))
     }
     fn push(&mut self, ptr: u64, slice: T) {
         let at = match self.vacant.pop() {
@@ -95,11 +106,16 @@ struct Lists {
     /// small allocation and free), lowest address on top (see the module docs).
     free: [Class; CLASSES],
     bytes: usize,
+    /// Set when the stream's handle is dropped: nothing is kept any more. (A whole buffer
+    /// refers to its cache, so a cache holding whole buffers is freed by `close`, not by
+    /// the last reference going away.)
+    closed: bool,
 }
 
 impl BufferCache {
-    /// The free cached buffer of size class `class` with the lowest address, if any.
-    pub fn take(&self, class: usize) -> Option<CudaSlice<u8>> {
+    /// The free cached buffer of size class `class` with the lowest address, if any, and
+    /// that address.
+    pub fn take(&self, class: usize) -> Option<(u64, Cached)> {
         let mut g = self.inner.lock();
         let s = g.free.get_mut(slot(class))?.pop()?;
         g.bytes -= class;
@@ -107,10 +123,10 @@ impl BufferCache {
         Some(s)
     }
     /// Keeps `slice` (of size class `class`, at device address `ptr`) for reuse; gives it
-    /// back when the cache is full.
-    pub fn give(&self, class: usize, ptr: u64, slice: CudaSlice<u8>) -> Option<CudaSlice<u8>> {
+    /// back when the cache is full or closed.
+    pub fn give(&self, class: usize, ptr: u64, slice: Cached) -> Option<Cached> {
         let mut g = self.inner.lock();
-        if g.bytes + class > MAX_STREAM {
+        if g.closed || g.bytes + class > MAX_STREAM {
             return Some(slice);
         }
         let Some(list) = g.free.get_mut(slot(class)) else { return Some(slice) };
@@ -122,13 +138,42 @@ impl BufferCache {
     /// Frees every cached buffer (stream-ordered frees on the owning stream); leaks them
     /// once shutdown has begun.
     pub fn trim(&self) {
-        let lists = std::mem::take(&mut *self.inner.lock());
+        let lists = {
+            let mut g = self.inner.lock();
+            let closed = g.closed;
+            std::mem::replace(&mut *g, Lists { closed, ..Lists::default() })
+        };
         memory::on_cache(-(lists.bytes as isize));
         match lifecycle::release_pass() {
             Some(_pass) => {
-                let _ = catch_unwind(AssertUnwindSafe(|| drop(lists.free)));
+                let _ = catch_unwind(AssertUnwindSafe(|| {
+                    for class in lists.free {
+                        for entry in class.places.into_iter().flatten() {
+                            free_entry(entry);
+                        }
+                    }
+                }));
             }
             None => std::mem::forget(lists.free), // leaked on purpose during shutdown
+        }
+    }
+    /// Frees what is cached and keeps nothing from now on (the stream's handle is gone).
+    pub fn close(&self) {
+        self.inner.lock().closed = true;
+        self.trim();
+    }
+}
+
+/// Frees a cached buffer (in stream order on its stream): a whole buffer forgets its cache
+/// first, so that its own drop frees the memory instead of giving it back.
+fn free_entry(entry: Cached) {
+    match entry {
+        Cached::Slice(s) => drop(s),
+        Cached::Whole(mut b) => {
+            if let Some(Buffer::Cuda(c)) = Arc::get_mut(&mut b) {
+                c.forget_cache();
+            }
+            drop(b);
         }
     }
 }
@@ -162,11 +207,11 @@ mod tests {
         for p in [700u64, 100, 900, 300, 500] {
             c.push(p, p * 10);
         }
-        assert_eq!(c.pop(), Some(1000));
-        assert_eq!(c.pop(), Some(3000));
+        assert_eq!(c.pop(), Some((100, 1000)));
+        assert_eq!(c.pop(), Some((300, 3000)));
         c.push(200, 2000);
         c.push(50, 500);
-        let got: Vec<u64> = std::iter::from_fn(|| c.pop()).collect();
+        let got: Vec<u64> = std::iter::from_fn(|| c.pop().map(|(_, v)| v)).collect();
         assert_eq!(got, [500, 2000, 5000, 7000, 9000]);
         assert_eq!(c.places.len(), 5, "freed places are reused");
         assert_eq!(c.pop(), None);

@@ -214,7 +214,7 @@ fn prepare_inputs(cs: &CudaStreamHandle, inputs: &[&Storage], waited: &mut Vec<u
 /// A device copy of an input that is not on `cs`'s device (uploaded from the host, or
 /// through the host from another device); `None` when it already is.
 fn copy_to_gpu(cs: &CudaStreamHandle, s: &Storage) -> Result<Option<Storage>> {
-    match &*s.buffer {
+    match &**s.buffer {
         Buffer::Cpu(_) => match scalar_on_device(cs, s)? {
             Some(d) => Ok(Some(d)),
             None => upload(cs, s).map(Some),
@@ -320,7 +320,7 @@ fn eval(
 
 /// A host copy of a storage (device storages are waited for and downloaded).
 fn host_copy(s: &Storage) -> Result<Storage> {
-    match &*s.buffer {
+    match &**s.buffer {
         Buffer::Cpu(_) => Ok(s.clone()),
         Buffer::Cuda(_) => to_host(s),
     }

@@ -260,6 +260,9 @@ impl Drop for CudaStreamHandle {
                 }
             }
             drop(graphs);
+            // Cached whole buffers refer to the cache: it is emptied and closed here, not
+            // when its last reference goes.
+            self.cache.close();
             // SAFETY: dropped exactly once, here. Buffers allocated on this stream keep
             // their own reference, so the CUDA stream lives until the last one is freed.
             unsafe { ManuallyDrop::drop(&mut self.stream) };

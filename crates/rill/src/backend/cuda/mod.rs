@@ -52,7 +52,7 @@ mod reduce;
 mod scan;
 mod source;
 
-pub(crate) use buffer::{CudaBuffer, ready_scalar};
+pub(crate) use buffer::{CudaBuffer, ready_scalar, recycle};
 pub(crate) use device::{clear_cache, device, device_count, shutdown};
 pub(crate) use exec::{execute_batch, to_host};
 pub(crate) use handles::{CudaStreamHandle, new_stream};
