@@ -16,6 +16,13 @@
 //! one evaluation the buffers its earlier batches freed, and the order rotated from one
 //! evaluation to the next (every batch's graph had its arguments rewritten).
 //!
+//! When the last reference to a buffer is a storage's, the buffer comes back whole (its
+//! memory, the host allocation around it and its reference to this cache: see
+//! `buffer::recycle`), so that reusing it allocates and frees nothing on the host. A whole
+//! buffer refers to the cache that keeps it: the cache is therefore emptied and closed
+//! when its stream's handle is dropped ([`BufferCache::close`]), not when its last
+//! reference goes.
+//!
 //! Size classes are powers of two from 256 bytes. A stream keeps at most [`MAX_STREAM`]
 //! bytes; beyond that buffers are freed as before. `rill::clear_cache` frees every cache
 //! (the devices keep a weak list); an allocation that fails for memory frees its stream's
