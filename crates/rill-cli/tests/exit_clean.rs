@@ -1,7 +1,11 @@
 //! Runs the exit-torture program many times (see src/bin/exit_torture.rs): every run must
-//! end with the status its ending implies and print nothing from rill on stderr.
-//! `RILL_TORTURE_RUNS` overrides the number of runs (300 by default), `RILL_TORTURE_SEED`
-//! the seed (printed on failure either way), `RILL_TORTURE_DEVICE=gpu` runs it on GPU 0.
+//! end with the status its ending implies, print nothing on stderr but the intended panic,
+//! and get no rill error other than `Error::ShutDown`. The driver takes the scenario x
+//! ending pairs in turn (6 scenarios x 6 endings), so the default 300 runs cover each pair
+//! 8 or 9 times. `RILL_TORTURE_RUNS` overrides the number of runs (300 by default),
+//! `RILL_TORTURE_SEED` the seed (printed on failure either way), `RILL_TORTURE_DEVICE=gpu`
+//! runs it on GPU 0, `RILL_TORTURE_SCENARIO` / `RILL_TORTURE_ENDING` keep to one scenario
+//! or ending.
 
 use std::process::Command;
 
@@ -23,13 +27,33 @@ fn exit_torture_runs_end_cleanly() {
     if let Ok(device) = std::env::var("RILL_TORTURE_DEVICE") {
         cmd.args(["--device", &device]);
     }
-    if let Ok(seed) = std::env::var("RILL_TORTURE_SEED") {
-        cmd.args(["--seed", &seed]);
+    for (var, flag) in
+        [("RILL_TORTURE_SEED", "--seed"), ("RILL_TORTURE_SCENARIO", "--scenario"), ("RILL_TORTURE_ENDING", "--ending")]
+    {
+        if let Ok(v) = std::env::var(var) {
+            cmd.args([flag, &v]);
+        }
     }
     let out = cmd.output().expect("run the exit-torture driver");
     let stdout = String::from_utf8_lossy(&out.stdout);
     println!("{stdout}");
     assert!(out.status.success(), "exit torture failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    // The driver's table (`runs/failed` per scenario x ending): every pair ran.
+    let filtered = ["RILL_TORTURE_SCENARIO", "RILL_TORTURE_ENDING"].iter().any(|v| std::env::var_os(v).is_some());
+    if !filtered && runs.parse::<u64>().is_ok_and(|n| n >= 36) {
+        for s in ["mixed", "first-use", "submitters", "tokio", "thread-locals", "shutdown-race"] {
+            let row = stdout.lines().find(|l| l.split_whitespace().next() == Some(s));
+            let cells: Vec<u64> = row
+                .map(|l| {
+                    l.split_whitespace().skip(1).take(6).filter_map(|c| c.split('/').next()?.parse().ok()).collect()
+                })
+                .unwrap_or_default();
+            assert!(
+                cells.len() == 6 && cells.iter().all(|&n| n > 0),
+                "scenario {s} did not run with every ending:\n{stdout}"
+            );
+        }
+    }
 }
 
 /// Main returns while a pool thread compiles a large fused kernel (on the GPU: inside
