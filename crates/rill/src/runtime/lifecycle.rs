@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::runtime::gate::{Gate, Pass};
+
 use crate::runtime::{pool, scheduler, stats, stream};
 
 const RUNNING: u8 = 0;
@@ -38,20 +39,59 @@ static HOOK: AtomicBool = AtomicBool::new(false);
 /// Every backend-library call happens while holding a pass of this gate.
 static GATE: Gate = Gate::new();
 
+/// A held pass of the backend gate (see [`enter_backend`]); this thread counts as inside a
+/// backend library until it is dropped.
+#[must_use]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) struct BackendPass {
+    _pass: Pass<'static>,
+}
+
+thread_local! {
+    /// Passes this thread holds. A `Cell` of a plain integer has no destructor, so it can
+    /// be read in every thread-local destructor too.
+    static PASSES_HELD: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+impl Drop for BackendPass {
+    fn drop(&mut self) {
+        PASSES_HELD.with(|n| n.set(n.get().saturating_sub(1)));
+    }
+}
+
 /// A pass into the backend libraries, or `None` once shutdown has closed the gate (the
 /// caller then skips the call: returns `Error::ShutDown`, or leaks in a `Drop`). Hold it
 /// across the whole call, including any blocking wait inside the driver.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // only the CUDA backend enters
-pub(crate) fn enter_backend() -> Option<Pass<'static>> {
-    GATE.enter()
+pub(crate) fn enter_backend() -> Option<BackendPass> {
+    let pass = GATE.enter()?;
+    PASSES_HELD.with(|n| n.set(n.get() + 1));
+    Some(BackendPass { _pass: pass })
 }
 
 /// A pass for releasing a backend resource (a `Drop`, a cache trim): `None` once shutdown
 /// has begun, when the caller leaks the resource on purpose instead of calling the
 /// backend (the process is ending; the driver reclaims it).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) fn release_pass() -> Option<Pass<'static>> {
-    if is_shutting_down() { None } else { GATE.enter() }
+pub(crate) fn release_pass() -> Option<BackendPass> {
+    if is_shutting_down() { None } else { enter_backend() }
+}
+
+/// Called just before a call into a backend library (a launch, an event, an allocation,
+/// a copy, a product, a compile): counts it in `stats().backend_calls_after_shutdown` when
+/// the calling thread holds no pass and the gate is closed, that is, a call shutdown did
+/// not wait for and the driver's teardown may run under. Every such site is reached only
+/// with a pass, so the count stays 0 unless rill has a bug.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn note_backend_call() {
+    if unpassed_call(&GATE, PASSES_HELD.with(std::cell::Cell::get)) {
+        stats::BACKEND_CALLS_AFTER_SHUTDOWN.fetch_add(1, SeqCst);
+    }
+}
+
+/// A backend call made with `held` passes while `gate` is closed, without one.
+fn unpassed_call(gate: &Gate, held: u32) -> bool {
+    held == 0 && gate.is_closed()
 }
 
 /// Threads inside a backend library right now.
@@ -74,21 +114,10 @@ pub(crate) fn check_running() -> Result<()> {
     if is_shutting_down() { Err(Error::ShutDown) } else { Ok(()) }
 }
 
-/// True once the drain is over: queued work is cancelled and the backend gate is closed.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+/// True once the drain is over: queued work is cancelled and the backend gate is closed
+/// (or about to be). A node not yet started is refused then, not run.
 pub(crate) fn is_cancelled() -> bool {
     STATE.load(SeqCst) >= CANCELLED
-}
-
-/// Counts a backend call attempted after shutdown (a bug if it ever happens) and returns
-/// true in that case, so the caller can skip the call.
-pub(crate) fn backend_call_forbidden() -> bool {
-    if is_cancelled() {
-        stats::BACKEND_CALLS_AFTER_SHUTDOWN.fetch_add(1, SeqCst);
-        true
-    } else {
-        false
-    }
 }
 
 /// What a shutdown did.
@@ -216,5 +245,37 @@ pub(crate) fn register_exit_hook() {
     let rc = register_hook();
     if rc != 0 {
         tracing::warn!("rill: could not register the exit hook (atexit returned {rc})");
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_call_without_a_pass_after_the_gate_closed_counts() {
+        let g = Gate::new();
+        assert!(!unpassed_call(&g, 0), "an open gate: every call is allowed");
+        let p = g.enter().unwrap();
+        assert!(!g.close_and_wait(Duration::from_millis(1)));
+        assert!(!unpassed_call(&g, 1), "a pass taken before the close is waited for");
+        drop(p);
+        assert!(unpassed_call(&g, 0), "a call without a pass after the close is the bug counted");
+    }
+
+    #[test]
+    fn passes_held_follow_the_thread() {
+        std::thread::spawn(|| {
+            let held = || PASSES_HELD.with(std::cell::Cell::get);
+            let a = enter_backend().unwrap();
+            let b = enter_backend().unwrap();
+            assert_eq!(held(), 2);
+            drop(a);
+            assert_eq!(held(), 1);
+            drop(b);
+            assert_eq!(held(), 0);
+        })
+        .join()
+        .unwrap();
     }
 }

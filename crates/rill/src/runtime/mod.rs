@@ -33,6 +33,43 @@ pub use memory::{active_memory, cached_memory, memory_limit, peak_memory, reset_
 pub use pool::num_threads as cpu_threads;
 pub use stats::{Stats, stats};
 
+/// A backend library rill may call (see [`backend_libraries`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackendLibrary {
+    /// `"CUDA driver"`, `"NVRTC"`, `"cuBLAS"` or `"cuBLASLt"`.
+    pub name: &'static str,
+    /// Whether and when it was loaded.
+    pub state: LibraryState,
+    /// How long looking for it and opening it took, in microseconds.
+    pub open_micros: u64,
+}
+
+/// When a backend library was loaded (docs/RUNTIME.md, "Process exit").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LibraryState {
+    /// Nobody has needed it yet (no GPU probed, and it was not loaded at start).
+    NotLoaded,
+    /// Loaded before `main`, by rill's constructor (Linux, unless `RILL_CUDA_PRELOAD=0`).
+    LoadedAtStart,
+    /// Loaded when the first GPU was probed.
+    LoadedAtProbe,
+    /// Looked for and not found.
+    Missing,
+}
+
+/// The backend libraries rill calls and when each was loaded; empty without the `cuda`
+/// feature. None of them is ever loaded once shutdown has begun.
+pub fn backend_libraries() -> Vec<BackendLibrary> {
+    #[cfg(feature = "cuda")]
+    {
+        crate::backend::cuda::libs::report()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Vec::new()
+    }
+}
+
 /// Frees every cached allocation on every device. Callable from any thread.
 pub fn clear_cache() {
     crate::backend::forget_host_scalars();

@@ -552,7 +552,8 @@ pub(crate) fn execute_node(
 ) {
     let result = match input_storages(node) {
         Err(e) => Err(e),
-        Ok(_) if lifecycle::backend_call_forbidden() => Err(Error::ShutDown),
+        // Shutdown cancelled what has not started: a refusal, not a backend call.
+        Ok(_) if lifecycle::is_cancelled() => Err(Error::ShutDown),
         Ok(storages) => catch_unwind(AssertUnwindSafe(|| run(node, &storages))).unwrap_or_else(|p| {
             Err(Error::Panic { op: node.prim.name(), msg: crate::error::panic_message(&*p).into() })
         }),

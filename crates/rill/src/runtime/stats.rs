@@ -8,7 +8,7 @@
 //! | `threads_started` | same | runtime threads ever started |
 //! | `in_flight` | the scheduler (claim +1, completion -1) | nodes submitted and not finished |
 //! | `nodes_computed` | the executor | nodes whose kernel ran |
-//! | `backend_calls_after_shutdown` | every backend entry point | must stay 0 |
+//! | `backend_calls_after_shutdown` | the CUDA backend's calls into its libraries (`lifecycle::note_backend_call`) | calls made without a pass of the closed gate: must stay 0 (a refused call is not counted) |
 //! | `threads_in_backend` | the backend gate (`gate.rs`) | threads inside a backend library now; 0 after shutdown |
 //! | `memory_waits`, `queue_waits` | the scheduler | times a submitter waited (memory limit, full queue) |
 //! | `graphs_built`, `graph_launches` | the CUDA backend's launcher | CUDA graphs instantiated; batches sent as one graph launch |
@@ -67,7 +67,9 @@ pub struct Stats {
     pub bytes_peak: usize,
     /// Bytes held in allocator caches.
     pub bytes_cached: usize,
-    /// Backend calls attempted after shutdown began (always 0 unless rill has a bug).
+    /// Calls into a backend library made after shutdown closed the backend gate by a
+    /// thread holding no pass of it (always 0 unless rill has a bug). Work that shutdown
+    /// refuses or cancels makes no call and is not counted.
     pub backend_calls_after_shutdown: u64,
     /// Threads inside a backend library (CUDA driver, NVRTC, cuBLAS) right now; after a
     /// shutdown whose report says `threads_joined`, always 0.

@@ -65,6 +65,7 @@ impl CudaBuffer {
         let oom = || Error::OutOfMemory { device: format!("gpu:{}", cs.dev.ordinal), bytes };
         let class = cache::class(bytes);
         let fresh = |n: usize| {
+            lifecycle::note_backend_call();
             // SAFETY: the contents are written by the kernel that receives the buffer.
             // Not `stream()`: an allocation need not wait for recorded launches.
             let r = unsafe { cs.raw_stream().alloc::<u8>(n) };
@@ -143,6 +144,7 @@ impl Drop for CudaBuffer {
         // After shutdown began the memory (and the stream reference) are leaked on purpose.
         let Some(_pass) = lifecycle::release_pass() else { return };
         let users = std::mem::take(self.users.get_mut());
+        lifecycle::note_backend_call();
         let _ = catch_unwind(AssertUnwindSafe(|| {
             // Kernels this thread recorded on the allocating stream (a temporary's) are
             // sent first, so that the free is ordered after them.
@@ -336,6 +338,7 @@ pub(crate) fn download(stream: &CudaStream, s: &Storage) -> Result<Storage> {
     let n = s.layout.numel();
     let mut host = CpuBuffer::alloc(s.dtype, hi - lo)?;
     if n > 0 {
+        lifecycle::note_backend_call();
         let _ = stream.context().bind_to_thread();
         let dst = host.bytes_mut();
         // SAFETY: the span lies inside the buffer; the copy finishes before `synchronize`

@@ -76,19 +76,23 @@ struct Worker {
 
 static PROBE: OnceLock<std::result::Result<usize, String>> = OnceLock::new();
 static DEVICES: Mutex<Vec<Option<Arc<DeviceState>>>> = Mutex::new(Vec::new());
+/// Held while a device initialises.
+static INIT: Mutex<()> = Mutex::new(());
 
 /// Loads the driver once and counts the devices; never panics.
 fn probe() -> std::result::Result<usize, String> {
+    super::libs::keep_preload();
     PROBE
         .get_or_init(|| {
             let Some(_pass) = lifecycle::enter_backend() else {
                 return Err("the rill runtime is shut down".to_string());
             };
             let r = catch_unwind(|| {
-                // SAFETY: only tries to open the driver library.
-                if !unsafe { sys::is_culib_present() } {
+                if !super::libs::load(super::libs::Lib::Driver) {
                     return Err("the CUDA driver library (libcuda) was not found".to_string());
                 }
+                // NVRTC, cuBLAS and cuBLASLt too, unless loaded before `main` (`libs.rs`).
+                super::libs::load_all();
                 cudarc::driver::result::init().map_err(|e| format!("cuInit failed: {e:?}"))?;
                 let n = cudarc::driver::result::device::get_count()
                     .map_err(|e| format!("cuDeviceGetCount failed: {e:?}"))?;
@@ -117,27 +121,39 @@ pub(crate) fn device(ordinal: usize) -> Result<Arc<DeviceState>> {
     if ordinal >= count {
         return Err(unavailable(ordinal, format!("{count} CUDA device(s) found")));
     }
-    let mut table = DEVICES.lock();
-    if let Some(Some(d)) = table.get(ordinal) {
-        return Ok(d.clone());
+    if let Some(d) = initialised(ordinal) {
+        return Ok(d);
+    }
+    // One initialisation at a time; the table's own lock is only held briefly (shutdown
+    // and `clear_cache` take it).
+    let _init = INIT.lock();
+    if let Some(d) = initialised(ordinal) {
+        return Ok(d);
     }
     lifecycle::check_running()?;
     let _pass = lifecycle::enter_backend().ok_or(Error::ShutDown)?;
     let d = catch_unwind(AssertUnwindSafe(|| init(ordinal))).unwrap_or_else(|p| {
         Err(unavailable(ordinal, format!("initialisation panicked: {}", crate::error::panic_message(&*p))))
     })?;
+    pool::ensure_started();
+    // The first calls of NVRTC, cuBLAS and cuBLASLt happen here, on this thread, before the
+    // device is handed out; the exit hook is registered after them, so it runs before the
+    // teardown of every static they constructed (`libs.rs`). A later first compile or
+    // matmul of the program then initialises nothing.
+    super::nvrtc::warm_up(&d.arch);
+    super::matmul::warm_up(&d);
+    lifecycle::register_exit_hook();
+    let mut table = DEVICES.lock();
     if table.len() <= ordinal {
         table.resize_with(ordinal + 1, || None);
     }
     table[ordinal] = Some(d.clone());
-    drop(table);
-    // Load NVRTC now, on the caller's thread, and register the exit hook after it: an
-    // `exit` while a later compile runs then reaches rill's hook (which waits for it)
-    // before NVRTC's own teardown (see `lifecycle::register_exit_hook`).
-    super::nvrtc::warm_up(&d.arch);
-    pool::ensure_started();
-    lifecycle::register_exit_hook();
     Ok(d)
+}
+
+/// GPU `ordinal`'s state once it is initialised.
+fn initialised(ordinal: usize) -> Option<Arc<DeviceState>> {
+    DEVICES.lock().get(ordinal).cloned().flatten()
 }
 
 fn init(ordinal: usize) -> Result<Arc<DeviceState>> {

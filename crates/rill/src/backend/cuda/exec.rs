@@ -40,7 +40,6 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
     // The whole batch runs inside the backend gate: shutdown waits for it to finish
     // before the process may tear the driver down.
     let Some(_pass) = lifecycle::enter_backend() else {
-        let _ = lifecycle::backend_call_forbidden(); // counted: a batch ran after the gate closed
         return fail_all(nodes, Error::ShutDown);
     };
     // The batch's results, in batch order, and where each node id's value is: a position

@@ -82,6 +82,7 @@ impl Ev {
     /// Records the current end of `stream` (of `pool`'s device) into an event: an idle one
     /// of `pool`, else a new one.
     pub fn record(stream: &CudaStream, pool: &Arc<EventPool>) -> std::result::Result<Ev, DriverError> {
+        lifecycle::note_backend_call();
         pool.ctx.bind_to_thread()?;
         let idle = pool.free.lock().pop();
         let ev = match idle {
@@ -115,6 +116,7 @@ impl Ev {
     /// buffer while it publishes and frees a batch, often the one being waited for here
     /// (a poll that read the line could pull it away from the job each time).
     pub fn wait_low_latency(&self, until: std::time::Duration) -> std::result::Result<(), DriverError> {
+        lifecycle::note_backend_call();
         self.pool.ctx.bind_to_thread()?;
         let raw = self.ev;
         let mut err = None;
@@ -137,6 +139,7 @@ impl Ev {
     }
     /// Makes `stream` wait (on the GPU) for the recorded work.
     pub fn wait_on(&self, stream: &CudaStream) -> std::result::Result<(), DriverError> {
+        lifecycle::note_backend_call();
         self.pool.ctx.bind_to_thread()?;
         // SAFETY: live handles of the same context.
         unsafe { sys::cuStreamWaitEvent(stream.cu_stream(), self.ev, 0).result() }
@@ -205,8 +208,13 @@ pub(crate) struct CudaStreamHandle {
 
 /// Creates a non-blocking CUDA stream on GPU `ordinal` (never the legacy default stream).
 pub(crate) fn new_stream(ordinal: usize) -> Result<CudaStreamHandle> {
-    let dev = device::device(ordinal)?;
+    new_stream_on(device::device(ordinal)?)
+}
+
+/// [`new_stream`] on an initialised device (also one being initialised: `matmul::warm_up`).
+pub(crate) fn new_stream_on(dev: Arc<DeviceState>) -> Result<CudaStreamHandle> {
     let _pass = lifecycle::enter_backend().ok_or(crate::error::Error::ShutDown)?;
+    lifecycle::note_backend_call();
     let s = dev.ctx.new_stream().map_err(|e| super::backend_err("new_stream", e))?;
     let cache = Arc::new(super::cache::BufferCache::default());
     dev.register_cache(&cache);

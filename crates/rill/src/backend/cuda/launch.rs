@@ -138,19 +138,18 @@ impl Launch {
     /// The arguments must match the kernel's signature and every address it touches must
     /// stay valid until the kernel has run (buffers are freed in stream order after it).
     pub unsafe fn launch(self, cs: &CudaStreamHandle, cfg: LaunchConfig) -> Result<(), DriverError> {
-        let p = Pending { launch: self, cfg, node: 0 };
-        let kept = REC.try_with(|r| match r.try_borrow_mut() {
-            Ok(mut g) => match g.as_mut() {
-                Some(rec) => rec.push(cs.id, p),
-                None => Some(p),
-            },
-            Err(_) => Some(p),
+        let mut p = Some(Pending { launch: self, cfg, node: 0 });
+        // The recorder is gone while this thread's thread-locals are destroyed (a
+        // thread-local's destructor evaluating GPU work): no batch can be recording then
+        // (`Recording::begin` fails the same way), so the launch goes out directly.
+        let _ = REC.try_with(|r| {
+            if let Ok(mut g) = r.try_borrow_mut() {
+                if let (Some(rec), Some(pending)) = (g.as_mut(), p.take()) {
+                    p = rec.push(cs.id, pending);
+                }
+            }
         });
-        let p = match kept {
-            Ok(None) => return Ok(()), // recorded
-            Ok(Some(p)) => p,
-            Err(_) => return Err(DriverError(sys::CUresult::CUDA_ERROR_NOT_PERMITTED)), // thread exiting
-        };
+        let Some(p) = p else { return Ok(()) }; // recorded
         cs.dev.ctx.bind_to_thread()?;
         // SAFETY: forwarded from the caller.
         unsafe { p.send(cs.raw_stream().cu_stream()) }
@@ -172,6 +171,7 @@ impl Pending {
         self.launch.starts.iter().map(|&s| unsafe { base.add(s as usize) }.cast()).collect()
     }
     unsafe fn send(mut self, stream: sys::CUstream) -> Result<(), DriverError> {
+        lifecycle::note_backend_call();
         let mut params = self.params();
         let c = self.cfg;
         // SAFETY: forwarded from `Launch::launch`.
@@ -340,6 +340,7 @@ pub(crate) fn flush_stream(stream_id: u64) {
 /// Sends `pending` in order: as a graph when it qualifies, else one by one. Returns the
 /// failed launches' nodes.
 fn send_all(cs: &CudaStreamHandle, mut pending: Vec<Pending>) -> Vec<(u64, DriverError)> {
+    lifecycle::note_backend_call();
     if let Err(e) = cs.dev.ctx.bind_to_thread() {
         return pending.iter().map(|p| (p.node, e)).collect();
     }

@@ -96,10 +96,11 @@ pub(crate) fn matmul(
     let pb = cuda_of(b).map(|x| x.ptr()).unwrap_or(0) + b.layout.offset as u64 * size;
     let pc = cuda_of(&out).map(|x| x.ptr()).unwrap_or(0);
     let r = catch_unwind(AssertUnwindSafe(|| -> Result<()> {
-        // SAFETY: only tries to open the library.
-        if !unsafe { cbsys::is_culib_present() } {
+        // Loaded at process start or when the device was probed; never here (`libs.rs`).
+        if !super::libs::loaded(super::libs::Lib::Cublas) {
             return Err(super::unsupported("matmul", "cuBLAS (libcublas) was not found"));
         }
+        crate::runtime::lifecycle::note_backend_call();
         let _ = cs.dev.ctx.bind_to_thread();
         let mut g = cs.blas.lock();
         let fresh = g.is_none();
@@ -139,6 +140,26 @@ pub(crate) fn matmul(
     }));
     r.unwrap_or_else(|_| Err(super::unsupported("matmul", "cuBLAS could not be loaded")))?;
     Ok(out)
+}
+
+/// Runs a small product of every dtype, one and batched, through cuBLASLt and cuBLAS on a
+/// stream of its own, while `dev` initialises: the statics the libraries construct on a
+/// handle's first calls are built now, before the exit hook is registered again, never by
+/// the program's first matmul (see `libs.rs`). Failures are ignored: the first real
+/// product reports them.
+pub(crate) fn warm_up(dev: &crate::sync::Arc<super::device::DeviceState>) {
+    let _ = catch_unwind(AssertUnwindSafe(|| -> Result<()> {
+        let cs = super::handles::new_stream_on(dev.clone())?;
+        for dtype in [DType::F32, DType::BF16, DType::F16, DType::F64] {
+            for shape in [&[16usize, 16][..], &[2, 16, 16]] {
+                // The operands' values do not matter (never read back).
+                let a = new_storage(&cs, dtype, shape)?;
+                let b = new_storage(&cs, dtype, shape)?;
+                matmul(&cs, &a, &b, shape, dtype)?;
+            }
+        }
+        cs.synchronize()
+    }));
 }
 
 /// The shape and types of a product `C[batch, m, n] = A[batch, m, k] @ B[batch, k, n]`.
@@ -315,8 +336,7 @@ fn lt_plan(blas: &mut Blas, p: &Problem) -> Option<(lt::cublasLtHandle_t, LtPlan
     }
     let st = &mut blas.lt;
     let h = *st.handle.get_or_insert_with(|| {
-        // SAFETY: only tries to open the library.
-        if !unsafe { lt::is_culib_present() } {
+        if !super::libs::loaded(super::libs::Lib::CublasLt) {
             return std::ptr::null_mut();
         }
         let h = ltr::create_handle().unwrap_or(std::ptr::null_mut());

@@ -3,6 +3,7 @@
 //!
 //! | piece | file | owns |
 //! |---|---|---|
+//! | when the driver, NVRTC, cuBLAS and cuBLASLt are loaded and first initialised | `libs.rs` | the libraries' loaded state (never unloaded) |
 //! | driver probe, per-device state, completion workers, shutdown | `device.rs` | one context and one worker thread per device |
 //! | events, streams, cuBLAS handles (Drop never panics) | `handles.rs` | CUDA events, streams, cuBLAS handles |
 //! | device buffers, host↔device copies, the scalar slab | `buffer.rs` | device allocations |
@@ -43,6 +44,7 @@ mod exec;
 mod fused;
 mod handles;
 mod launch;
+pub(crate) mod libs;
 mod map;
 mod matmul;
 mod norm;

@@ -143,10 +143,15 @@ pub(crate) fn with_grid_waits(src: &str) -> Result<String> {
 }
 
 fn compile_inner(arch: &str, key: &str, src: &str) -> Result<Ptx> {
-    // SAFETY: only tries to open the library.
-    if !unsafe { nvsys::is_culib_present() } {
+    // Loaded at process start or when the device was probed; only a test without a GPU
+    // loads it here (`libs.rs`). Nothing is loaded once shutdown has begun.
+    if !super::libs::load(super::libs::Lib::Nvrtc) {
+        if crate::runtime::lifecycle::is_shutting_down() {
+            return Err(Error::ShutDown);
+        }
         return Err(super::unsupported("compile", "NVRTC (libnvrtc) was not found"));
     }
+    crate::runtime::lifecycle::note_backend_call();
     let csrc = CString::new(with_grid_waits(src)?).map_err(|e| Error::backend("compile", e))?;
     // The program name only appears in NVRTC's messages: a short, printable prefix of the key.
     let short: String = key.chars().filter(|c| c.is_ascii_alphanumeric() || ":_|,".contains(*c)).take(48).collect();
@@ -218,8 +223,7 @@ fn c_chars_to_string(v: &[std::ffi::c_char]) -> String {
 /// Returns false (after printing a skip line) when NVRTC is absent.
 #[cfg(test)]
 pub(crate) fn check_compiles(key: &str, src: &str) -> bool {
-    // SAFETY: only tries to open the library.
-    let present = catch_unwind(|| unsafe { nvsys::is_culib_present() }).unwrap_or(false);
+    let present = super::libs::load(super::libs::Lib::Nvrtc);
     if !present {
         println!("skipped: no NVRTC ({key})");
         return false;

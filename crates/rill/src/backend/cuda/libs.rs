@@ -1,0 +1,195 @@
+//! The backend libraries (the CUDA driver, NVRTC, cuBLAS, cuBLASLt): when each is loaded
+//! and first initialised, so that none is loaded, initialised or torn down while the
+//! process exits.
+//!
+//! Why: `exit` runs the handlers of `atexit`/`on_exit`/`__cxa_atexit` in reverse order of
+//! registration, on the exiting thread, while every other thread keeps running. A C++
+//! library registers the destructors of its statics there when it is loaded (and for
+//! function-local statics on their first use). A library first loaded after rill's exit
+//! hook is therefore torn down *before* the hook runs, under any thread still inside it;
+//! and loading a library while another thread is already in `exit` runs its constructors
+//! and destructors concurrently (SIGSEGV inside `dlopen` of libcublasLt, with cudarc's
+//! lazy loading reached from the first matmul, in independent exit tests). cudarc's own
+//! `is_culib_present` also opens and closes the library on every call, which unloads a
+//! library nobody else holds.
+//!
+//! The design:
+//! 1. *Loaded at process start.* On Linux a constructor in `.init_array` opens the four
+//!    libraries before `main` (before any thread of the program exists, so no `exit` can
+//!    run concurrently), with `RTLD_NODELETE`, so no later close ever unloads them. The
+//!    destructors they register while loading are then registered before anything rill
+//!    registers, and run after rill's exit hook. When the driver library is absent
+//!    nothing else is opened. `RILL_CUDA_PRELOAD=0` turns this off; then (and on other
+//!    platforms) the libraries are opened when the first GPU is probed, which leaves the
+//!    window this module exists to close: a process exiting during that first probe.
+//! 2. *Initialised when a device initialises.* `Device::gpu` compiles a small kernel
+//!    with NVRTC and runs a small product of each matmul dtype through cuBLAS and cuBLASLt
+//!    (`warm_up`s in `nvrtc.rs` and `matmul.rs`), under a pass of the backend gate, before
+//!    the device is handed out, then registers the exit hook again: the statics those
+//!    first calls construct are torn down after the hook too. The first matmul or compile
+//!    of the program, whenever it happens, then loads and initialises nothing.
+//! 3. *Never after shutdown began.* [`load`] refuses once shutdown has begun, and no code
+//!    path calls a library that [`load`] did not report loaded.
+//!
+//! What remains: a process that calls `exit` on one thread while another is inside the
+//! *first* `Device::gpu` (the warm-up's few milliseconds of first calls): a static first
+//! constructed by those calls may be destroyed before rill's hook runs and waits for the
+//! warm-up (docs/RUNTIME.md, "Process exit").
+
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering::SeqCst};
+
+use crate::runtime::lifecycle;
+
+/// A backend library rill uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Lib {
+    Driver = 0,
+    Nvrtc = 1,
+    Cublas = 2,
+    CublasLt = 3,
+}
+
+const ALL: [Lib; 4] = [Lib::Driver, Lib::Nvrtc, Lib::Cublas, Lib::CublasLt];
+
+impl Lib {
+    /// The name cudarc looks the library up by.
+    fn stem(self) -> &'static str {
+        match self {
+            Lib::Driver => "cuda",
+            Lib::Nvrtc => "nvrtc",
+            Lib::Cublas => "cublas",
+            Lib::CublasLt => "cublasLt",
+        }
+    }
+}
+
+const UNKNOWN: u8 = 0;
+const MISSING: u8 = 1;
+const AT_START: u8 = 2;
+const AT_PROBE: u8 = 3;
+
+static STATE: [AtomicU8; 4] = [const { AtomicU8::new(UNKNOWN) }; 4];
+/// How long opening each library took, in microseconds.
+static MICROS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+
+/// Opens `lib` under the first name cudarc would try that exists, never to be unloaded.
+/// cudarc's later opens of the same name then find it loaded and construct nothing.
+fn open(lib: Lib) -> bool {
+    let t = std::time::Instant::now();
+    let found = open_uncounted(lib);
+    MICROS[lib as usize].store(t.elapsed().as_micros().min(u64::MAX as u128) as u64, SeqCst);
+    found
+}
+
+fn open_uncounted(lib: Lib) -> bool {
+    #[cfg(unix)]
+    {
+        for name in cudarc::get_lib_name_candidates(lib.stem()) {
+            let Ok(c) = std::ffi::CString::new(name) else { continue };
+            // SAFETY: a plain dlopen of a named library; the handle is kept for ever.
+            let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL | libc::RTLD_NODELETE) };
+            if !h.is_null() {
+                return true;
+            }
+        }
+        false
+    }
+    #[cfg(not(unix))]
+    {
+        // SAFETY: only opens the library (cudarc keeps it loaded once used).
+        unsafe {
+            match lib {
+                Lib::Driver => cudarc::driver::sys::is_culib_present(),
+                Lib::Nvrtc => cudarc::nvrtc::sys::is_culib_present(),
+                Lib::Cublas => cudarc::cublas::sys::is_culib_present(),
+                Lib::CublasLt => cudarc::cublaslt::sys::is_culib_present(),
+            }
+        }
+    }
+}
+
+/// True when `lib` is loaded (at process start or by an earlier `load`). Opens it when
+/// nobody tried yet, unless shutdown has begun (then false: nothing is loaded during
+/// shutdown or exit). Never panics.
+pub(crate) fn load(lib: Lib) -> bool {
+    let st = &STATE[lib as usize];
+    match st.load(SeqCst) {
+        AT_START | AT_PROBE => return true,
+        MISSING => return false,
+        _ => {}
+    }
+    if lifecycle::is_shutting_down() {
+        return false;
+    }
+    let Some(_pass) = lifecycle::enter_backend() else { return false };
+    let found = std::panic::catch_unwind(|| open(lib)).unwrap_or(false);
+    // A concurrent first load may have won; both saw the same files.
+    let _ = st.compare_exchange(UNKNOWN, if found { AT_PROBE } else { MISSING }, SeqCst, SeqCst);
+    matches!(st.load(SeqCst), AT_START | AT_PROBE)
+}
+
+/// True when `lib` was loaded; never loads it.
+pub(crate) fn loaded(lib: Lib) -> bool {
+    matches!(STATE[lib as usize].load(SeqCst), AT_START | AT_PROBE)
+}
+
+/// Loads every library not loaded yet (when the first GPU is probed).
+pub(crate) fn load_all() {
+    for lib in ALL {
+        load(lib);
+    }
+}
+
+/// The constructor run before `main` (see the module docs).
+#[cfg(all(target_os = "linux", not(loom)))]
+extern "C" fn preload_at_start() {
+    if std::env::var_os("RILL_CUDA_PRELOAD").is_some_and(|v| v == "0") {
+        return;
+    }
+    let _ = std::panic::catch_unwind(|| {
+        for lib in ALL {
+            let found = open(lib);
+            STATE[lib as usize].store(if found { AT_START } else { MISSING }, SeqCst);
+            if !found && lib == Lib::Driver {
+                // No driver, no GPU: the rest is of no use; a later probe tries again.
+                STATE[lib as usize].store(UNKNOWN, SeqCst);
+                return;
+            }
+        }
+    });
+}
+
+#[cfg(all(target_os = "linux", not(loom)))]
+#[used]
+#[unsafe(link_section = ".init_array")]
+static PRELOAD: extern "C" fn() = preload_at_start;
+
+/// Keeps the constructor linked into every program that uses the CUDA backend (an
+/// unreferenced object of an rlib may be left out by the linker).
+pub(crate) fn keep_preload() {
+    #[cfg(all(target_os = "linux", not(loom)))]
+    std::hint::black_box(&PRELOAD);
+}
+
+/// What [`crate::runtime::backend_libraries`] reports.
+pub(crate) fn report() -> Vec<crate::runtime::BackendLibrary> {
+    keep_preload();
+    use crate::runtime::{BackendLibrary, LibraryState};
+    ALL.iter()
+        .map(|&lib| BackendLibrary {
+            name: match lib {
+                Lib::Driver => "CUDA driver",
+                Lib::Nvrtc => "NVRTC",
+                Lib::Cublas => "cuBLAS",
+                Lib::CublasLt => "cuBLASLt",
+            },
+            state: match STATE[lib as usize].load(SeqCst) {
+                AT_START => LibraryState::LoadedAtStart,
+                AT_PROBE => LibraryState::LoadedAtProbe,
+                MISSING => LibraryState::Missing,
+                _ => LibraryState::NotLoaded,
+            },
+            open_micros: MICROS[lib as usize].load(SeqCst),
+        })
+        .collect()
+}

@@ -1,0 +1,59 @@
+//! When the backend libraries are loaded (docs/RUNTIME.md, "Process exit"): before `main`
+//! (Linux), so that none is first loaded, or torn down under a thread using it, while the
+//! process exits; and never once shutdown has begun.
+
+use rill::runtime::{LibraryState, backend_libraries};
+
+mod common;
+
+const NAMES: [&str; 4] = ["CUDA driver", "NVRTC", "cuBLAS", "cuBLASLt"];
+
+#[test]
+fn every_library_is_loaded_before_main_where_a_gpu_works() {
+    let libs = backend_libraries();
+    assert_eq!(libs.iter().map(|l| l.name).collect::<Vec<_>>(), NAMES);
+    // Read before anything probed a GPU: what the constructor did.
+    let at_start = libs.iter().map(|l| l.state).collect::<Vec<_>>();
+    if common::gpu().is_none() {
+        return;
+    }
+    if std::env::var("RILL_CUDA_PRELOAD").as_deref() == Ok("0") {
+        return;
+    }
+    assert!(cfg!(target_os = "linux"), "the GPU backend runs on Linux");
+    assert_eq!(at_start, [LibraryState::LoadedAtStart; 4], "{libs:?}");
+    // The first products and compiles, long after: still nothing loaded later.
+    let x = rill::Array::full(&[64, 64], 1.0, rill::DType::BF16).unwrap();
+    let y = rill::with_stream(&common::gpu().unwrap().default_stream().unwrap(), || x.matmul(&x)).unwrap();
+    assert_eq!(y.to_vec::<f32>().unwrap()[0], 64.0);
+    assert_eq!(backend_libraries().iter().map(|l| l.state).collect::<Vec<_>>(), at_start);
+}
+
+/// In a child process without the constructor's loads: after shutdown nothing is loaded,
+/// not even by asking for a GPU.
+#[test]
+fn nothing_is_loaded_after_shutdown() {
+    if std::env::var("RILL_LIBS_CHILD").as_deref() == Ok("1") {
+        let before = backend_libraries();
+        assert!(before.iter().all(|l| l.state == LibraryState::NotLoaded), "{before:?}");
+        rill::shutdown();
+        assert!(matches!(rill::Device::gpu(0), Err(rill::Error::ShutDown)));
+        let after = backend_libraries();
+        assert!(after.iter().all(|l| l.state == LibraryState::NotLoaded), "{after:?}");
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .args(["--exact", "nothing_is_loaded_after_shutdown", "--nocapture"])
+        .env("RILL_LIBS_CHILD", "1")
+        .env("RILL_CUDA_PRELOAD", "0")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "child failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"), "the child ran the test");
+}
