@@ -343,13 +343,18 @@ fn stash(a: &Array, s: Option<&Stream>) {
 /// it); stops when it returns false.
 fn submitter(sh: &Shared, seed: u64, iterations: Option<u64>, mut at: impl FnMut(u64) -> bool) {
     let mut r = Rng(seed);
-    let own = if r.below(3) == 0 { ok("Stream::new", Stream::new(&sh.device)) } else { None };
+    let mut own = if r.below(3) == 0 { ok("Stream::new", Stream::new(&sh.device)) } else { None };
     let mut i = 0;
     while iterations.is_none_or(|n| i < n) {
         if !at(i) {
             return;
         }
         i += 1;
+        if r.below(32) == 0 {
+            // A fresh stream now and then: its first matmul makes its cuBLAS handles and
+            // workspace (on a GPU) at a random moment, maybe just before exit.
+            own = ok("Stream::new", Stream::new(&sh.device));
+        }
         let stream = match r.below(3) {
             0 => own.clone(),
             1 if !sh.streams.is_empty() => Some(sh.streams[r.below(sh.streams.len() as u64) as usize].clone()),
@@ -917,8 +922,11 @@ fn scope_holds(scoped: &Option<Stream>, a: &Array, what: &str) -> bool {
 
 async fn task_loop(sh: Arc<Shared>, seed: u64) {
     let mut r = Rng(seed);
-    let own = if r.below(4) == 0 { ok("Stream::new", Stream::new(&sh.device)) } else { None };
+    let mut own = if r.below(4) == 0 { ok("Stream::new", Stream::new(&sh.device)) } else { None };
     loop {
+        if r.below(32) == 0 {
+            own = ok("Stream::new", Stream::new(&sh.device));
+        }
         let stream = match r.below(3) {
             0 => own.clone(),
             1 if !sh.streams.is_empty() => Some(sh.streams[r.below(sh.streams.len() as u64) as usize].clone()),
