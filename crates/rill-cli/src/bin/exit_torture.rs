@@ -344,15 +344,17 @@ fn stash(a: &Array, s: Option<&Stream>) {
 fn submitter(sh: &Shared, seed: u64, iterations: Option<u64>, mut at: impl FnMut(u64) -> bool) {
     let mut r = Rng(seed);
     let mut own = if r.below(3) == 0 { ok("Stream::new", Stream::new(&sh.device)) } else { None };
-    let mut i = 0;
+    let (mut i, mut fresh) = (0, 0);
     while iterations.is_none_or(|n| i < n) {
         if !at(i) {
             return;
         }
         i += 1;
-        if r.below(32) == 0 {
-            // A fresh stream now and then: its first matmul makes its cuBLAS handles and
-            // workspace (on a GPU) at a random moment, maybe just before exit.
+        if own.is_some() && fresh < 2 && r.below(64) == 0 {
+            // A fresh stream now and then (twice at most: a GPU stream's cuBLAS workspace
+            // is 32 MiB): its first matmul makes its cuBLAS handles and workspace at a
+            // random moment, maybe just before exit.
+            fresh += 1;
             own = ok("Stream::new", Stream::new(&sh.device));
         }
         let stream = match r.below(3) {
@@ -923,8 +925,10 @@ fn scope_holds(scoped: &Option<Stream>, a: &Array, what: &str) -> bool {
 async fn task_loop(sh: Arc<Shared>, seed: u64) {
     let mut r = Rng(seed);
     let mut own = if r.below(4) == 0 { ok("Stream::new", Stream::new(&sh.device)) } else { None };
+    let mut fresh = 0;
     loop {
-        if r.below(32) == 0 {
+        if own.is_some() && fresh < 2 && r.below(64) == 0 {
+            fresh += 1;
             own = ok("Stream::new", Stream::new(&sh.device));
         }
         let stream = match r.below(3) {
