@@ -37,6 +37,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::target_stream;
 use crate::primitives::{Distribution, Primitive};
+use crate::shape::checked_size;
 use crate::sync::Mutex;
 
 /// A random key: the state a draw is a pure function of.
@@ -88,7 +89,8 @@ pub fn next_key() -> Key {
 }
 
 fn draw(op: &'static str, key: Key, shape: &[usize], dist: Distribution, dtype: DType) -> Result<Array> {
-    if shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).is_none_or(|n| n > (1usize << 62)) {
+    checked_size(op, shape, dtype)?;
+    if shape.iter().product::<usize>() > (1usize << 62) {
         return Err(Error::shape(op, format!("shape {shape:?} has too many elements")));
     }
     let stream = target_stream(&[])?;

@@ -1,7 +1,12 @@
-//! Shapes, strided layouts and the checks every op shares (broadcasting, axes).
+//! Shapes, strided layouts and the checks every op shares (sizes, broadcasting, axes).
+//!
+//! Sizes: every op checks each shape it records with [`checked_size`], so a node's element
+//! count, its size in bytes and every stride of its layouts fit an `isize`; no kernel
+//! computes a size that wrapped.
 
 use smallvec::SmallVec;
 
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 /// Axes a [`Layout`] keeps inline before it allocates (ranks up to 5 cost no allocation:
@@ -14,9 +19,29 @@ pub type Dims = SmallVec<[usize; INLINE_DIMS]>;
 /// Strides held inline up to [`INLINE_DIMS`] axes.
 pub type Strides = SmallVec<[isize; INLINE_DIMS]>;
 
-/// Number of elements of a shape (1 for a scalar).
+/// Number of elements of a shape (1 for a scalar). The shape of an array always has a
+/// count that fits (see [`checked_size`]).
 pub fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
+}
+
+/// The bytes `shape` spans with elements of `size` bytes, empty axes counted as 1 (as the
+/// strides of its layout do); `None` past `isize::MAX`.
+fn span_bytes(shape: &[usize], size: usize) -> Option<usize> {
+    shape.iter().try_fold(size, |n, &d| n.checked_mul(d.max(1))).filter(|&n| n <= isize::MAX as usize)
+}
+
+/// Number of elements of `shape` holding `dtype`, or an `Error::Shape` naming `op` when
+/// the elements would take more than `isize::MAX` bytes, the most one allocation can hold
+/// (as in NumPy, empty axes count as 1 here, so every stride of the shape fits too).
+pub fn checked_size(op: &'static str, shape: &[usize], dtype: DType) -> Result<usize> {
+    match span_bytes(shape, dtype.size()) {
+        Some(_) => Ok(numel(shape)),
+        None => Err(Error::shape(
+            op,
+            format!("shape {shape:?} has too many elements: more than isize::MAX bytes of {dtype}"),
+        )),
+    }
 }
 
 /// Row-major (C order) element strides of a shape.
@@ -47,6 +72,13 @@ pub fn broadcast_shapes(op: &'static str, a: &[usize], b: &[usize]) -> Result<Ve
                 format!("shapes {a:?} and {b:?} cannot be broadcast together (axis {i}: {da} vs {db})"),
             ));
         };
+    }
+    // Each operand fits, their broadcast need not (the op checks its bytes).
+    if span_bytes(&out, 1).is_none() {
+        return Err(Error::shape(
+            op,
+            format!("shapes {a:?} and {b:?} broadcast to {out:?}, which has more than isize::MAX elements"),
+        ));
     }
     Ok(out)
 }
@@ -210,6 +242,21 @@ mod tests {
         assert_eq!(broadcast_shapes("t", &[0, 1], &[1, 5]).unwrap(), vec![0, 5]);
         let e = broadcast_shapes("add", &[3, 2], &[4, 2]).unwrap_err().to_string();
         assert!(e.contains("[3, 2]") && e.contains("[4, 2]"), "{e}");
+        let e = broadcast_shapes("add", &[1 << 40], &[1 << 40, 1]).unwrap_err().to_string();
+        assert!(e.contains("isize::MAX elements"), "{e}");
+    }
+    #[test]
+    fn sizes_are_checked_in_bytes() {
+        let max = isize::MAX as usize;
+        assert_eq!(checked_size("t", &[2, 3], DType::F32).unwrap(), 6);
+        assert_eq!(checked_size("t", &[max], DType::U8).unwrap(), max);
+        assert!(checked_size("t", &[max / 4 + 1], DType::F32).is_err());
+        assert!(checked_size("t", &[1 << 32, 1 << 32], DType::U8).is_err(), "the count wraps to 0");
+        // Empty axes count as 1, as in NumPy and as strides do.
+        assert_eq!(checked_size("t", &[0, 1 << 40], DType::F64).unwrap(), 0);
+        assert!(checked_size("t", &[0, 1 << 40, 1 << 40], DType::U8).is_err());
+        let e = checked_size("full", &[1 << 62], DType::F64).unwrap_err().to_string();
+        assert!(e.contains("[full]") && e.contains("[4611686018427387904]") && e.contains("f64"), "{e}");
     }
     #[test]
     fn reshape_views() {

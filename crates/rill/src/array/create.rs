@@ -8,14 +8,14 @@ use crate::error::{Error, Result};
 use crate::ops::{on_device, target_stream};
 use crate::primitives::Primitive;
 use crate::runtime::device::Device;
+use crate::shape::checked_size;
 
-fn check_len(op: &'static str, len: usize, shape: &[usize]) -> Result<()> {
-    let n = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
-    match n {
-        Some(n) if n == len => Ok(()),
-        Some(n) => Err(Error::shape(op, format!("{len} values do not fill shape {shape:?} ({n} elements)"))),
-        None => Err(Error::shape(op, format!("shape {shape:?} has too many elements"))),
+fn check_len(op: &'static str, len: usize, shape: &[usize], dtype: DType) -> Result<()> {
+    let n = checked_size(op, shape, dtype)?;
+    if n != len {
+        return Err(Error::shape(op, format!("{len} values do not fill shape {shape:?} ({n} elements)")));
     }
+    Ok(())
 }
 
 /// Wraps host data, placing it on the target stream's device (a lazy copy when that is
@@ -30,7 +30,7 @@ fn from_host(storage: Storage) -> Result<Array> {
 impl Array {
     /// An array holding a copy of `data` with `shape` (row-major).
     pub fn from_slice<T: Element>(data: &[T], shape: &[usize]) -> Result<Array> {
-        check_len("from_slice", data.len(), shape)?;
+        check_len("from_slice", data.len(), shape, T::DTYPE)?;
         let buf = CpuBuffer::from_slice(data)?;
         from_host(Storage::contiguous(Buffer::Cpu(buf), T::DTYPE, shape))
     }
@@ -40,7 +40,7 @@ impl Array {
     }
     /// A bool array from Rust bools.
     pub fn from_bools(data: &[bool], shape: &[usize]) -> Result<Array> {
-        check_len("from_bools", data.len(), shape)?;
+        check_len("from_bools", data.len(), shape, DType::Bool)?;
         let bytes: Vec<u8> = data.iter().map(|&b| b as u8).collect();
         let buf = CpuBuffer::from_slice(&bytes)?;
         from_host(Storage::contiguous(Buffer::Cpu(buf), DType::Bool, shape))
@@ -52,8 +52,7 @@ impl Array {
     }
     /// An array of `shape` filled with `value`, of `dtype`.
     pub fn full(shape: &[usize], value: impl Into<Scalar>, dtype: DType) -> Result<Array> {
-        let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).unwrap_or(usize::MAX);
-        check_len("full", n, shape)?;
+        checked_size("full", shape, dtype)?;
         let stream = target_stream(&[])?;
         let value = value.into().as_f64();
         Ok(Array::from_op(Primitive::Full { value }, Vec::new(), shape.to_vec(), dtype, stream))
@@ -106,6 +105,7 @@ impl Array {
             return Err(Error::invalid("arange", format!("arange({start}, {stop}, {step}) is too long")));
         }
         let n = len.max(0.0) as usize;
+        checked_size("arange", &[n], dtype)?;
         let stream = target_stream(&[])?;
         Ok(Array::from_op(Primitive::Arange { start, step }, Vec::new(), vec![n], dtype, stream))
     }
@@ -119,6 +119,7 @@ impl Array {
         if !(start.is_finite() && stop.is_finite()) {
             return Err(Error::invalid("linspace", format!("start {start} and stop {stop} must be finite")));
         }
+        checked_size("linspace", &[num], dtype)?;
         let stream = target_stream(&[])?;
         if num <= 1 {
             return Ok(Array::from_op(Primitive::Full { value: start }, Vec::new(), vec![num], dtype, stream));
@@ -134,7 +135,7 @@ impl Array {
     pub fn eye(n: usize, m: Option<usize>, k: isize, dtype: DType) -> Result<Array> {
         let m = m.unwrap_or(n);
         let shape = vec![n, m];
-        check_len("eye", n.saturating_mul(m), &shape)?;
+        checked_size("eye", &shape, dtype)?;
         let stream = target_stream(&[])?;
         Ok(Array::from_op(Primitive::Eye { k }, Vec::new(), shape, dtype, stream))
     }

@@ -7,6 +7,7 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::{prepare, target_stream};
 use crate::primitives::Primitive;
+use crate::shape::checked_size;
 
 /// Records a node whose value is computed by `f` on the host, from its inputs' values
 /// (as f64, row-major). `f` runs in stream order, like any kernel: on the runtime's
@@ -19,6 +20,7 @@ pub fn custom<F>(name: &'static str, inputs: &[&Array], shape: &[usize], dtype: 
 where
     F: Fn(&[Vec<f64>]) -> Result<Vec<f64>> + Send + Sync + 'static,
 {
+    checked_size(name, shape, dtype)?;
     let stream = target_stream(inputs)?;
     let ins: Vec<Array> = inputs.iter().map(|a| prepare(a, a.dtype(), &stream)).collect();
     Ok(Array::from_op(Primitive::Host { name, f: Arc::new(f) }, ins, shape.to_vec(), dtype, stream))

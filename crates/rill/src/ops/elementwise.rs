@@ -14,7 +14,7 @@ use crate::ops::{IntoOperand, Operand, on_device, prepare, scalar_on, target_str
 use crate::primitives::{BinaryOp, Primitive, UnaryOp};
 use crate::runtime::device::Device;
 use crate::runtime::stream::Stream;
-use crate::shape::{Dims, broadcast_shapes};
+use crate::shape::{Dims, broadcast_shapes, checked_size};
 use smallvec::smallvec;
 
 /// A weakly typed Rust scalar as a 0-d operand of `dtype` on `stream`.
@@ -55,6 +55,7 @@ fn unary(x: &Array, op: UnaryOp) -> Result<Array> {
     } else {
         x.dtype()
     };
+    checked_size(op.name(), x.shape(), dtype)?;
     let input = if op == UnaryOp::LogicalNot { prepare(x, x.dtype(), &stream) } else { prepare(x, dtype, &stream) };
     Ok(Array::from_op(Primitive::Unary(op), smallvec![input], Dims::from_slice(x.shape()), dtype, stream))
 }
@@ -85,6 +86,12 @@ fn binary(a: &Array, b: Operand, op: BinaryOp) -> Result<Array> {
         _ => (op, dtype),
     };
     let out_dtype = if op.is_predicate() { DType::Bool } else { compute };
+    // The output, and the operands converted to the compute dtype (wider than a bool output).
+    checked_size(name, &shape, out_dtype)?;
+    checked_size(name, a.shape(), compute)?;
+    if let Some(b) = b_arr {
+        checked_size(name, b.shape(), compute)?;
+    }
     let lhs = prepare(a, compute, &stream);
     let rhs = match b {
         Operand::Array(b) => prepare(&b, compute, &stream),
@@ -195,6 +202,7 @@ impl Array {
     /// Converts to `dtype` (floats to integers truncate toward zero and saturate; any
     /// nonzero value becomes `true`).
     pub fn astype(&self, dtype: DType) -> Result<Array> {
+        checked_size("astype", self.shape(), dtype)?;
         let stream = target_stream(&[self])?;
         let x = crate::ops::on_device(self, &stream);
         Ok(Array::from_op(Primitive::Cast, smallvec![x], Dims::from_slice(self.shape()), dtype, stream))
@@ -218,6 +226,8 @@ pub fn where_(cond: &Array, x: impl IntoOperand, y: impl IntoOperand) -> Result<
             shape = broadcast_shapes("where", &shape, a.shape())?;
         }
     }
+    // The operands' conversions are no larger than the output.
+    checked_size("where", &shape, dtype)?;
     let stream = target_stream(&[cond])?;
     let c = prepare(cond, DType::Bool, &stream);
     let conv = |o: Operand| match o {

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::ops::reduce::reshape_node;
 use crate::ops::{prepare, target_stream};
 use crate::primitives::Primitive;
-use crate::shape::broadcast_shapes;
+use crate::shape::{broadcast_shapes, checked_size};
 
 impl Array {
     /// Matrix product `self @ other` with NumPy semantics (see the module docs):
@@ -43,21 +43,22 @@ impl Array {
                 ),
             ));
         }
-        let batch = broadcast_shapes("matmul", &a_shape[..na - 2], &b_shape[..nb - 2]).map_err(|_| {
-            Error::shape(
-                "matmul",
-                format!(
-                    "batch dimensions of shapes {sa:?} and {sb:?} cannot be broadcast together ({:?} vs {:?})",
-                    &a_shape[..na - 2],
-                    &b_shape[..nb - 2]
-                ),
-            )
+        let batch = broadcast_shapes("matmul", &a_shape[..na - 2], &b_shape[..nb - 2]).map_err(|e| match e {
+            // Batch axes that do not broadcast, or whose broadcast is too large.
+            Error::Shape { msg, .. } => {
+                Error::shape("matmul", format!("batch dimensions of shapes {sa:?} and {sb:?}: {msg}"))
+            }
+            e => e,
         })?;
         let stream = target_stream(&[self, other])?;
         let dtype = match promote(self.dtype(), other.dtype()) {
             DType::Bool => DType::I32,
             d => d,
         };
+        let with = |mat: [usize; 2]| [batch.as_slice(), &mat].concat();
+        for s in [with([m, k]), with([k, n]), with([m, n])] {
+            checked_size("matmul", &s, dtype)?;
+        }
         let fit = |x: &Array, shape: Vec<usize>, mat: [usize; 2]| {
             let x = reshape_node(prepare(x, dtype, &stream), shape, &stream);
             let mut full = batch.clone();

@@ -14,7 +14,7 @@ use crate::array::Array;
 use crate::error::{Error, Result};
 use crate::ops::{on_device, target_stream};
 use crate::primitives::Primitive;
-use crate::shape::{normalize_axes, normalize_axis, numel};
+use crate::shape::{checked_size, normalize_axes, normalize_axis, numel};
 
 /// One axis of [`Array::slice`]: NumPy's `start:stop:step`.
 ///
@@ -155,6 +155,8 @@ impl Array {
     /// dimension is negative other than `-1`, or `-1` appears twice or cannot be inferred.
     pub fn reshape(&self, shape: &[isize]) -> Result<Array> {
         let new = infer_shape(self.shape(), shape)?;
+        // Same count, but an empty array's other axes may still be too large.
+        checked_size("reshape", &new, self.dtype())?;
         view(self, Primitive::Reshape, new)
     }
     /// A 1-d view of all the elements in row-major order (a 0-d array becomes shape `[1]`).
@@ -222,10 +224,7 @@ impl Array {
         if !ok {
             return Err(Error::shape("broadcast_to", format!("cannot broadcast shape {src:?} to shape {shape:?}")));
         }
-        shape
-            .iter()
-            .try_fold(1usize, |a, &d| a.checked_mul(d))
-            .ok_or_else(|| Error::shape("broadcast_to", format!("shape {shape:?} has too many elements")))?;
+        checked_size("broadcast_to", shape, self.dtype())?;
         view(self, Primitive::BroadcastTo, shape.to_vec())
     }
     /// A strided view, NumPy's `x[a:b:c, ...]`: one [`SliceArg`] per leading axis (axes

@@ -9,7 +9,7 @@ use crate::array::Array;
 use crate::error::{Error, Result};
 use crate::ops::{prepare, target_stream};
 use crate::primitives::Primitive;
-use crate::shape::normalize_axis;
+use crate::shape::{checked_size, normalize_axis};
 
 impl Array {
     /// `exp(x) / sum(exp(x))` along `axis`, computed stably (the row maximum is
@@ -46,6 +46,7 @@ fn softmax(x: &Array, axis: isize, log: bool, name: &'static str) -> Result<Arra
     let ax = normalize_axis(name, axis, x.ndim())?;
     let stream = target_stream(&[x])?;
     let dtype = x.dtype().to_float();
+    checked_size(name, x.shape(), dtype)?;
     let input = prepare(x, dtype, &stream);
     Ok(Array::from_op(Primitive::Softmax { axis: ax, log }, vec![input], x.shape().to_vec(), dtype, stream))
 }
@@ -78,6 +79,7 @@ fn norm_inputs(
     }
     let stream = target_stream(&[x])?;
     let dtype = x.dtype().to_float();
+    checked_size(name, x.shape(), dtype)?;
     let inputs = cols.iter().flatten().map(|c| prepare(c, dtype, &stream)).collect();
     Ok((stream, dtype, inputs))
 }

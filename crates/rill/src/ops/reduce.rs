@@ -20,7 +20,7 @@ use crate::ops::elementwise::where_;
 use crate::ops::{on_device, prepare, target_stream};
 use crate::primitives::{ArgReduceOp, Primitive, ReduceOp};
 use crate::runtime::stream::Stream;
-use crate::shape::{normalize_axes, normalize_axis};
+use crate::shape::{checked_size, normalize_axes, normalize_axis};
 
 /// Resolves the axes of a reduction (empty = all).
 fn resolve_axes(op: &'static str, x: &Array, axes: &[isize]) -> Result<Vec<usize>> {
@@ -64,12 +64,23 @@ pub(crate) fn reshape_node(x: Array, shape: Vec<usize>, stream: &Stream) -> Arra
 /// Records `Reduce` of `x` converted to `dtype`, then removes the reduced axes unless
 /// `keepdims`.
 fn reduce_node(x: &Array, op: ReduceOp, axes: Vec<usize>, keepdims: bool, dtype: DType) -> Result<Array> {
+    // The converted input is the largest node recorded.
+    checked_size(reduce_name(op), x.shape(), dtype)?;
     let stream = target_stream(&[x])?;
     let input = prepare(x, dtype, &stream);
     let kept = reduced_shape(x.shape(), &axes, true);
     let out_shape = reduced_shape(x.shape(), &axes, keepdims);
     let r = Array::from_op(Primitive::Reduce { op, axes }, vec![input], kept, dtype, stream.clone());
     Ok(reshape_node(r, out_shape, &stream))
+}
+
+fn reduce_name(op: ReduceOp) -> &'static str {
+    match op {
+        ReduceOp::Sum => "sum",
+        ReduceOp::Prod => "prod",
+        ReduceOp::Max => "max",
+        ReduceOp::Min => "min",
+    }
 }
 
 /// The dtype sums and products accumulate in: bool gives i32, u8 gives u32.
@@ -148,6 +159,7 @@ impl Array {
         let axes = resolve_axes("var", self, axes)?;
         let (cd, od) = float_dtypes(self.dtype());
         let n = reduced_count(self.shape(), &axes);
+        checked_size("var", self.shape(), cd)?;
         let stream = target_stream(&[self])?;
         let x = prepare(self, cd, &stream);
         let m = reduce_node(&x, ReduceOp::Sum, axes.clone(), true, cd)?.div(n as f64)?;
@@ -161,6 +173,7 @@ impl Array {
     pub fn logsumexp(&self, axes: &[isize], keepdims: bool) -> Result<Array> {
         let axes = resolve_axes("logsumexp", self, axes)?;
         let (cd, od) = float_dtypes(self.dtype());
+        checked_size("logsumexp", self.shape(), cd)?;
         let stream = target_stream(&[self])?;
         if reduced_count(self.shape(), &axes) == 0 {
             let shape = reduced_shape(self.shape(), &axes, keepdims);
@@ -196,6 +209,7 @@ impl Array {
         let stream = target_stream(&[self])?;
         let x = on_device(self, &stream);
         let kept = reduced_shape(self.shape(), &[ax], true);
+        checked_size(name, &kept, DType::I64)?;
         let r = Array::from_op(Primitive::ArgReduce { op, axis: ax }, vec![x], kept, DType::I64, stream.clone());
         Ok(reshape_node(r, reduced_shape(self.shape(), &[ax], keepdims), &stream))
     }
@@ -209,6 +223,7 @@ impl Array {
         let ax = normalize_axis("cumsum", axis, self.ndim())?;
         let stream = target_stream(&[self])?;
         let dtype = sum_dtype(self.dtype());
+        checked_size("cumsum", self.shape(), dtype)?;
         let x = prepare(self, dtype, &stream);
         let prim = Primitive::Cumsum { axis: ax, reverse, exclusive };
         Ok(Array::from_op(prim, vec![x], self.shape().to_vec(), dtype, stream))

@@ -5,15 +5,7 @@ use crate::dtype::{Scalar, promote};
 use crate::error::{Error, Result};
 use crate::ops::{on_device, prepare, target_stream};
 use crate::primitives::Primitive;
-use crate::shape::normalize_axis;
-
-/// Fails when `shape` has more elements than a `usize` counts.
-fn check_numel(op: &'static str, shape: &[usize]) -> Result<()> {
-    match shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) {
-        Some(_) => Ok(()),
-        None => Err(Error::shape(op, format!("shape {shape:?} has too many elements"))),
-    }
-}
+use crate::shape::{checked_size, normalize_axis};
 
 impl Array {
     /// Gathers along `axis` with integer `indices` (NumPy's `take`): the result has shape
@@ -31,7 +23,7 @@ impl Array {
         let mut shape = self.shape()[..ax].to_vec();
         shape.extend_from_slice(indices.shape());
         shape.extend_from_slice(&self.shape()[ax + 1..]);
-        check_numel("take", &shape)?;
+        checked_size("take", &shape, self.dtype())?;
         let stream = target_stream(&[self, indices])?;
         let inputs = vec![on_device(self, &stream), on_device(indices, &stream)];
         Ok(Array::from_op(Primitive::Take { axis: ax }, inputs, shape, self.dtype(), stream))
@@ -88,7 +80,7 @@ impl Array {
             let s = d.checked_add(b).and_then(|s| s.checked_add(a));
             shape.push(s.ok_or_else(|| Error::shape("pad", format!("padding {widths:?} overflows")))?);
         }
-        check_numel("pad", &shape)?;
+        checked_size("pad", &shape, self.dtype())?;
         let stream = target_stream(&[self])?;
         let x = on_device(self, &stream);
         let value = value.into().as_f64();
@@ -117,7 +109,7 @@ pub fn concatenate(arrays: &[&Array], axis: isize) -> Result<Array> {
             .ok_or_else(|| Error::shape("concatenate", format!("shapes {} are too large", shapes())))?;
         dtype = promote(dtype, a.dtype());
     }
-    check_numel("concatenate", &shape)?;
+    checked_size("concatenate", &shape, dtype)?;
     let stream = target_stream(arrays)?;
     let inputs: Vec<Array> = arrays.iter().map(|a| prepare(a, dtype, &stream)).collect();
     Ok(Array::from_op(Primitive::Concatenate { axis: ax }, inputs, shape, dtype, stream))
