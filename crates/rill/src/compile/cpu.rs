@@ -7,10 +7,9 @@
 //! strided input; the last register is converted into the output buffer.
 
 use half::{bf16, f16};
-use rayon::prelude::*;
 
 use crate::backend::cpu::elementwise::{each_unary, unary_f32, unary_f64};
-use crate::backend::cpu::{CpuBuffer, reduce, strided};
+use crate::backend::cpu::{CpuBuffer, par, reduce, strided};
 use crate::backend::{Buffer, Storage};
 use crate::compile::ir::{FusedProgram, Inst, wide_lane};
 use crate::dtype::{DType, Element};
@@ -37,13 +36,7 @@ pub(crate) fn eval_fused(p: &FusedProgram, inputs: &[Storage], shape: &[usize], 
     }
     crate::with_dtype!(dtype, O => {
         let out = buf.typed_mut::<O>();
-        let run = |regs: &mut Vec<Lane>, (c, o): (usize, &mut [O])| run_chunk(p, inputs, &layouts, c * CHUNK, o, regs);
-        if n <= CHUNK {
-            let mut regs = scratch(p);
-            run(&mut regs, (0, out));
-        } else {
-            out.par_chunks_mut(CHUNK).enumerate().for_each_init(|| scratch(p), run);
-        }
+        par::chunks_init(out, CHUNK, || scratch(p), |regs, c, o| run_chunk(p, inputs, &layouts, c * CHUNK, o, regs));
     });
     Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape))
 }

@@ -2,13 +2,17 @@
 //!
 //! Owner: the runtime (this module's `POOL`). Threads: `RILL_CPU_THREADS` or the number of
 //! cores, started once on first CPU use, never more. Stream batches are jobs on this pool,
-//! and large kernels split their work across the same threads (rayon), so the thread count
-//! never grows with the number of streams, user threads or tasks.
+//! and large kernels split their work across the same threads (`backend/cpu/par.rs`, the
+//! one other module allowed to use rayon), so the thread count never grows with the
+//! number of streams, user threads or tasks, and no other pool is ever started.
 //!
 //! Shutdown (`stop`): 1. take the pool out of `POOL` so no new job is spawned; 2. drop it,
 //! which tells idle workers to exit; 3. wait, with a bound, until the live count is zero.
 //! A worker stuck in a long kernel past the bound is left to finish on its own.
 
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+
+use std::cell::Cell;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
@@ -22,6 +26,12 @@ static BOOTED: Mutex<usize> = Mutex::new(0);
 static BOOTED_CV: Condvar = Condvar::new();
 static EXITED_CV: Condvar = Condvar::new();
 static SIZE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+thread_local! {
+    /// Set on the pool's own threads when they start. Rayon's `current_thread_index` is
+    /// set on the threads of every rayon pool, a user's own included, which are not rill's.
+    static ON_POOL: Cell<bool> = const { Cell::new(false) };
+}
 
 /// Number of worker threads the pool has (or will have).
 pub fn num_threads() -> usize {
@@ -51,6 +61,7 @@ pub(crate) fn ensure_started() {
         .num_threads(n)
         .thread_name(|i| format!("rill-cpu-{i}"))
         .start_handler(|_| {
+            ON_POOL.set(true);
             stats::THREADS_LIVE.fetch_add(1, Relaxed);
             stats::THREADS_STARTED.fetch_add(1, Relaxed);
             *BOOTED.lock() += 1;
@@ -94,8 +105,8 @@ pub(crate) fn spawn(job: impl FnOnce() + Send + 'static) -> bool {
     }
 }
 
-/// Runs `f` inside the pool so that rayon's parallel iterators and gemm use its threads
-/// (and no others). Runs `f` on the calling thread when the pool is stopped.
+/// Runs `f` inside the pool, so that its parallel loops (`backend/cpu/par.rs`) split
+/// across the pool's threads. Runs `f` on the calling thread when the pool is stopped.
 #[allow(dead_code)]
 pub(crate) fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     if on_pool_thread() {
@@ -126,7 +137,7 @@ fn handle() -> Option<std::sync::Arc<rayon::ThreadPool>> {
 
 /// True on one of the pool's threads.
 pub(crate) fn on_pool_thread() -> bool {
-    rayon::current_thread_index().is_some()
+    ON_POOL.try_with(Cell::get).unwrap_or(false)
 }
 
 /// Stops the pool and waits up to `bound` for its threads to exit. Returns true when

@@ -3,9 +3,7 @@
 //! Values are computed in f64 and converted to the node dtype once (`as` semantics:
 //! integers truncate toward zero and saturate; bool is `value != 0`).
 
-use rayon::prelude::*;
-
-use crate::backend::cpu::{CpuBuffer, PAR_CHUNK};
+use crate::backend::cpu::{CpuBuffer, PAR_CHUNK, par};
 use crate::backend::{Buffer, Storage};
 use crate::dtype::{DType, Element};
 use crate::error::Result;
@@ -17,7 +15,7 @@ pub(crate) fn full(shape: &[usize], dtype: DType, value: f64) -> Result<Storage>
     let v = if dtype == DType::Bool { (value != 0.0) as u8 as f64 } else { value };
     crate::with_dtype!(dtype, T => {
         let fill = T::from_f64(v);
-        buf.typed_mut::<T>().par_chunks_mut(PAR_CHUNK).for_each(|c| c.fill(fill));
+        par::chunks(buf.typed_mut::<T>(), PAR_CHUNK, |_, c| c.fill(fill));
     });
     Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape))
 }
@@ -28,7 +26,7 @@ pub(crate) fn arange(shape: &[usize], dtype: DType, start: f64, step: f64) -> Re
     let mut buf = CpuBuffer::alloc(dtype, n)?;
     let bool_out = dtype == DType::Bool;
     crate::with_dtype!(dtype, T => {
-        buf.typed_mut::<T>().par_chunks_mut(PAR_CHUNK).enumerate().for_each(|(c, out)| {
+        par::chunks(buf.typed_mut::<T>(), PAR_CHUNK, |c, out| {
             for (j, o) in out.iter_mut().enumerate() {
                 let v = start + (c * PAR_CHUNK + j) as f64 * step;
                 *o = T::from_f64(if bool_out { (v != 0.0) as u8 as f64 } else { v });
@@ -44,7 +42,7 @@ pub(crate) fn eye(shape: &[usize], dtype: DType, k: isize) -> Result<Storage> {
     let mut buf = CpuBuffer::alloc(dtype, n * m)?;
     crate::with_dtype!(dtype, T => {
         let out = buf.typed_mut::<T>();
-        out.par_chunks_mut(PAR_CHUNK).for_each(|c| c.fill(T::zero()));
+        par::chunks(out, PAR_CHUNK, |_, c| c.fill(T::zero()));
         for i in 0..n {
             let j = (i as isize).saturating_add(k);
             if j >= 0 && (j as usize) < m {

@@ -6,9 +6,8 @@
 //! f16 and bf16 compute in f32; the other dtypes compute in their own type.
 
 use half::{bf16, f16};
-use rayon::prelude::*;
 
-use crate::backend::cpu::{CpuBuffer, PAR_CHUNK, strided};
+use crate::backend::cpu::{CpuBuffer, PAR_CHUNK, par, strided};
 use crate::backend::{Buffer, Storage};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
@@ -28,9 +27,7 @@ fn par_rows<O: Send>(out: &mut [O], shape: &[usize], body: impl Fn(&mut [O], usi
     }
     let row = n / shape[0];
     let rows_per = PAR_CHUNK.div_ceil(row).max(1);
-    out.par_chunks_mut(rows_per * row).enumerate().for_each(|(i, chunk)| {
-        body(chunk, i * rows_per, chunk.len() / row);
-    });
+    par::chunks(out, rows_per * row, |i, chunk| body(chunk, i * rows_per, chunk.len() / row));
 }
 
 /// The sub-layout of rows `[r0, r0 + rows)` along axis 0 of `l`; a scalar layout (the one
@@ -57,7 +54,7 @@ pub(crate) fn map1<A: Element, O: Element, F: Fn(A) -> O + Sync>(
     let out = buf.typed_mut::<O>();
     if la.is_contiguous() {
         let src = &src[la.offset..la.offset + n];
-        out.par_chunks_mut(PAR_CHUNK).zip(src.par_chunks(PAR_CHUNK)).for_each(|(o, s)| {
+        par::zip(out, PAR_CHUNK, src, PAR_CHUNK, |o, s| {
             for (o, &x) in o.iter_mut().zip(s) {
                 *o = f(x);
             }
@@ -93,7 +90,7 @@ pub(crate) fn map2<A: Element, B: Element, O: Element, F: Fn(A, B) -> O + Sync>(
     if la.is_contiguous() && lb.is_contiguous() {
         let sa = &sa[la.offset..la.offset + n];
         let sb = &sb[lb.offset..lb.offset + n];
-        out.par_chunks_mut(PAR_CHUNK).enumerate().for_each(|(c, o)| {
+        par::chunks(out, PAR_CHUNK, |c, o| {
             let start = c * PAR_CHUNK;
             let (xa, xb) = (&sa[start..start + o.len()], &sb[start..start + o.len()]);
             for i in 0..o.len() {

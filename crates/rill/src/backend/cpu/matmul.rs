@@ -5,12 +5,12 @@
 //! column strides, so transposed views need no copy; inputs with zero or negative strides
 //! inside a matrix are made contiguous first. f32, f64 and f16 use `gemm` directly; bf16
 //! converts to f32 and back; integers use a plain loop with wrapping i64 accumulation.
-//! Many small matrices run one per task; large ones use `gemm`'s own rayon parallelism.
+//! Many small matrices run one per task; a large one is split by `gemm` across the pool's
+//! threads (`par::gemm_parallelism`: on a pool thread only).
 
 use half::{bf16, f16};
-use rayon::prelude::*;
 
-use crate::backend::cpu::{CpuBuffer, movement, strided};
+use crate::backend::cpu::{CpuBuffer, movement, par, strided};
 use crate::backend::{Buffer, Storage};
 use crate::dtype::{DType, Element};
 use crate::error::Result;
@@ -115,7 +115,6 @@ fn gemm_batches<T: Element>(a: &Storage, b: &Storage, d: Dims, out: &mut [T], ze
         out.fill(zero);
         return;
     }
-    let threads = crate::runtime::pool::num_threads();
     let small = d.m * d.n * d.k < 48 * 48 * 48;
     let one_batch = |i: usize, o: &mut [T], par: gemm::Parallelism| {
         // SAFETY: `o` holds the m x n output with row stride n; the operand offsets and
@@ -146,11 +145,11 @@ fn gemm_batches<T: Element>(a: &Storage, b: &Storage, d: Dims, out: &mut [T], ze
         }
     };
     if small && oa.offsets.len() > 1 {
-        out.par_chunks_mut(mn).enumerate().for_each(|(i, o)| one_batch(i, o, gemm::Parallelism::None));
+        par::chunks(out, mn, |i, o| one_batch(i, o, gemm::Parallelism::None));
     } else {
-        let par = if small || threads == 1 { gemm::Parallelism::None } else { gemm::Parallelism::Rayon(threads) };
+        let threads = par::gemm_parallelism(!small);
         for (i, o) in out.chunks_mut(mn).enumerate() {
-            one_batch(i, o, par);
+            one_batch(i, o, threads);
         }
     }
 }
@@ -160,7 +159,7 @@ fn int_batches<T: Element>(a: &Storage, b: &Storage, d: Dims, out: &mut [T]) {
     let (sa, sb) = (strided::buffer::<T>(a), strided::buffer::<T>(b));
     let at =
         |base: usize, i: usize, j: usize, o: &Operand| (base as isize + i as isize * o.rs + j as isize * o.cs) as usize;
-    out.par_chunks_mut(d.n.max(1)).enumerate().for_each(|(row, o)| {
+    par::chunks(out, d.n.max(1), |row, o| {
         let (batch, i) = (row / d.m, row % d.m);
         let mut acc = vec![0i64; d.n];
         for p in 0..d.k {

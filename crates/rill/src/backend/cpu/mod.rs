@@ -1,7 +1,7 @@
 //! The CPU backend: one kernel per primitive, dispatched by an exhaustive `match`.
 //!
 //! Kernels run on the runtime's worker pool (see `runtime/pool.rs`); large ones split
-//! their work across the same pool with rayon, never on threads of their own. Outputs are
+//! their work across the same pool through `par.rs`, never on threads of their own. Outputs are
 //! always new contiguous buffers, except for views, which share their input's buffer.
 //! Kernels receive inputs already converted by the ops layer: elementwise inputs share
 //! the output dtype (predicates output bool), reductions keep their input dtype.
@@ -12,6 +12,7 @@ pub(crate) mod elementwise;
 pub(crate) mod matmul;
 pub(crate) mod movement;
 pub(crate) mod nn;
+pub(crate) mod par;
 pub(crate) mod random;
 pub(crate) mod reduce;
 pub(crate) mod strided;

@@ -5,9 +5,7 @@
 //! broadcast, reversed) with `strided::gather`. Work is split across the worker pool over
 //! output rows.
 
-use rayon::prelude::*;
-
-use crate::backend::cpu::{CpuBuffer, PAR_CHUNK, strided};
+use crate::backend::cpu::{CpuBuffer, PAR_CHUNK, par, strided};
 use crate::backend::{Buffer, Storage};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
@@ -109,7 +107,7 @@ pub(crate) fn take(x: &Storage, idx: &Storage, axis: usize, shape: &[usize]) -> 
         let nidx = pos.len();
         crate::with_dtype!(dtype, T => {
             let src = strided::buffer::<T>(x);
-            buf.typed_mut::<T>().par_chunks_mut(inner).with_min_len(min_rows(inner)).enumerate().for_each(|(r, o)| {
+            par::chunks_min(buf.typed_mut::<T>(), inner, min_rows(inner), |r, o| {
                 let base = bases[r / nidx] as isize + pos[r % nidx] * stride;
                 copy_block(src, &sub(base as usize), o);
             });
@@ -139,7 +137,7 @@ pub(crate) fn concatenate(xs: &[Storage], axis: usize, shape: &[usize]) -> Resul
             })
             .collect();
         crate::with_dtype!(dtype, T => {
-            buf.typed_mut::<T>().par_chunks_mut(row).with_min_len(min_rows(row)).enumerate().for_each(|(r, o)| {
+            par::chunks_min(buf.typed_mut::<T>(), row, min_rows(row), |r, o| {
                 for (x, (bases, width, at)) in xs.iter().zip(&parts) {
                     if *width == 0 {
                         continue;
@@ -169,7 +167,7 @@ pub(crate) fn pad(x: &Storage, widths: &[(usize, usize)], value: f64, shape: &[u
     crate::with_dtype!(dtype, T => {
         let out = buf.typed_mut::<T>();
         let fill = T::from_f64(v);
-        out.par_chunks_mut(PAR_CHUNK).for_each(|c| c.fill(fill));
+        par::chunks(out, PAR_CHUNK, |_, c| c.fill(fill));
         let src = strided::buffer::<T>(x);
         let l = &x.layout;
         strided::walk(&l.shape, [&l.strides, &out_strides], [l.offset, interior], |[bi, bo], len, [si, so]| {

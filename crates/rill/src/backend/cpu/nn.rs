@@ -7,10 +7,9 @@
 //! scatters the result back.
 
 use half::{bf16, f16};
-use rayon::prelude::*;
 
 use crate::backend::cpu::reduce::acc::{Acc, Reducible};
-use crate::backend::cpu::{CpuBuffer, PAR_CHUNK, strided};
+use crate::backend::cpu::{CpuBuffer, PAR_CHUNK, par, strided};
 use crate::backend::{Buffer, Storage};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
@@ -98,7 +97,7 @@ fn par_row_map<T: Send + Sync, F: Fn(&[T], &mut [T]) + Sync>(x: &[T], out: &mut 
     }
     let rows_per = if x.len() >= 2 * PAR_CHUNK { PAR_CHUNK.div_ceil(d).max(1) } else { x.len() / d };
     let chunk = (rows_per * d).max(d);
-    out.par_chunks_mut(chunk).zip(x.par_chunks(chunk)).for_each(|(os, xs)| {
+    par::zip(out, chunk, x, chunk, |os, xs| {
         for (xr, or) in xs.chunks_exact(d).zip(os.chunks_exact_mut(d)) {
             f(xr, or);
         }

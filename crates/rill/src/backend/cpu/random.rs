@@ -17,9 +17,7 @@
 //!   `z = sqrt(-2 ln(1 - u1)) * cos(2π u2)`, value `dtype(mean + std * z)`.
 //! * Bernoulli: `u53(block(i)) < p`.
 
-use rayon::prelude::*;
-
-use crate::backend::cpu::{CpuBuffer, PAR_CHUNK};
+use crate::backend::cpu::{CpuBuffer, PAR_CHUNK, par};
 use crate::backend::{Buffer, Storage};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
@@ -96,7 +94,7 @@ pub(crate) fn next_down(dtype: DType, x: f64) -> f64 {
 
 /// Fills `out` with `f(i)` for every element index `i`, in parallel chunks.
 fn fill<T: Element>(out: &mut [T], f: impl Fn(u64) -> T + Sync) {
-    out.par_chunks_mut(PAR_CHUNK).enumerate().for_each(|(c, o)| {
+    par::chunks(out, PAR_CHUNK, |c, o| {
         let base = (c * PAR_CHUNK) as u64;
         for (j, v) in o.iter_mut().enumerate() {
             *v = f(base + j as u64);

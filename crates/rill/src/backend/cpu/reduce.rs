@@ -15,9 +15,7 @@
 pub(crate) mod acc;
 mod scan;
 
-use rayon::prelude::*;
-
-use crate::backend::cpu::{CpuBuffer, PAR_CHUNK, strided};
+use crate::backend::cpu::{CpuBuffer, PAR_CHUNK, par, strided};
 use crate::backend::{Buffer, Storage};
 use crate::dtype::{DType, Element};
 use crate::error::Result;
@@ -150,18 +148,15 @@ fn blocks<T: Reducible, C: Combine<T::A>, S: Source<T> + ?Sized>(
     if inner == 1 {
         if outer == 1 && total >= 2 * PAR_CHUNK {
             // One long row: partial results of blocks, combined in order.
-            let parts: Vec<T::A> = (0..total.div_ceil(PAR_CHUNK))
-                .into_par_iter()
-                .map(|c| {
-                    let s = c * PAR_CHUNK;
-                    src.with(s, PAR_CHUNK.min(total - s), reduce_row::<T, C>)
-                })
-                .collect();
+            let parts: Vec<T::A> = par::map(total.div_ceil(PAR_CHUNK), |c| {
+                let s = c * PAR_CHUNK;
+                src.with(s, PAR_CHUNK.min(total - s), reduce_row::<T, C>)
+            });
             out[0] = T::down(parts.into_iter().fold(C::init(), C::f));
             return;
         }
         let rows_per = if total >= 2 * PAR_CHUNK { PAR_CHUNK.div_ceil(red).max(1) } else { outer };
-        out.par_chunks_mut(rows_per).enumerate().for_each(|(c, o)| {
+        par::chunks(out, rows_per, |c, o| {
             src.with(c * rows_per * red, o.len() * red, |xs| {
                 for (o, row) in o.iter_mut().zip(xs.chunks_exact(red)) {
                     *o = T::down(reduce_row::<T, C>(row));
@@ -195,7 +190,7 @@ fn blocks<T: Reducible, C: Combine<T::A>, S: Source<T> + ?Sized>(
     } else if outer >= 2 * crate::runtime::pool::num_threads() || inner >= PAR_CHUNK {
         // Enough independent slabs (or wide rows): one task per group of slabs.
         let per = PAR_CHUNK.div_ceil(slab).max(1);
-        out.par_chunks_mut(per * inner).enumerate().for_each(|(c, o)| {
+        par::chunks(out, per * inner, |c, o| {
             for (k, o) in o.chunks_exact_mut(inner).enumerate() {
                 fold_slab(c * per + k, o);
             }
@@ -205,15 +200,12 @@ fn blocks<T: Reducible, C: Combine<T::A>, S: Source<T> + ?Sized>(
         // parallel, then combine the partials in order (a parallel `reduce` would combine
         // them in an order that depends on work stealing, and float sums would vary).
         for (k, o) in out.chunks_exact_mut(inner).enumerate() {
-            let parts: Vec<Vec<T::A>> = (0..red.div_ceil(rows_per_piece))
-                .into_par_iter()
-                .map(|p| {
-                    let mut acc = vec![C::init(); inner];
-                    let r0 = p * rows_per_piece;
-                    fold_rows(k * slab + r0 * inner, rows_per_piece.min(red - r0), &mut acc);
-                    acc
-                })
-                .collect();
+            let parts: Vec<Vec<T::A>> = par::map(red.div_ceil(rows_per_piece), |p| {
+                let mut acc = vec![C::init(); inner];
+                let r0 = p * rows_per_piece;
+                fold_rows(k * slab + r0 * inner, rows_per_piece.min(red - r0), &mut acc);
+                acc
+            });
             let mut acc = vec![C::init(); inner];
             for part in parts {
                 for (a, b) in acc.iter_mut().zip(part) {

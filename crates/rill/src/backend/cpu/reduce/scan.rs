@@ -1,9 +1,7 @@
 //! Arg-reductions and cumulative sums along one axis.
 
-use rayon::prelude::*;
-
 use crate::backend::cpu::reduce::acc::{Acc, Reducible};
-use crate::backend::cpu::{CpuBuffer, PAR_CHUNK, strided};
+use crate::backend::cpu::{CpuBuffer, PAR_CHUNK, par, strided};
 use crate::backend::{Buffer, Storage};
 use crate::dtype::DType;
 use crate::error::Result;
@@ -57,7 +55,7 @@ pub(crate) fn arg_reduce(op: ArgReduceOp, x: &Storage, axis: usize, shape: &[usi
         crate::with_dtype!(x.dtype, T => {
             let data = axis_last::<T>(x, axis);
             let rows_per = PAR_CHUNK.div_ceil(len).max(1);
-            out.par_chunks_mut(rows_per).zip(data.par_chunks(rows_per * len)).for_each(|(o, xs)| {
+            par::zip(out, rows_per, &data, rows_per * len, |o, xs| {
                 for (o, row) in o.iter_mut().zip(xs.chunks_exact(len)) {
                     *o = arg_row(row, max);
                 }
@@ -106,7 +104,7 @@ fn scan<T: Reducible>(x: &[T], out: &mut [T], shape: &[usize], axis: usize, reve
         }
     };
     let per = PAR_CHUNK.div_ceil(slab).max(1);
-    out.par_chunks_mut(per * slab).zip(x.par_chunks(per * slab)).for_each(|(os, xs)| {
+    par::zip(out, per * slab, x, per * slab, |os, xs| {
         for (xs, os) in xs.chunks_exact(slab).zip(os.chunks_exact_mut(slab)) {
             one(xs, os);
         }
