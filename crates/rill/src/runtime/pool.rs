@@ -1,10 +1,12 @@
 //! The CPU worker pool: a fixed number of OS threads shared by every stream.
 //!
 //! Owner: the runtime (this module's `POOL`). Threads: `RILL_CPU_THREADS` or the number of
-//! cores, started once on first CPU use, never more. Stream batches are jobs on this pool,
-//! and large kernels split their work across the same threads (`backend/cpu/par.rs`, the
-//! one other module allowed to use rayon), so the thread count never grows with the
-//! number of streams, user threads or tasks, and no other pool is ever started.
+//! cores, started once with the first job (the first evaluation, or a GPU's
+//! initialisation), never more; building ops and making streams start none. Stream
+//! batches are jobs on this pool, and large kernels split their work across the same
+//! threads (`backend/cpu/par.rs`, the one other module allowed to use rayon), so the
+//! thread count never grows with the number of streams, user threads or tasks, and no
+//! other pool is ever started.
 //!
 //! Shutdown (`stop`): 1. take the pool out of `POOL` so no new job is spawned; 2. drop it,
 //! which tells idle workers to exit; 3. wait, with a bound, until the live count is zero.
@@ -93,8 +95,10 @@ pub(crate) fn ensure_started() {
     }
 }
 
-/// Runs `job` on the pool. Returns false (and drops the job) when the pool is stopped.
+/// Runs `job` on the pool (started by the first job). Returns false (and drops the job)
+/// when the pool is stopped.
 pub(crate) fn spawn(job: impl FnOnce() + Send + 'static) -> bool {
+    ensure_started();
     let g = POOL.lock();
     match g.as_ref() {
         Some(p) => {

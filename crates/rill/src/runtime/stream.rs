@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 use crate::runtime::device::Device;
 use crate::runtime::registry::Registry;
 use crate::runtime::serial::Serial;
-use crate::runtime::{lifecycle, pool, stats};
+use crate::runtime::{lifecycle, stats};
 use crate::sync::{Arc, Condvar, Mutex, Weak};
 
 /// Most nodes a stream may hold queued before submitters wait (backpressure).
@@ -134,9 +134,8 @@ impl Stream {
         if device.is_gpu() {
             // Validates the ordinal and initialises the backend once.
             Device::gpu(device.ordinal())?;
-        } else {
-            pool::ensure_started();
         }
+        // A CPU stream starts no thread: the pool starts with the first job (`pool::spawn`).
         #[cfg(feature = "cuda")]
         let cuda = if device.is_gpu() { Some(crate::backend::cuda::new_stream(device.ordinal())?) } else { None };
         let inner = Arc::new(StreamInner {
