@@ -11,6 +11,7 @@ const NAMES: [&str; 4] = ["CUDA driver", "NVRTC", "cuBLAS", "cuBLASLt"];
 #[test]
 fn every_library_is_loaded_before_main_where_a_gpu_works() {
     let libs = backend_libraries();
+    println!("{libs:?}");
     assert_eq!(libs.iter().map(|l| l.name).collect::<Vec<_>>(), NAMES);
     // Read before anything probed a GPU: what the constructor did.
     let at_start = libs.iter().map(|l| l.state).collect::<Vec<_>>();
