@@ -26,7 +26,7 @@ fn every_library_is_loaded_before_main_where_a_gpu_works() {
     // The first products and compiles, long after: still nothing loaded later.
     let x = rill::Array::full(&[64, 64], 1.0, rill::DType::BF16).unwrap();
     let y = rill::with_stream(&common::gpu().unwrap().default_stream().unwrap(), || x.matmul(&x)).unwrap();
-    assert_eq!(y.to_vec::<f32>().unwrap()[0], 64.0);
+    assert_eq!(y.to_f64_vec().unwrap()[0], 64.0);
     assert_eq!(backend_libraries().iter().map(|l| l.state).collect::<Vec<_>>(), at_start);
 }
 

@@ -77,6 +77,18 @@ pub(crate) fn release_pass() -> Option<BackendPass> {
     if is_shutting_down() { None } else { enter_backend() }
 }
 
+/// A pass for a backend call that may be reached outside any held pass (an upload or a
+/// scalar made while an op is built, a kernel compiled on a pool thread): `Ok(None)` when
+/// this thread already holds one, else a new one, or `Err(Error::ShutDown)` once the gate
+/// is closed (the caller then makes no call).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn backend_pass() -> Result<Option<BackendPass>> {
+    if PASSES_HELD.with(std::cell::Cell::get) > 0 {
+        return Ok(None);
+    }
+    enter_backend().map(Some).ok_or(Error::ShutDown)
+}
+
 /// Called just before a call into a backend library (a launch, an event, an allocation,
 /// a copy, a product, a compile): counts it in `stats().backend_calls_after_shutdown` when
 /// the calling thread holds no pass and the gate is closed, that is, a call shutdown did

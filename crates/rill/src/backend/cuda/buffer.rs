@@ -62,6 +62,7 @@ impl CudaBuffer {
     /// A buffer of `bytes` on `cs`: from the stream's cache (whole, when a storage gave it
     /// back) or from the driver's pool.
     fn get(cs: &CudaStreamHandle, bytes: usize) -> Result<Got> {
+        let _pass = lifecycle::backend_pass()?;
         let oom = || Error::OutOfMemory { device: format!("gpu:{}", cs.dev.ordinal), bytes };
         let class = cache::class(bytes);
         let fresh = |n: usize| {
@@ -254,6 +255,8 @@ pub(crate) fn slab_scalar(cs: &CudaStreamHandle, dtype: DType, bits: u64, shape:
     }
     let key = (dtype, bits);
     let bits = bits.to_le_bytes();
+    // Also reached while an op is built, outside any batch.
+    let _pass = lifecycle::backend_pass()?;
     let mut g = cs.dev.scalars.lock();
     if let Some(s) = g.view(dtype, key.1, shape) {
         return Ok(Some(s));
@@ -318,6 +321,7 @@ pub(crate) fn upload(cs: &CudaStreamHandle, s: &Storage) -> Result<Storage> {
     let n = s.layout.numel();
     let start = s.layout.offset * size;
     let src = &cpu.bytes()[start..start + n * size];
+    let _pass = lifecycle::backend_pass()?;
     let buf = CudaBuffer::alloc(cs, n * size)?;
     if n > 0 {
         let _ = cs.dev.ctx.bind_to_thread();

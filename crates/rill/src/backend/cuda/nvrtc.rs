@@ -151,7 +151,8 @@ fn compile_inner(arch: &str, key: &str, src: &str) -> Result<Ptx> {
         }
         return Err(super::unsupported("compile", "NVRTC (libnvrtc) was not found"));
     }
-    crate::runtime::lifecycle::note_backend_call();
+    // Compiles run on pool threads, which hold no pass of their own.
+    let _pass = crate::runtime::lifecycle::backend_pass()?;
     let csrc = CString::new(with_grid_waits(src)?).map_err(|e| Error::backend("compile", e))?;
     // The program name only appears in NVRTC's messages: a short, printable prefix of the key.
     let short: String = key.chars().filter(|c| c.is_ascii_alphanumeric() || ":_|,".contains(*c)).take(48).collect();
