@@ -5,7 +5,8 @@
 //! run on the same stream. Each group is a tree rooted at a node that does not join (an
 //! output, a node with several users, or one consumed by a non-elementwise op); groups of
 //! two or more ops become a `Fused` node whose inputs are the group's external inputs.
-//! 0-d `Full` inputs are inlined as constants, and (outside shapeless mode) a
+//! 0-d `Full` inputs are inlined as constants (not the count fills of a shapeless tape,
+//! whose values each replay recomputes), and (outside shapeless mode) a
 //! `BroadcastTo` input is replaced by its source, since the fused kernel broadcasts.
 //!
 //! A group root (or a single elementwise node) whose only consumer is a `Reduce` on the
@@ -75,11 +76,12 @@ fn op_ok(tape: &Tape, i: usize) -> bool {
 pub(crate) fn fuse(tape: &mut Tape, absorb_views: bool) {
     let n = tape.nodes.len();
     let ok: Vec<bool> = (0..n).map(|i| op_ok(tape, i)).collect();
-    // Distinct consumers of each node; outputs count as a consumer of their own.
+    // Distinct consumers of each node; outputs count as a consumer of their own, and a
+    // rule reading a node's shape as a consumer (so the node stays in the tape).
     let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); n];
     for (c, node) in tape.nodes.iter().enumerate() {
-        for r in &node.inputs {
-            if let Ref::Node(i) = *r {
+        for r in node.inputs.iter().copied().chain(node.rule.iter().flat_map(|r| r.refs())) {
+            if let Ref::Node(i) = r {
                 if consumers[i].last() != Some(&c) {
                     consumers[i].push(c);
                 }
@@ -129,6 +131,7 @@ pub(crate) fn fuse(tape: &mut Tape, absorb_views: bool) {
                     shape: r.shape.clone(),
                     dtype: r.dtype,
                     stream: r.stream.clone(),
+                    rule: None,
                 };
                 replaced.insert(red, node);
                 continue;
@@ -148,6 +151,7 @@ pub(crate) fn fuse(tape: &mut Tape, absorb_views: bool) {
                 shape: r.shape.clone(),
                 dtype: r.dtype,
                 stream: r.stream.clone(),
+                rule: None,
             },
         );
     }
@@ -173,7 +177,10 @@ fn build_group(
         if let Ref::Node(i) = r {
             let node = &tape.nodes[i];
             match &node.prim {
-                Primitive::Full { value } if node.shape.is_empty() => return b.constant(*value, node.dtype),
+                // A count fill with a rule is recomputed per replay: it stays an input.
+                Primitive::Full { value } if node.shape.is_empty() && node.rule.is_none() => {
+                    return b.constant(*value, node.dtype);
+                }
                 Primitive::BroadcastTo if absorb_views && node.inputs.len() == 1 => {
                     let src = node.inputs[0];
                     if ref_dtype(tape, src) == node.dtype {

@@ -89,18 +89,33 @@
 //! **Shapeless mode** ([`compile_shapeless`]): the key has ranks instead of shapes; the
 //! tape traced for the first shapes is replayed for other shapes of the same ranks by
 //! re-deriving every node's shape from its inputs' (broadcasting, reductions, matmul,
-//! permutes, unary ops, ...). Tapes with an op whose shape is not a function of its
-//! inputs' shapes (reshape, broadcast_to, slice, pad, take, concatenate, arange, eye,
-//! random, non-scalar fills, host callbacks) cannot be replayed that way: for those,
-//! calls fall back to tracing once per exact shape. As in MLX and JAX, a function whose
-//! Rust code branches on input shapes is replayed with the branch taken at tracing time,
-//! and captured constants keep their shapes (new shapes must still broadcast with them,
-//! or the call returns the broadcast error).
+//! permutes, unary ops, ...). What ops compute from shapes while they build the graph
+//! is recomputed too, never kept from the trace: the counts `mean` and `var` divide by,
+//! the axes that reductions without `keepdims`, `squeeze`, `expand_dims` and 1-D
+//! matmuls remove or insert, and matmul's broadcast of its operands to their batch
+//! shape (a captured operand included): during a shapeless trace those ops note how
+//! each such node follows from shapes (`rules`), and each replay evaluates the notes
+//! for its shapes. New shapes the ops would reject (shapes that do not broadcast, a
+//! shape too large) give the op's error; shapes for which the ops would have built
+//! another graph (a matmul operand that needed no broadcast when traced, a maximum or
+//! an argmax over an axis that is now empty) are traced for those exact shapes instead.
+//! Tapes with an op whose shape is not a function of its inputs' shapes (reshape,
+//! broadcast_to, slice, pad, take, concatenate, arange, eye, random, fills of a shape,
+//! host callbacks), and tapes holding nodes replayed by a compiled function the traced
+//! function called (they hold numbers of that function's own trace), cannot be replayed
+//! that way: for those, calls fall back to tracing once per exact shape. As in MLX and
+//! JAX, the function's own Rust code runs only when tracing: a function that branches
+//! on input shapes or computes numbers from them is replayed with the branch taken and
+//! the numbers computed at tracing time, an op whose result the function does not
+//! return is not replayed (nor its shape errors), and captured constants keep their
+//! shapes (new shapes must still broadcast with them, or the call returns the broadcast
+//! error).
 
 pub(crate) mod cpu;
 pub(crate) mod cuda_src;
 mod fuse;
 pub(crate) mod ir;
+pub(crate) mod rules;
 pub(crate) mod shapes;
 mod simplify;
 mod trace;
@@ -301,8 +316,10 @@ impl Compiled {
                 return Ok(trace::replay(&e.tape, &inputs, None, &stream));
             }
             if e.polymorphic {
-                let node_shapes = shapes::node_shapes(&e.tape, &shapes)?;
-                return Ok(trace::replay(&e.tape, &inputs, Some(&node_shapes), &stream));
+                // `None`: the tape does not describe these shapes; they are traced below.
+                if let Some(plan) = shapes::plan(&e.tape, &shapes)? {
+                    return Ok(trace::replay(&e.tape, &inputs, Some(&plan), &stream));
+                }
             }
         }
         let key = key(ShapeKey::Exact(shapes));
@@ -377,9 +394,13 @@ impl Compiled {
         stream: &crate::runtime::stream::Stream,
         shapeless: bool,
     ) -> Result<Entry> {
-        let mut tape = trace::trace(&*self.inner.f, shapes, dtypes, statics, stream)?;
+        let mut tape = trace::trace(&*self.inner.f, shapes, dtypes, statics, stream, shapeless)?;
         simplify::simplify(&mut tape);
         let polymorphic = shapeless && shapes::is_polymorphic(&tape);
+        if !polymorphic {
+            // Replayed on the traced shapes only: count fills may be inlined as constants.
+            tape.nodes.iter_mut().for_each(|n| n.rule = None);
+        }
         if self.inner.options.fuse && fused_supported(stream.device()) {
             fuse::fuse(&mut tape, !polymorphic);
         }

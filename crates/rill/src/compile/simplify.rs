@@ -69,10 +69,14 @@ fn cse(tape: &mut Tape) {
     for i in 0..tape.nodes.len() {
         let inputs: Vec<Ref> = tape.nodes[i].inputs.iter().map(|&r| fix(r, &remap)).collect();
         tape.nodes[i].inputs = inputs.clone();
+        if let Some(rule) = &mut tape.nodes[i].rule {
+            rule.map_refs(|r| fix(r, &remap));
+        }
         let n = &tape.nodes[i];
         let key = (n.prim.name(), inputs, n.shape.clone(), n.dtype);
         let bucket = buckets.entry(key).or_default();
-        let same = |m: &TapeNode| same_op(&m.prim, &n.prim) && m.stream == n.stream;
+        // A count fill is not the literal of the same value: only one is recomputed.
+        let same = |m: &TapeNode| same_op(&m.prim, &n.prim) && m.stream == n.stream && m.rule == n.rule;
         match bucket.iter().find(|&&j| same(&tape.nodes[j])) {
             Some(&j) => remap.push(Ref::Node(j)),
             None => {
@@ -86,7 +90,8 @@ fn cse(tape: &mut Tape) {
     }
 }
 
-/// Removes nodes no output reaches, and captured constants nothing reads.
+/// Removes nodes no output reaches, and captured constants nothing reads. A node whose
+/// shape a live node's rule reads stays.
 pub(crate) fn dce(tape: &mut Tape) {
     let n = tape.nodes.len();
     let mut live = vec![false; n];
@@ -101,8 +106,9 @@ pub(crate) fn dce(tape: &mut Tape) {
     }
     for i in (0..n).rev() {
         if live[i] {
-            for r in &tape.nodes[i].inputs {
-                mark(r, &mut live, &mut live_const);
+            let node = &tape.nodes[i];
+            for r in node.inputs.iter().copied().chain(node.rule.iter().flat_map(|r| r.refs())) {
+                mark(&r, &mut live, &mut live_const);
             }
         }
     }
@@ -124,6 +130,9 @@ pub(crate) fn dce(tape: &mut Tape) {
     for (i, mut node) in std::mem::take(&mut tape.nodes).into_iter().enumerate() {
         if live[i] {
             node.inputs = node.inputs.iter().map(|&r| fix(r, &node_map)).collect();
+            if let Some(rule) = &mut node.rule {
+                rule.map_refs(|r| fix(r, &node_map));
+            }
             node_map[i] = nodes.len();
             nodes.push(node);
         }

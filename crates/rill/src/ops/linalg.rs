@@ -8,14 +8,30 @@
 //! - The inner dimensions must agree.
 //! - The dtype is `promote(a, b)`; bool operands are multiplied as i32 (the result is
 //!   i32, counting the true products), integers wrap on overflow.
+//!
+//! The reshapes of 1-D operands and the broadcasts to the batch shape are computed from
+//! the operands' shapes: during a shapeless trace they are noted (`compile::rules`), so a
+//! replay on other shapes recomputes them (a captured operand included).
 
 use crate::array::Array;
+use crate::compile::rules::{self, Note};
 use crate::dtype::{DType, promote};
 use crate::error::{Error, Result};
 use crate::ops::reduce::reshape_node;
 use crate::ops::{prepare, target_stream};
 use crate::primitives::Primitive;
+use crate::runtime::stream::Stream;
 use crate::shape::{broadcast_shapes, checked_size};
+
+/// A reshape of `x` to `shape` noted with `note` (when it is a new node).
+fn reshape_noted(x: Array, shape: Vec<usize>, note: Note, stream: &Stream) -> Array {
+    let id = x.id();
+    let y = reshape_node(x, shape, stream);
+    if y.id() != id {
+        rules::note(&y, note);
+    }
+    y
+}
 
 impl Array {
     /// Matrix product `self @ other` with NumPy semantics (see the module docs):
@@ -56,31 +72,32 @@ impl Array {
             d => d,
         };
         let with = |mat: [usize; 2]| [batch.as_slice(), &mat].concat();
-        for s in [with([m, k]), with([k, n]), with([m, n])] {
-            checked_size("matmul", &s, dtype)?;
+        let (a_full, b_full, out_shape) = (with([m, k]), with([k, n]), with([m, n]));
+        for s in [&a_full, &b_full, &out_shape] {
+            checked_size("matmul", s, dtype)?;
         }
-        let fit = |x: &Array, shape: Vec<usize>, mat: [usize; 2]| {
-            let x = reshape_node(prepare(x, dtype, &stream), shape, &stream);
-            let mut full = batch.clone();
-            full.extend_from_slice(&mat);
+        // 1-D operands become matrices: `[K]` is `[1, K]` on the left, `[K, 1]` on the right.
+        let a = reshape_noted(prepare(self, dtype, &stream), a_shape, Note::Expand(vec![0]), &stream);
+        let b = reshape_noted(prepare(other, dtype, &stream), b_shape, Note::Expand(vec![1]), &stream);
+        let fit = |x: &Array, full: Vec<usize>, other: &Array| {
             if x.shape() == full.as_slice() {
-                x
-            } else {
-                Array::from_op(Primitive::BroadcastTo, vec![x], full, dtype, stream.clone())
+                return x.clone();
             }
+            let y = Array::from_op(Primitive::BroadcastTo, vec![x.clone()], full, dtype, stream.clone());
+            rules::note(&y, Note::Batch { other: other.id(), shape: other.shape().to_vec() });
+            y
         };
-        let a = fit(self, a_shape, [m, k]);
-        let b = fit(other, b_shape, [k, n]);
-        let mut out_shape = batch.clone();
-        out_shape.extend_from_slice(&[m, n]);
-        let r = Array::from_op(Primitive::Matmul, vec![a, b], out_shape, dtype, stream.clone());
-        let mut final_shape = batch;
-        if sa.len() > 1 {
-            final_shape.push(m);
+        let (a2, b2) = (fit(&a, a_full, &b), fit(&b, b_full, &a));
+        let r = Array::from_op(Primitive::Matmul, vec![a2, b2], out_shape, dtype, stream.clone());
+        // The axes the 1-D operands added are removed from the result.
+        let (nb, mut gone) = (batch.len(), Vec::new());
+        if sa.len() == 1 {
+            gone.push(nb);
         }
-        if sb.len() > 1 {
-            final_shape.push(n);
+        if sb.len() == 1 {
+            gone.push(nb + 1);
         }
-        Ok(reshape_node(r, final_shape, &stream))
+        let final_shape = r.shape().iter().enumerate().filter(|(i, _)| !gone.contains(i)).map(|(_, &d)| d).collect();
+        Ok(reshape_noted(r, final_shape, Note::Squeeze(gone), &stream))
     }
 }

@@ -11,6 +11,7 @@ pub(crate) mod copies;
 use std::ops::{Range, RangeFrom, RangeFull, RangeTo};
 
 use crate::array::Array;
+use crate::compile::rules::{self, Note};
 use crate::error::{Error, Result};
 use crate::ops::{on_device, target_stream};
 use crate::primitives::Primitive;
@@ -196,11 +197,15 @@ impl Array {
         let ax = normalize_axis("expand_dims", axis, self.ndim() + 1)?;
         let mut shape = self.shape().to_vec();
         shape.insert(ax, 1);
-        view(self, Primitive::Reshape, shape)
+        let y = view(self, Primitive::Reshape, shape)?;
+        rules::note(&y, Note::Expand(vec![ax]));
+        Ok(y)
     }
     /// Removes the given axes, which must have size 1; an empty `axes` removes every axis
     /// of size 1.
     pub fn squeeze(&self, axes: &[isize]) -> Result<Array> {
+        // Only axes named by the caller follow from ranks (a shapeless replay keeps them).
+        let named = !axes.is_empty();
         let axes = if axes.is_empty() {
             (0..self.ndim()).filter(|&i| self.shape()[i] == 1).collect()
         } else {
@@ -213,7 +218,11 @@ impl Array {
             ));
         }
         let shape = (0..self.ndim()).filter(|i| !axes.contains(i)).map(|i| self.shape()[i]).collect();
-        view(self, Primitive::Reshape, shape)
+        let y = view(self, Primitive::Reshape, shape)?;
+        if named {
+            rules::note(&y, Note::Squeeze(axes));
+        }
+        Ok(y)
     }
     /// A zero-copy view with `shape` under NumPy broadcasting: `shape` has at least as many
     /// axes, and each trailing axis of `self` equals the target's or is 1.

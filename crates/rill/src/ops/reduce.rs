@@ -12,12 +12,17 @@
 //!
 //! Empty reductions: `sum` gives 0, `prod` 1, `mean` and `var` NaN, `logsumexp` -inf;
 //! `max`, `min`, `argmax` and `argmin` are errors (they have no identity), as in NumPy.
+//!
+//! The counts `mean` and `var` divide by and the reshapes that remove reduced axes are
+//! computed from shapes: during a shapeless trace they are noted (`compile::rules`) so a
+//! replay on other shapes recomputes them.
 
 use crate::array::Array;
-use crate::dtype::DType;
+use crate::compile::rules::{self, Note};
+use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
 use crate::ops::elementwise::where_;
-use crate::ops::{on_device, prepare, target_stream};
+use crate::ops::{on_device, prepare, scalar_on, target_stream};
 use crate::primitives::{ArgReduceOp, Primitive, ReduceOp};
 use crate::runtime::stream::Stream;
 use crate::shape::{checked_size, normalize_axes, normalize_axis};
@@ -61,17 +66,32 @@ pub(crate) fn reshape_node(x: Array, shape: Vec<usize>, stream: &Stream) -> Arra
     Array::from_op(Primitive::Reshape, vec![x], shape, dtype, stream.clone())
 }
 
-/// Records `Reduce` of `x` converted to `dtype`, then removes the reduced axes unless
-/// `keepdims`.
-fn reduce_node(x: &Array, op: ReduceOp, axes: Vec<usize>, keepdims: bool, dtype: DType) -> Result<Array> {
+/// `r` (with `axes` of size 1) without those axes unless `keepdims` (a reshape view,
+/// noted as removing them).
+fn drop_reduced(r: Array, axes: &[usize], keepdims: bool, stream: &Stream) -> Array {
+    let out = reshape_node(r.clone(), reduced_shape(r.shape(), axes, keepdims), stream);
+    if out.id() != r.id() {
+        rules::note(&out, Note::Squeeze(axes.to_vec()));
+    }
+    out
+}
+
+/// Records `Reduce` of `x` converted to `dtype`, keeping the reduced axes with size 1.
+fn reduce_kept(x: &Array, op: ReduceOp, axes: Vec<usize>, dtype: DType) -> Result<Array> {
     // The converted input is the largest node recorded.
     checked_size(reduce_name(op), x.shape(), dtype)?;
     let stream = target_stream(&[x])?;
     let input = prepare(x, dtype, &stream);
     let kept = reduced_shape(x.shape(), &axes, true);
-    let out_shape = reduced_shape(x.shape(), &axes, keepdims);
-    let r = Array::from_op(Primitive::Reduce { op, axes }, vec![input], kept, dtype, stream.clone());
-    Ok(reshape_node(r, out_shape, &stream))
+    Ok(Array::from_op(Primitive::Reduce { op, axes }, vec![input], kept, dtype, stream))
+}
+
+/// Records `Reduce` of `x` converted to `dtype`, then removes the reduced axes unless
+/// `keepdims`.
+fn reduce_node(x: &Array, op: ReduceOp, axes: Vec<usize>, keepdims: bool, dtype: DType) -> Result<Array> {
+    let r = reduce_kept(x, op, axes.clone(), dtype)?;
+    let stream = r.stream();
+    Ok(drop_reduced(r, &axes, keepdims, &stream))
 }
 
 fn reduce_name(op: ReduceOp) -> &'static str {
@@ -81,6 +101,20 @@ fn reduce_name(op: ReduceOp) -> &'static str {
         ReduceOp::Max => "max",
         ReduceOp::Min => "min",
     }
+}
+
+/// The number of elements `r` (a `Reduce` node) combines, less `ddof` (at least 0), as a
+/// 0-d operand of `r`'s dtype. During a shapeless trace it is a node of its own noted as
+/// that count, so a replay on other shapes recomputes it instead of dividing by the
+/// traced count.
+fn count_of(r: &Array, n: usize, ddof: usize) -> Array {
+    let (value, dtype, stream) = (n.saturating_sub(ddof) as f64, r.dtype(), r.stream());
+    if !rules::tracing() {
+        return scalar_on(Scalar::Float(value), dtype, &stream);
+    }
+    let c = Array::from_op(Primitive::Full { value }, vec![], vec![], dtype, stream);
+    rules::note(&c, Note::Count { reduce: r.id(), ddof });
+    c
 }
 
 /// The dtype sums and products accumulate in: bool gives i32, u8 gives u32.
@@ -148,8 +182,9 @@ impl Array {
         let axes = resolve_axes("mean", self, axes)?;
         let (cd, od) = float_dtypes(self.dtype());
         let n = reduced_count(self.shape(), &axes);
-        let s = reduce_node(self, ReduceOp::Sum, axes, keepdims, cd)?;
-        cast_to(s.div(n as f64)?, od)
+        let r = reduce_kept(self, ReduceOp::Sum, axes.clone(), cd)?;
+        let s = drop_reduced(r.clone(), &axes, keepdims, &r.stream());
+        cast_to(s.div(count_of(&r, n, 0))?, od)
     }
     /// Variance over `axes` (empty = all axes): the mean squared deviation from the mean,
     /// divided by `count - ddof` instead of `count` (NumPy's `ddof`). Computed in two
@@ -162,10 +197,12 @@ impl Array {
         checked_size("var", self.shape(), cd)?;
         let stream = target_stream(&[self])?;
         let x = prepare(self, cd, &stream);
-        let m = reduce_node(&x, ReduceOp::Sum, axes.clone(), true, cd)?.div(n as f64)?;
+        let r = reduce_kept(&x, ReduceOp::Sum, axes.clone(), cd)?;
+        let m = r.div(count_of(&r, n, 0))?;
         let d = x.sub(&m)?.square()?;
-        let s = reduce_node(&d, ReduceOp::Sum, axes, keepdims, cd)?;
-        cast_to(s.div(n.saturating_sub(ddof) as f64)?, od)
+        let r = reduce_kept(&d, ReduceOp::Sum, axes.clone(), cd)?;
+        let s = drop_reduced(r.clone(), &axes, keepdims, &stream);
+        cast_to(s.div(count_of(&r, n, ddof))?, od)
     }
     /// `log(sum(exp(x)))` over `axes` (empty = all axes), computed stably by subtracting
     /// the maximum first. Rows of -inf give -inf, a +inf gives +inf, NaN propagates; an
@@ -185,8 +222,7 @@ impl Array {
         let shift = where_(&m.abs()?.eq(f64::INFINITY)?, 0.0, &m)?;
         let e = x.sub(&shift)?.exp()?;
         let l = reduce_node(&e, ReduceOp::Sum, axes.clone(), true, cd)?.log()?.add(&shift)?;
-        let out = reshape_node(l, reduced_shape(self.shape(), &axes, keepdims), &stream);
-        cast_to(out, od)
+        cast_to(drop_reduced(l, &axes, keepdims, &stream), od)
     }
     /// Index (i64) of the first maximum along `axis`; a NaN counts as the maximum. The
     /// axis must not be empty.
@@ -211,7 +247,7 @@ impl Array {
         let kept = reduced_shape(self.shape(), &[ax], true);
         checked_size(name, &kept, DType::I64)?;
         let r = Array::from_op(Primitive::ArgReduce { op, axis: ax }, vec![x], kept, DType::I64, stream.clone());
-        Ok(reshape_node(r, reduced_shape(self.shape(), &[ax], keepdims), &stream))
+        Ok(drop_reduced(r, &[ax], keepdims, &stream))
     }
     /// Inclusive cumulative sum along `axis`, front to back (dtypes as [`Array::sum`]).
     pub fn cumsum(&self, axis: isize) -> Result<Array> {
