@@ -23,7 +23,7 @@ impl Drop for EvalOnDrop {
         let Some(x) = self.x.take() else { return };
         let r = (|| {
             // A compiled call and an eager op: fused and plain kernels, launched directly.
-            let y = self.f.call(&[x.clone()])?;
+            let y = self.f.call(std::slice::from_ref(&x))?;
             let z = y[0].add(&x)?.mul(0.5)?;
             z.to_vec::<f32>()
         })();
