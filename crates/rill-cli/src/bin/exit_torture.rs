@@ -341,6 +341,22 @@ fn stash(a: &Array, s: Option<&Stream>) {
 /// A thread that keeps submitting work of every kind until the runtime shuts down, or
 /// for `iterations` pieces of work. Calls `at(i)` before piece `i` (the shutdown race uses
 /// it); stops when it returns false.
+/// The stream of a submitter's next graph: its own, a shared one, or none (the default).
+/// Its own is replaced by a fresh stream now and then (twice at most: a GPU stream's cuBLAS
+/// workspace is 32 MiB), so a stream's first matmul makes its cuBLAS handles and workspace
+/// at a random moment, maybe just before exit.
+fn pick_stream(sh: &Shared, r: &mut Rng, own: &mut Option<Stream>, fresh: &mut u32) -> Option<Stream> {
+    if own.is_some() && *fresh < 2 && r.below(64) == 0 {
+        *fresh += 1;
+        *own = ok("Stream::new", Stream::new(&sh.device));
+    }
+    match r.below(3) {
+        0 => own.clone(),
+        1 if !sh.streams.is_empty() => Some(sh.streams[r.below(sh.streams.len() as u64) as usize].clone()),
+        _ => None,
+    }
+}
+
 fn submitter(sh: &Shared, seed: u64, iterations: Option<u64>, mut at: impl FnMut(u64) -> bool) {
     let mut r = Rng(seed);
     let mut own = if r.below(3) == 0 { ok("Stream::new", Stream::new(&sh.device)) } else { None };
@@ -350,18 +366,7 @@ fn submitter(sh: &Shared, seed: u64, iterations: Option<u64>, mut at: impl FnMut
             return;
         }
         i += 1;
-        if own.is_some() && fresh < 2 && r.below(64) == 0 {
-            // A fresh stream now and then (twice at most: a GPU stream's cuBLAS workspace
-            // is 32 MiB): its first matmul makes its cuBLAS handles and workspace at a
-            // random moment, maybe just before exit.
-            fresh += 1;
-            own = ok("Stream::new", Stream::new(&sh.device));
-        }
-        let stream = match r.below(3) {
-            0 => own.clone(),
-            1 if !sh.streams.is_empty() => Some(sh.streams[r.below(sh.streams.len() as u64) as usize].clone()),
-            _ => None,
-        };
+        let stream = pick_stream(sh, &mut r, &mut own, &mut fresh);
         let b = random_build(&mut r, sh.device);
         let seed = r.next();
         let Some(a) = ok("submitter: build", on(sh.device, stream.as_ref(), || build(b, &sh.f, seed))) else {
@@ -927,15 +932,7 @@ async fn task_loop(sh: Arc<Shared>, seed: u64) {
     let mut own = if r.below(4) == 0 { ok("Stream::new", Stream::new(&sh.device)) } else { None };
     let mut fresh = 0;
     loop {
-        if own.is_some() && fresh < 2 && r.below(64) == 0 {
-            fresh += 1;
-            own = ok("Stream::new", Stream::new(&sh.device));
-        }
-        let stream = match r.below(3) {
-            0 => own.clone(),
-            1 if !sh.streams.is_empty() => Some(sh.streams[r.below(sh.streams.len() as u64) as usize].clone()),
-            _ => None,
-        };
+        let stream = pick_stream(&sh, &mut r, &mut own, &mut fresh);
         let step = task_step(sh.clone(), r.next(), stream.clone());
         let go = match stream {
             Some(s) => s.scope(step).await,
