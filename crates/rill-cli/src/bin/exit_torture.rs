@@ -1264,6 +1264,7 @@ fn expected(ending: &str) -> (Option<i32>, Option<i32>) {
 /// rill (`rill shutdown: ...`, only when `RILL_DEBUG_SHUTDOWN` is set).
 fn stderr_ok(ending: &str, err: &str) -> Result<(), String> {
     let debug_shutdown = std::env::var_os("RILL_DEBUG_SHUTDOWN").is_some();
+    let debug_compile = std::env::var_os("RILL_DEBUG_COMPILE").is_some();
     for line in err.lines() {
         let intended = ending == "panic"
             && (line.is_empty()
@@ -1272,7 +1273,8 @@ fn stderr_ok(ending: &str, err: &str) -> Result<(), String> {
                 || (line.starts_with("thread 'main'")
                     && line.contains("panicked at")
                     && line.contains("exit_torture.rs")));
-        let documented = debug_shutdown && line.starts_with("rill shutdown:");
+        let documented = (debug_shutdown && line.starts_with("rill shutdown:"))
+            || (debug_compile && line.starts_with("rill compile:"));
         if !intended && !documented {
             return Err(format!("unexpected stderr line: {line}"));
         }

@@ -112,9 +112,10 @@ pub(crate) fn compile_for(arch: &str, key: &str, src: &str) -> Result<Ptx> {
         crate::runtime::stats::KERNELS_COMPILED_ON_USER_THREADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     let r = catch_unwind(AssertUnwindSafe(|| compile_inner(arch, key, src)));
-    // Statics first used by this compile (none were seen after the warm-up with NVRTC
-    // 13.0; kept so that a kernel reaching new compiler code stays covered): keep the hook
-    // ahead of their teardown too. One small entry per distinct kernel.
+    // Statics first used by this compile: keep the hook ahead of their teardown too. One
+    // small entry per distinct kernel. (NVRTC 13.0 constructs 4 more statics in some
+    // compile after the warm-up's; the hook registered here comes too late for a compile
+    // in flight when `exit` begins: docs/RUNTIME.md, "Process exit".)
     crate::runtime::lifecycle::register_exit_hook();
     r.unwrap_or_else(|_| {
         Err(super::unsupported("compile", "NVRTC (libnvrtc) could not be loaded; install the CUDA toolkit's NVRTC"))
@@ -143,6 +144,19 @@ pub(crate) fn with_grid_waits(src: &str) -> Result<String> {
 }
 
 fn compile_inner(arch: &str, key: &str, src: &str) -> Result<Ptx> {
+    let t0 = std::time::Instant::now();
+    let r = compile_program(arch, key, src);
+    if std::env::var_os("RILL_DEBUG_COMPILE").is_some() {
+        let what = match &r {
+            Ok(_) => "ok".to_string(),
+            Err(e) => format!("failed: {e}"),
+        };
+        eprintln!("rill compile: {key} on {arch} in {:?}: {what}", t0.elapsed());
+    }
+    r
+}
+
+fn compile_program(arch: &str, key: &str, src: &str) -> Result<Ptx> {
     // Loaded at process start or when the device was probed; only a test without a GPU
     // loads it here (`libs.rs`). Nothing is loaded once shutdown has begun.
     if !super::libs::load(super::libs::Lib::Nvrtc) {
