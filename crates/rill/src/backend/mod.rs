@@ -64,9 +64,9 @@ impl Drop for Storage {
 }
 
 /// How long a thread that waits for device work polls before it sleeps. A sleeping thread
-/// is woken tens of microseconds after the signal (measured on the H200 host: a one-op
-/// `eval` cost 33-69 µs, most of it wake-ups), which is what a GPU op of a few hundred
-/// microseconds would otherwise pay on every `eval`.
+/// is woken tens of microseconds after the signal, which is what a GPU op of a few hundred
+/// microseconds would otherwise pay on every `eval` (wake-ups were most of a small
+/// `eval`'s cost before waits polled).
 pub(crate) const WAIT_YIELD: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// Polls `done` until it returns true (then true) or `until` has passed since the call

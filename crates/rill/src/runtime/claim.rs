@@ -45,8 +45,7 @@ pub(crate) struct NodeState<H> {
 /// A node's inputs, inline up to four: with its inline shape, recording a node makes one
 /// allocation (the node). Nodes are usually freed on a runtime thread, not the one that
 /// made them; with glibc such frees go back through the allocating thread's arena lock,
-/// and `_int_malloc` alone was almost a quarter of the recording thread's samples in a
-/// profile of a chain of tiny ops when each node made three allocations.
+/// so every extra allocation per node makes the recording thread contend for that lock.
 pub(crate) type Inputs<H> = smallvec::SmallVec<[H; 4]>;
 
 /// A cheap handle to a graph node, as the claim protocol sees it.

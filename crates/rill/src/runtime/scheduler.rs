@@ -193,8 +193,8 @@ impl Plan {
         // Everything is queued: the batches hold the nodes now. Letting go of them here
         // means the last reference to a node of a long graph is usually its batch's, so
         // its memory is released by the runtime thread that ran it, not by the caller
-        // waiting for the outputs (profiled on the GPU: releasing a 1000-op chain's 2000
-        // nodes was about a tenth of the calling thread's samples in its `eval`).
+        // waiting for the outputs (freeing a long graph would otherwise sit on the
+        // caller's path before `eval` returns).
         self.order = Vec::new();
         Poll::Ready(Ok(()))
     }
@@ -214,9 +214,8 @@ pub(crate) enum Inline {
     /// None: every batch runs on the pool (`submit`, `async_eval`).
     Never,
     /// GPU streams (`eval`): the caller only records launches and waits. CPU streams stay
-    /// on the pool, whose threads take part in their kernels' parallel work (measured on
-    /// two cores: running a 2^20-element chain from a user thread, whose parallel parts
-    /// then go to the pool while it waits, was about a tenth slower).
+    /// on the pool, whose threads take part in their kernels' parallel work: a user thread
+    /// could only hand those parts to the pool and wait, which made wide chains slower.
     Gpu,
     /// Every stream (the scheduler's own tests, which exercise this path without a GPU).
     #[cfg_attr(not(test), allow(dead_code))]
@@ -477,7 +476,7 @@ enum Linger {
 /// The loop reads only the flag, the fence and the shutdown state: not the stream's
 /// reference count, which the thread recording the next evaluation's ops changes once per
 /// op (a read here between two of those changes moves the count's cache line to this core
-/// and back; the gain measured on the H200 was within the spread, docs/PERFORMANCE.md).
+/// and back; the gain was within the benchmarks' noise).
 fn linger(stream: Stream, fence: Option<&backend::Fence>) -> Linger {
     let most = (pool::num_threads() / 4).max(1);
     if LINGERING.fetch_add(1, SeqCst) >= most {

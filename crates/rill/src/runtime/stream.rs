@@ -35,10 +35,8 @@ pub(crate) const MAX_QUEUED_NODES: usize = 4096;
 pub(crate) const MAX_BATCH_NODES: usize = 512;
 /// Most nodes in one batch of a GPU stream. A GPU batch's kernels start when the batch
 /// has been recorded, so shorter batches let the device start on a long graph sooner, and
-/// less of it runs after the last batch is sent. A chain of 1000 tiny ops on an H200 took
-/// 2.19 ms with 128, 2.40 with 64, 2.70 with 256, 2.57 with 512 (one run each), then
-/// 2.22 / 2.42 / 2.35 ms with 128 against 2.37 / 3.68 / 2.80 with 512 (alternating, one
-/// device call; see docs/PERFORMANCE.md).
+/// less of it runs after the last batch is sent; 128 was the fastest of the sizes tried
+/// on a chain of tiny ops.
 pub(crate) const MAX_GPU_BATCH_NODES: usize = 128;
 
 static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);

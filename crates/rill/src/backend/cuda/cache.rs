@@ -1,7 +1,7 @@
 //! Small device buffers kept for reuse by the stream that allocated them.
 //!
-//! A stream-ordered allocation from the driver's memory pool costs about 2 µs and its free
-//! about 1 µs (measured on an H200), more than a small kernel's launch. A buffer of at most
+//! A stream-ordered allocation from the driver's memory pool, and its free, each cost more
+//! host time than a small kernel's launch. A buffer of at most
 //! [`MAX_CACHED`] bytes is therefore not freed when its last view is dropped: once its
 //! allocating stream has been made to wait for every other stream's last use (the same
 //! GPU-side waits a free needs), its memory goes back to that stream's cache, and the

@@ -46,8 +46,8 @@ use super::source::PRELUDE;
 const KERNEL: &str = "rill_fused";
 
 /// A 1-D launch of `units` work items, one per thread (the kernels loop with a grid
-/// stride only past 2^30 blocks): measured 8% faster than a grid of 16 blocks per SM that
-/// loops, for the 8-op chain on the H200 (`bench/kernel_lab.py chain`).
+/// stride only past 2^30 blocks): faster for the 8-op chain than a smaller grid whose
+/// threads loop (`bench/kernel_lab.py chain` times both).
 fn grid(units: usize) -> LaunchConfig {
     nvrtc::grid_1d(units, FUSED_BLOCK)
 }

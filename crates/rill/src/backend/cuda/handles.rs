@@ -25,8 +25,8 @@ pub(crate) struct Ev {
 
 /// Idle event handles of one device, for reuse.
 ///
-/// Every batch records one event; creating and destroying it cost two driver calls besides
-/// the record (about 1 µs per batch, measured on an H200). An [`Ev`] is dropped only when
+/// Every batch records one event; creating and destroying one per batch would add two
+/// driver calls to every batch besides the record. An [`Ev`] is dropped only when
 /// nothing can wait on it any more (the completion worker, the buffers it orders and the
 /// batch hold references), so its handle can be recorded again at once: a GPU-side wait
 /// already enqueued on it waits for the record it saw, not for later ones. At most
@@ -69,9 +69,8 @@ unsafe impl Sync for Ev {}
 
 /// Events record no timing and are not blocking-sync. A blocking-sync event lets
 /// `cuEventSynchronize` sleep until the GPU's interrupt; rill never needs that (waits
-/// poll, then nap between queries: [`Ev::wait_low_latency`]), and without the flag one
-/// eval of a 2^10 add was faster on the H200 in 9 of 10 alternating same-call pairs
-/// (medians 15.0 vs 17.0 µs and 18.0 vs 19.4 µs in two calls; docs/PERFORMANCE.md).
+/// poll, then nap between queries: [`Ev::wait_low_latency`]), and without the flag a small
+/// `eval` was faster in same-call comparisons (`rill bench overhead`).
 const EVENT_FLAGS: u32 = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
 
 /// The longest nap between two queries of a long wait, and the first one.

@@ -27,9 +27,9 @@
 //! dependent launch): a kernel is started once every block of the previous one has
 //! started, and waits in its first statement (`rill_grid_wait()`, which the NVRTC front end
 //! puts at the top of every rill kernel) until the previous kernel's writes are visible.
-//! On the H200 that took 1000 dependent kernels on 2^20 f32 from 6.92 to 6.62 µs each
-//! (medians of five alternating runs, `rill bench chain_wide`). `RILL_CUDA_PDL=0` makes
-//! the edges plain ones.
+//! Each kernel's start then overlaps the previous one's tail, which shortens a chain of
+//! dependent kernels when the device, not the host, sets the pace (`rill bench
+//! chain_wide`). `RILL_CUDA_PDL=0` makes the edges plain ones.
 //!
 //! A launch that fails is charged to the node that made it ([`Recording::finish`] returns
 //! those nodes; the batch fails them and their dependants), as when launches were direct.

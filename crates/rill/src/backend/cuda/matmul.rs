@@ -8,11 +8,11 @@
 //! Each stream has its own cuBLAS and cuBLASLt handles and one 32 MiB workspace, made on
 //! first use. cuBLASLt's algorithm for a problem (shape, dtype and the alignment of each
 //! operand's address, which its kernels assume) is chosen once by its heuristic and kept
-//! with the descriptors in the stream's plan cache. bf16 8192³ on the H200 (`rill bench
-//! matmul` with and without `RILL_CUDA_BLASLT=0`, docs/PERFORMANCE.md): cuBLASLt's choice
-//! 1.392-1.411 ms vs `cublasGemmEx` 1.467 ms in one call, 1.408-1.456 vs 1.415-1.453 ms in
-//! another. `RILL_CUDA_LT_ALGO=i` takes the heuristic's `i`-th candidate instead of its
-//! first, for measuring the alternatives.
+//! with the descriptors in the stream's plan cache. cuBLASLt is the default because its
+//! choice was at least as fast as `cublasGemmEx` in same-call comparisons (`rill bench
+//! matmul` with and without `RILL_CUDA_BLASLT=0`, docs/PERFORMANCE.md).
+//! `RILL_CUDA_LT_ALGO=i` takes the heuristic's `i`-th candidate instead of its first, for
+//! measuring the alternatives.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -225,9 +225,9 @@ unsafe fn gemm_ex(
         cb::set_stream(h, cs.stream().cu_stream() as cbsys::cudaStream_t)
             .map_err(|e| super::backend_err("matmul", e))?;
         if batch == 1 {
-            // One product: cuBLAS picks faster kernels through this entry point (bf16
-            // 8192^3 on the H200: 1.405 ms vs 1.519 ms strided with a batch of one,
-            // `bench/kernel_lab.py blas`).
+            // One product: cuBLAS picks faster kernels through this entry point than
+            // through the strided-batched one with a batch of one (`bench/kernel_lab.py
+            // blas` times both).
             cb::gemm_ex(h, op, op, n, m, k, alpha, pb, ty, n, pa, ty, k, beta, pc, ty, n, compute, algo)
         } else {
             cb::gemm_strided_batched_ex(

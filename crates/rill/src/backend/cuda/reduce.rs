@@ -47,19 +47,17 @@ const WARP_COLS: usize = 1024;
 /// Threads per block of the reduction kernels.
 const RBLOCK: u32 = 256;
 /// Threads per block of a stored array's reduction split over many blocks (with eight
-/// 16-byte vectors in flight per thread and four accumulators). A sum of 2^28 f32 on the
-/// H200, medians of `rill bench sum` (single eval; batched x8), two runs each: 256
-/// threads and four vectors (before) 4052, 4061; 4245, 4270 GB/s; 512 threads and eight
-/// vectors 4243, 4118; 4422, 4373 GB/s (1024 threads: 4089, 4007; 4268, 4230).
+/// 16-byte vectors in flight per thread and four accumulators): enough loads in flight
+/// to keep the memory busy; the fastest shape of a sweep over block sizes and vectors in
+/// flight for a full sum (`rill bench sum`, docs/PERFORMANCE.md).
 const SPLIT_BLOCK: u32 = 512;
 /// Threads each SM is given by a split reduction.
 const SPLIT_THREADS_PER_SM: usize = 2048;
 /// `k_block`'s launch bound when it computes its elements ([`Elems::Computed`]): it is
 /// launched with [`RBLOCK`] threads, but the larger bound caps registers at 64 per thread
-/// (four blocks per SM). Row sums of `(a-b)^2` over 16384x16384 f32 on the H200: 0.276 ms
-/// vs 0.319-0.324 ms with the bound of `RBLOCK` (two runs each, `rill bench fused_reduce`);
-/// a stored array's reduction is faster with the bound of `RBLOCK` (0.274-0.278 ms vs
-/// 0.295-0.297 ms for a sum of 2^28 f32).
+/// (four blocks per SM), which makes the fused reductions faster (`rill bench
+/// fused_reduce`); a stored array's reduction is faster with the bound of `RBLOCK`, so
+/// only this kernel has the larger bound.
 const COMPUTED_BOUND: u32 = 1024;
 /// Most elements one thread keeps in registers in the row-cached softmax.
 const SOFTMAX_REG_ELEMS: usize = 32;
