@@ -21,7 +21,6 @@ mod create;
 mod readback;
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Waker;
 
 use crate::backend::Storage;
@@ -33,6 +32,7 @@ use crate::runtime::completion::Completion;
 use crate::runtime::device::Device;
 use crate::runtime::stream::Stream;
 use crate::shape::Dims;
+use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::{Arc, Mutex};
 
 static NEXT_NODE_ID: AtomicU64 = AtomicU64::new(1);

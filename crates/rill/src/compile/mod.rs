@@ -125,7 +125,6 @@ pub use simplify::same_op;
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::thread::ThreadId;
 
 use crate::array::Array;
@@ -133,6 +132,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::{on_device, target_stream};
 use crate::runtime::device::Device;
+use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use crate::sync::{Arc, Condvar, Mutex};
 use trace::{Tape, TraceFn};
 

@@ -26,7 +26,7 @@
 use std::time::Duration;
 
 use crate::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-use crate::sync::{Condvar, Mutex};
+use crate::sync::{Condvar, Deadline, Mutex};
 
 /// See the module docs.
 pub(crate) struct Gate {
@@ -99,30 +99,6 @@ impl Gate {
             g = self.cv.wait_timeout(g, left).0;
         }
         true
-    }
-}
-
-/// A time bound (unbounded under loom, where time does not pass and a lost wake-up must
-/// show up as a deadlock).
-struct Deadline(#[cfg(not(loom))] std::time::Instant);
-
-impl Deadline {
-    #[cfg(not(loom))]
-    fn after(d: Duration) -> Deadline {
-        Deadline(std::time::Instant::now() + d)
-    }
-    #[cfg(loom)]
-    fn after(_d: Duration) -> Deadline {
-        Deadline()
-    }
-    #[cfg(not(loom))]
-    fn left(&self) -> Option<Duration> {
-        let now = std::time::Instant::now();
-        (now < self.0).then(|| self.0 - now)
-    }
-    #[cfg(loom)]
-    fn left(&self) -> Option<Duration> {
-        Some(Duration::from_secs(1))
     }
 }
 

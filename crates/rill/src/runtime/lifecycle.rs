@@ -19,11 +19,11 @@
 //!    forever.
 //! 6. The state becomes `Down`.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::runtime::gate::{Gate, Pass};
+use crate::sync::atomic::{AtomicBool, AtomicU8, Ordering::SeqCst};
 
 use crate::runtime::{pool, scheduler, stats, stream};
 

@@ -5,7 +5,7 @@
 //! `set_memory_limit` bounds how far evaluation runs ahead: the scheduler waits for
 //! in-flight work to complete (and free memory) before submitting more past the limit.
 
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use crate::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 static ACTIVE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);

@@ -23,7 +23,6 @@
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
@@ -34,6 +33,7 @@ use crate::runtime::claim;
 use crate::runtime::serial::Take;
 use crate::runtime::stream::{Batch, MAX_BATCH_NODES, MAX_GPU_BATCH_NODES, MAX_QUEUED_NODES, Stream};
 use crate::runtime::{lifecycle, memory, pool, stats};
+use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use crate::sync::{Arc, Condvar, Mutex};
 
 // ---- completion notifications (memory-limit waits and the shutdown drain) ----
@@ -483,7 +483,7 @@ fn linger(stream: Stream, fence: Option<&backend::Fence>) -> Linger {
         LINGERING.fetch_sub(1, SeqCst);
         return Linger::Idle(stream);
     }
-    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = Arc::new(AtomicBool::new(false));
     {
         let mut q = stream.inner.queue.lock();
         if !q.serial.batches.is_empty() {

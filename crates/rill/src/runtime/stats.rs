@@ -19,7 +19,7 @@
 //! | `inline_batches` | the scheduler | batches a blocking `eval` ran on its own thread |
 //! | `kernels_compiled`, `kernels_compiled_on_user_threads` | the CUDA backend's NVRTC cache | kernels compiled; of them, on a thread not the runtime's (must stay 0) |
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 pub(crate) static STREAMS_CREATED: AtomicU64 = AtomicU64::new(0);
 pub(crate) static STREAMS_LIVE: AtomicUsize = AtomicUsize::new(0);

@@ -18,7 +18,6 @@
 //! reverse.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::task::Waker;
 
 use crate::array::{Array, Node};
@@ -27,6 +26,7 @@ use crate::runtime::device::Device;
 use crate::runtime::registry::Registry;
 use crate::runtime::serial::Serial;
 use crate::runtime::{lifecycle, stats};
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use crate::sync::{Arc, Condvar, Mutex, Weak};
 
 /// Most nodes a stream may hold queued before submitters wait (backpressure).
@@ -58,7 +58,7 @@ pub(crate) struct Queue {
     pub space_sleepers: usize,
     /// Set while the stream's pool job lingers after its last batch (GPU streams, see
     /// `scheduler::linger`): a submitter raises the flag with each new batch.
-    pub linger: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    pub linger: Option<Arc<AtomicBool>>,
 }
 
 pub(crate) struct StreamInner {
@@ -108,7 +108,7 @@ impl Drop for StreamInner {
         // A job lingering for this stream's next batch holds only a weak handle: raising
         // its flag ends the wait now (it then finds the stream gone).
         if let Some(flag) = self.queue.get_mut().linger.take() {
-            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            flag.store(true, SeqCst);
         }
     }
 }

@@ -3,7 +3,6 @@
 
 use std::mem::ManuallyDrop;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::OnceLock;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
@@ -13,6 +12,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::runtime::{lifecycle, memory};
 use crate::shape::Layout;
+use crate::sync::OnceLock;
 use crate::sync::{Arc, Mutex};
 
 use super::cache::{self, BufferCache, Cached};

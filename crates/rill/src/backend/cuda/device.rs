@@ -8,8 +8,6 @@
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, CudaStream, sys};
@@ -17,6 +15,8 @@ use cudarc::driver::{CudaContext, CudaStream, sys};
 use crate::backend::Fence;
 use crate::error::{Error, Result};
 use crate::runtime::{lifecycle, pool, stats};
+use crate::sync::OnceLock;
+use crate::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use crate::sync::{Arc, Condvar, Mutex, Weak};
 
 use super::handles::Ev;

@@ -14,7 +14,6 @@
 //! completion worker.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::Ordering::SeqCst;
 
 use crate::array::Array;
 use crate::backend::{Buffer, Fence, Storage};
@@ -24,6 +23,7 @@ use crate::primitives::Primitive;
 use crate::runtime::stream::Stream;
 use crate::runtime::{lifecycle, stats};
 use crate::sync::Arc;
+use crate::sync::atomic::Ordering::SeqCst;
 
 use super::buffer::{cuda_of, download, scalar_on_device, slab_scalar, upload};
 use super::handles::{CudaStreamHandle, Ev};

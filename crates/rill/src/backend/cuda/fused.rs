@@ -20,8 +20,6 @@
 //! reduction kernels. The module is memoised in the program under (device, op, each
 //! input's read), and compiled once per device under its full source.
 
-use std::sync::atomic::Ordering::Relaxed;
-
 use cudarc::driver::{CudaFunction, LaunchConfig};
 
 use crate::backend::Storage;
@@ -33,6 +31,7 @@ use crate::error::{Error, Result};
 use crate::primitives::ReduceOp;
 use crate::runtime::stats;
 use crate::shape::{Layout, Strides, broadcast_shapes, numel};
+use crate::sync::atomic::Ordering::Relaxed;
 
 use super::buffer::{cuda_of, new_storage};
 use super::handles::CudaStreamHandle;

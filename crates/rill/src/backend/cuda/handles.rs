@@ -3,12 +3,13 @@
 
 use std::mem::ManuallyDrop;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use cudarc::driver::{CudaContext, CudaStream, DriverError, sys};
 
 use crate::error::Result;
 use crate::runtime::lifecycle;
+use crate::sync::OnceLock;
+use crate::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use crate::sync::{Arc, Mutex};
 
 use super::device::{self, DeviceState};
@@ -202,7 +203,7 @@ pub(crate) struct CudaStreamHandle {
     /// Small buffers freed on this stream, kept for its next allocations (`cache.rs`).
     pub cache: Arc<super::cache::BufferCache>,
     /// The row counters of split reductions (`reduce.rs`), made on first use.
-    pub reduce_counters: std::sync::OnceLock<super::buffer::CudaBuffer>,
+    pub reduce_counters: OnceLock<super::buffer::CudaBuffer>,
 }
 
 /// Creates a non-blocking CUDA stream on GPU `ordinal` (never the legacy default stream).
@@ -224,7 +225,7 @@ pub(crate) fn new_stream_on(dev: Arc<DeviceState>) -> Result<CudaStreamHandle> {
         blas: Mutex::new(None),
         graphs: Mutex::new(Default::default()),
         cache,
-        reduce_counters: std::sync::OnceLock::new(),
+        reduce_counters: OnceLock::new(),
     })
 }
 

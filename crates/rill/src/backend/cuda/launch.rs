@@ -45,13 +45,13 @@
 
 use std::cell::RefCell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::OnceLock;
-use std::sync::atomic::Ordering::Relaxed;
 
 use cudarc::driver::{CudaFunction, DriverError, LaunchConfig, sys};
 use smallvec::SmallVec;
 
 use crate::runtime::{lifecycle, stats};
+use crate::sync::OnceLock;
+use crate::sync::atomic::Ordering::Relaxed;
 
 use super::handles::CudaStreamHandle;
 

@@ -36,9 +36,8 @@
 //! constructed by those calls may be destroyed before rill's hook runs and waits for the
 //! warm-up (docs/RUNTIME.md, "Process exit").
 
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering::SeqCst};
-
 use crate::runtime::lifecycle;
+use crate::sync::atomic::{AtomicU8, AtomicU64, Ordering::SeqCst};
 
 /// A backend library rill uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -17,8 +17,6 @@
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use cudarc::cublas::{result as cb, sys as cbsys};
 use cudarc::cublaslt::{result as ltr, sys as lt};
@@ -26,6 +24,8 @@ use cudarc::cublaslt::{result as ltr, sys as lt};
 use crate::backend::Storage;
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::sync::OnceLock;
+use crate::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use super::buffer::{cuda_of, new_storage};
 use super::handles::{Blas, CudaStreamHandle};

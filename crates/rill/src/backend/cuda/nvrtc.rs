@@ -88,7 +88,7 @@ pub(crate) fn function(dev: &DeviceState, key: &str, name: &str, src: impl FnOnc
 /// library. Called when a GPU is initialised (before its exit-hook registration) and
 /// before every compile; without NVRTC it does nothing.
 pub(crate) fn warm_up(arch: &str) {
-    static WARM: std::sync::Once = std::sync::Once::new();
+    static WARM: crate::sync::Once = crate::sync::Once::new();
     WARM.call_once(|| {
         let _ = catch_unwind(AssertUnwindSafe(|| compile_inner(arch, "warm-up", &warm_up_source())));
         crate::runtime::lifecycle::register_exit_hook();
