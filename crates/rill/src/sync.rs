@@ -1,9 +1,10 @@
 //! Synchronisation primitives used by the runtime.
 //!
 //! Everything in rill takes its locks, condition variables, atomics and one-time cells
-//! from here, and this is the one file that names std's. Under `--cfg loom` the same
-//! names come from loom, so the runtime protocols compiled into `crates/rill-loom` are
-//! model-checked against the code that runs.
+//! from here, and this is the one file that names std's (clippy's `disallowed-types`, in
+//! `clippy.toml`, refuses them anywhere else). Under `--cfg loom` the same names come from
+//! loom, so the runtime protocols compiled into `crates/rill-loom` are model-checked
+//! against the code that runs.
 //!
 //! `Mutex` ignores poisoning: a panic in user code or a kernel is caught and turned into
 //! an error for the arrays it produced, and must not turn every later lock into a second

@@ -1,6 +1,8 @@
 //! `rill::compile`: results against float64 references, caching, simplification, fusion,
 //! failing traces, and concurrent callers.
 
+#![allow(clippy::disallowed_types)] // a test uses rill as a user does, with std's primitives (clippy.toml)
+
 mod common;
 
 use common::chain;

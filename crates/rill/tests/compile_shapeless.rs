@@ -7,6 +7,8 @@
 //! called on others of the same ranks, against the same function evaluated eagerly
 //! (compiled functions called inside included).
 
+#![allow(clippy::disallowed_types)] // a test uses rill as a user does, with std's primitives (clippy.toml)
+
 use std::sync::{Arc, Mutex, OnceLock};
 
 use proptest::prelude::*;

@@ -4,6 +4,8 @@
 //! are told apart by a host node (`rill::custom`) that records where it ran.
 //! Skipped without a GPU (`RILL_REQUIRE_GPU=1` makes a missing GPU a failure).
 
+#![allow(clippy::disallowed_types)] // a test uses rill as a user does, with std's primitives (clippy.toml)
+
 mod common;
 
 use std::sync::{Arc, Mutex};

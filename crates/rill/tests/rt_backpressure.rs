@@ -1,6 +1,8 @@
 //! Backpressure and the memory limit. One test per concern, run in sequence in one
 //! test function because the memory limit is process-wide.
 
+#![allow(clippy::disallowed_types)] // a test uses rill as a user does, with std's primitives (clippy.toml)
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 

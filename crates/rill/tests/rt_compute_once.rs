@@ -1,6 +1,8 @@
 //! Laziness and compute-once for elementwise graphs. One test in its own binary, so that
 //! the process-wide `nodes_computed` counter moves only because of this test.
 
+#![allow(clippy::disallowed_types)] // a test uses rill as a user does, with std's primitives (clippy.toml)
+
 mod common;
 
 use std::collections::HashSet;

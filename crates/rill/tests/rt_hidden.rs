@@ -1,6 +1,8 @@
 //! Calling eval and async_eval from many new threads creates no stream and no thread.
 //! (One test in this binary, so the process-wide counters are not disturbed.)
 
+#![allow(clippy::disallowed_types)] // a test uses rill as a user does, with std's primitives (clippy.toml)
+
 use rill::{Array, DType, runtime};
 
 #[test]

@@ -1,6 +1,8 @@
 //! Lifecycle calls from any thread (no main thread), and shutdown while other threads
 //! submit. One test in this binary: shutdown is permanent for the process.
 
+#![allow(clippy::disallowed_types)] // a test uses rill as a user does, with std's primitives (clippy.toml)
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 

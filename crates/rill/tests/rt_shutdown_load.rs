@@ -5,6 +5,8 @@
 //! `backend_calls_after_shutdown` counts only calls made without a pass of the closed
 //! backend gate, and must stay 0 (it once counted each refused node).
 
+#![allow(clippy::disallowed_types)] // a test uses rill as a user does, with std's primitives (clippy.toml)
+
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 

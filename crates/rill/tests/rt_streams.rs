@@ -1,5 +1,7 @@
 //! Streams, scoped overrides, cross-stream dependencies and failure isolation.
 
+#![allow(clippy::disallowed_types)] // a test uses rill as a user does, with std's primitives (clippy.toml)
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 

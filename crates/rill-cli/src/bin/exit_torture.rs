@@ -63,6 +63,8 @@
 //! a backtrace; `RILL_TORTURE_STATS=1` makes it print `rill::runtime::stats()` on stdout in
 //! its last exit handler; `RILL_TORTURE_HANG_S` is the hang bound (60 s).
 
+#![allow(clippy::disallowed_types)] // a user of rill, not its runtime: std's primitives (clippy.toml)
+
 use std::cell::RefCell;
 use std::future::Future;
 use std::io::{BufRead, BufReader, Read, Write};

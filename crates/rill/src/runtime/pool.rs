@@ -11,23 +11,26 @@
 //! Shutdown (`stop`): 1. take the pool out of `POOL` so no new job is spawned; 2. drop it,
 //! which tells idle workers to exit; 3. wait, with a bound, until the live count is zero.
 //! A worker stuck in a long kernel past the bound is left to finish on its own.
-
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+//!
+//! The three items that name rayon's pool types (`POOL`, `ensure_started`, `handle`)
+//! allow clippy's `disallowed_types` (`clippy.toml`); the rest of the file is checked
+//! like any other, for std's synchronisation types too.
 
 use std::cell::Cell;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use crate::runtime::stats;
-use crate::sync::{Condvar, Mutex};
+use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use crate::sync::{Arc, Condvar, Mutex};
 
-static POOL: Mutex<Option<std::sync::Arc<rayon::ThreadPool>>> = Mutex::new(None);
-static STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+#[allow(clippy::disallowed_types)] // the pool
+static POOL: Mutex<Option<Arc<rayon::ThreadPool>>> = Mutex::new(None);
+static STARTED: AtomicBool = AtomicBool::new(false);
 static EXITED: Mutex<usize> = Mutex::new(0);
 static BOOTED: Mutex<usize> = Mutex::new(0);
 static BOOTED_CV: Condvar = Condvar::new();
 static EXITED_CV: Condvar = Condvar::new();
-static SIZE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static SIZE: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
     /// Set on the pool's own threads when they start. Rayon's `current_thread_index` is
@@ -50,6 +53,7 @@ pub fn num_threads() -> usize {
 }
 
 /// Starts the pool if it is not running (once per process; never after shutdown).
+#[allow(clippy::disallowed_types)] // builds the pool
 pub(crate) fn ensure_started() {
     if STARTED.load(Relaxed) {
         return;
@@ -78,7 +82,7 @@ pub(crate) fn ensure_started() {
     match built {
         Ok(p) => {
             SIZE.store(n, Relaxed);
-            *g = Some(std::sync::Arc::new(p));
+            *g = Some(Arc::new(p));
             STARTED.store(true, Relaxed);
             drop(g);
             // Wait (bounded) until every worker runs, so the thread count is exact from
@@ -135,7 +139,8 @@ pub(crate) fn run_on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> Option<R> {
 
 /// The pool, cloned out of its lock (never hold the lock while a job runs: jobs that the
 /// job starts need it to spawn).
-fn handle() -> Option<std::sync::Arc<rayon::ThreadPool>> {
+#[allow(clippy::disallowed_types)]
+fn handle() -> Option<Arc<rayon::ThreadPool>> {
     POOL.lock().clone()
 }
 

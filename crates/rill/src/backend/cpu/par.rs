@@ -15,7 +15,7 @@
 //! thread, and a large one wait behind whatever the pool is running. The pieces are the
 //! same either way, so a result never depends on where its loop ran.
 
-#![allow(clippy::disallowed_methods, clippy::disallowed_types)]
+#![allow(clippy::disallowed_methods)]
 
 use rayon::prelude::*;
 
@@ -116,8 +116,8 @@ mod tests {
         let src: Vec<usize> = (0..20).collect();
         zip(&mut out, 5, &src, 10, |o, s| o.fill(s[0]));
         assert_eq!(out, [0, 0, 0, 0, 0, 10, 10, 10, 10, 10]);
-        let inits = std::sync::atomic::AtomicUsize::new(0);
-        let init = || inits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let inits = crate::sync::atomic::AtomicUsize::new(0);
+        let init = || inits.fetch_add(1, crate::sync::atomic::Ordering::Relaxed);
         chunks_init(&mut out, 2, init, |_, i, o| o.fill(i));
         assert_eq!(out, [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]);
         assert_eq!(inits.into_inner(), 1);
