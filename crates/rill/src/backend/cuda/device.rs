@@ -6,9 +6,8 @@
 //! polling the event, then querying it between short naps) for each batch's event in
 //! order and signals the batch's fence. `shutdown` stops and joins the workers within a bound.
 
-use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cudarc::driver::{CudaContext, CudaStream, sys};
 
@@ -16,10 +15,11 @@ use crate::backend::Fence;
 use crate::error::{Error, Result};
 use crate::runtime::{lifecycle, pool, stats};
 use crate::sync::OnceLock;
-use crate::sync::atomic::{AtomicBool, Ordering::SeqCst};
-use crate::sync::{Arc, Condvar, Mutex, Weak};
+use crate::sync::atomic::Ordering::SeqCst;
+use crate::sync::{Arc, Deadline, Mutex, Weak};
 
 use super::handles::Ev;
+use super::handoff::Handoff;
 
 /// One initialised GPU.
 pub(crate) struct DeviceState {
@@ -51,23 +51,9 @@ impl DeviceState {
     }
 }
 
-struct WorkerQueue {
-    jobs: VecDeque<(Arc<Ev>, Arc<Fence>)>,
-    stop: bool,
-    exited: bool,
-    /// The worker sleeps on the condition variable (a new job must signal it).
-    sleeping: bool,
-}
-
-/// The completion worker's queue, shared with the threads that hand it jobs.
-struct WorkerShared {
-    queue: Mutex<WorkerQueue>,
-    cv: Condvar,
-    /// Set under the queue's lock when a job is pushed or the worker is told to stop;
-    /// cleared under it when the worker takes the last job. The lingering worker polls
-    /// this flag, not the mutex, so a thread handing over a job never contends with it.
-    poke: AtomicBool,
-}
+/// The completion worker's queue, shared with the threads that hand it jobs (the
+/// protocol is `handoff.rs`'s, model-checked with loom).
+type WorkerShared = Handoff<(Arc<Ev>, Arc<Fence>)>;
 
 struct Worker {
     q: Arc<WorkerShared>,
@@ -169,11 +155,7 @@ fn init(ordinal: usize) -> Result<Arc<DeviceState>> {
         .max(1) as u32;
     keep_pool_memory(&ctx);
     let transfer = ctx.new_stream().map_err(|e| err("cannot create a stream", e))?;
-    let q = Arc::new(WorkerShared {
-        queue: Mutex::new(WorkerQueue { jobs: VecDeque::new(), stop: false, exited: false, sleeping: false }),
-        cv: Condvar::new(),
-        poke: AtomicBool::new(false),
-    });
+    let q = Arc::new(WorkerShared::new());
     let q2 = q.clone();
     let c2 = ctx.clone();
     let handle = std::thread::Builder::new()
@@ -234,32 +216,11 @@ fn worker_main(ctx: Arc<CudaContext>, q: Arc<WorkerShared>) {
         libc::prctl(libc::PR_SET_TIMERSLACK, 5_000 as libc::c_ulong);
     }
     let _ = ctx.bind_to_thread();
-    let ready = |g: &WorkerQueue| !g.jobs.is_empty() || g.stop;
-    loop {
-        let job = {
-            let mut g = q.queue.lock();
-            if !ready(&g) {
-                // Linger (polling the flag, not the lock), then sleep.
-                drop(g);
-                crate::backend::poll_until(|| q.poke.load(SeqCst), LINGER);
-                g = q.queue.lock();
-            }
-            loop {
-                if let Some(j) = g.jobs.pop_front() {
-                    if g.jobs.is_empty() && !g.stop {
-                        q.poke.store(false, SeqCst);
-                    }
-                    break Some(j);
-                }
-                if g.stop {
-                    break None;
-                }
-                g.sleeping = true;
-                g = q.cv.wait(g);
-                g.sleeping = false;
-            }
-        };
-        let Some((ev, fence)) = job else { break };
+    // Without a job: linger (polling the flag, not the lock), then sleep.
+    let linger = |q: &WorkerShared| {
+        crate::backend::poll_until(|| q.poked(), LINGER);
+    };
+    while let Some((ev, fence)) = q.next(linger) {
         // Once shutdown has closed the backend gate, pending batches report ShutDown.
         let r = match lifecycle::enter_backend() {
             None => Err(Error::ShutDown),
@@ -273,31 +234,14 @@ fn worker_main(ctx: Arc<CudaContext>, q: Arc<WorkerShared>) {
         drop(ev);
     }
     stats::THREADS_LIVE.fetch_sub(1, SeqCst);
-    let mut g = q.queue.lock();
-    g.exited = true;
-    drop(g);
-    q.cv.notify_all();
+    q.exited();
 }
 
 impl DeviceState {
     /// Hands a batch's event and fence to the completion worker. When the worker is
     /// stopped (shutdown), waits for the event here instead.
     pub(crate) fn complete_later(&self, ev: Arc<Ev>, fence: Arc<Fence>) {
-        let q = &self.worker.q;
-        {
-            let mut g = q.queue.lock();
-            if !g.stop {
-                g.jobs.push_back((ev, fence));
-                q.poke.store(true, SeqCst);
-                // A lingering worker sees the job without a signal (a system call).
-                let sleeping = g.sleeping;
-                drop(g);
-                if sleeping {
-                    q.cv.notify_all();
-                }
-                return;
-            }
-        }
+        let Err((ev, fence)) = self.worker.q.push((ev, fence)) else { return };
         let r = ev.synchronize().map_err(|e| Error::backend("cuda", format!("device work failed: {e:?}")));
         fence.signal(r);
     }
@@ -307,27 +251,12 @@ impl DeviceState {
 pub(crate) fn shutdown(bound: Duration) -> bool {
     let devices: Vec<Arc<DeviceState>> = DEVICES.lock().iter().flatten().cloned().collect();
     for d in &devices {
-        let mut g = d.worker.q.queue.lock();
-        g.stop = true;
-        d.worker.q.poke.store(true, SeqCst);
-        drop(g);
-        d.worker.q.cv.notify_all();
+        d.worker.q.stop();
     }
-    let deadline = Instant::now() + bound;
+    let deadline = Deadline::after(bound);
     let mut all = true;
     for d in &devices {
-        let q = &d.worker.q;
-        let mut g = q.queue.lock();
-        while !g.exited {
-            let now = Instant::now();
-            if now >= deadline {
-                break;
-            }
-            g = q.cv.wait_timeout(g, deadline - now).0;
-        }
-        let exited = g.exited;
-        drop(g);
-        if exited {
+        if d.worker.q.wait_exited(&deadline) {
             if let Some(h) = d.worker.handle.lock().take() {
                 let _ = h.join();
             }

@@ -43,6 +43,7 @@ mod elementwise;
 mod exec;
 mod fused;
 mod handles;
+mod handoff;
 mod launch;
 pub(crate) mod libs;
 mod map;
