@@ -29,6 +29,9 @@ mod serial_src;
 #[path = "../../rill/src/runtime/gate.rs"]
 mod gate_src;
 
+#[path = "../../rill/src/backend/cuda/handoff.rs"]
+mod handoff_src;
+
 /// Mirrors rill's module paths, `runtime::claim`, `runtime::completion`, `runtime::gate`, `runtime::registry` and `runtime::serial`.
 pub(crate) mod runtime {
     #[allow(unused_imports)]
@@ -41,6 +44,14 @@ pub(crate) mod runtime {
     pub(crate) use crate::registry_src as registry;
     #[allow(unused_imports)]
     pub(crate) use crate::serial_src as serial;
+}
+
+/// Mirrors rill's module path `backend::cuda::handoff`.
+pub(crate) mod backend {
+    pub(crate) mod cuda {
+        #[allow(unused_imports)]
+        pub(crate) use crate::handoff_src as handoff;
+    }
 }
 
 /// Runs `f` under loom, exploring interleavings with at most `preemptions` preemptions
@@ -60,6 +71,8 @@ mod loom_claim;
 mod loom_completion;
 #[cfg(all(test, loom))]
 mod loom_gate;
+#[cfg(all(test, loom))]
+mod loom_handoff;
 #[cfg(all(test, loom))]
 mod loom_register;
 #[cfg(all(test, loom))]

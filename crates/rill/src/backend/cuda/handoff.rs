@@ -19,7 +19,8 @@
 //! Invariants: a queued job is always taken (the worker never sleeps with a job queued:
 //! `sleeping` is set under the lock that `push` reads it under, and the wait releases the
 //! lock atomically); `poke` is set whenever a job is queued or the worker is stopped, so a
-//! lingering worker never misses one.
+//! lingering worker never misses one. The loom model in
+//! `crates/rill-loom/src/loom_handoff.rs` checks exactly this file.
 
 use std::collections::VecDeque;
 
@@ -126,5 +127,15 @@ impl<J> Handoff<J> {
             g = self.cv.wait_timeout(g, left).0;
         }
         true
+    }
+
+    /// Checks, under the lock, that `poke` is set whenever a job is queued or the worker is
+    /// stopped (for the model check).
+    #[cfg(loom)]
+    pub fn check_poke(&self) {
+        let g = self.state.lock();
+        if !g.jobs.is_empty() || g.stop {
+            assert!(self.poke.load(SeqCst), "a job is queued (or the worker stopped) without `poke` set");
+        }
     }
 }
