@@ -18,26 +18,23 @@
 //!    joined, each with a bound; a worker stuck past it is left behind, never waited on
 //!    forever.
 //! 6. The state becomes `Down`.
+//!
+//! The state, the gate and the order of the steps are `phase.rs`'s (model-checked with
+//! loom); this file supplies what each step does, and the exit hook.
 
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::runtime::gate::{Gate, Pass};
-use crate::sync::atomic::{AtomicBool, AtomicU8, Ordering::SeqCst};
+use crate::runtime::phase::{Phase, Steps};
+use crate::sync::atomic::{AtomicBool, Ordering::SeqCst};
 
 use crate::runtime::{pool, scheduler, stats, stream};
 
-const RUNNING: u8 = 0;
-/// Intake stopped; in-flight work is draining.
-const DRAINING: u8 = 1;
-/// Drain over: queued work is cancelled and no backend call may happen any more.
-const CANCELLED: u8 = 2;
-const DOWN: u8 = 3;
-
-static STATE: AtomicU8 = AtomicU8::new(RUNNING);
+/// The process state and the backend gate: every backend-library call happens while
+/// holding a pass of `PHASE.gate()`.
+static PHASE: Phase = Phase::new();
 static HOOK: AtomicBool = AtomicBool::new(false);
-/// Every backend-library call happens while holding a pass of this gate.
-static GATE: Gate = Gate::new();
 
 /// A held pass of the backend gate (see [`enter_backend`]); this thread counts as inside a
 /// backend library until it is dropped.
@@ -64,7 +61,7 @@ impl Drop for BackendPass {
 /// across the whole call, including any blocking wait inside the driver.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // only the CUDA backend enters
 pub(crate) fn enter_backend() -> Option<BackendPass> {
-    let pass = GATE.enter()?;
+    let pass = PHASE.gate().enter()?;
     PASSES_HELD.with(|n| n.set(n.get() + 1));
     Some(BackendPass { _pass: pass })
 }
@@ -96,7 +93,7 @@ pub(crate) fn backend_pass() -> Result<Option<BackendPass>> {
 /// with a pass, so the count stays 0 unless rill has a bug.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn note_backend_call() {
-    if unpassed_call(&GATE, PASSES_HELD.with(std::cell::Cell::get)) {
+    if unpassed_call(PHASE.gate(), PASSES_HELD.with(std::cell::Cell::get)) {
         stats::BACKEND_CALLS_AFTER_SHUTDOWN.fetch_add(1, SeqCst);
     }
 }
@@ -108,17 +105,17 @@ fn unpassed_call(gate: &Gate, held: u32) -> bool {
 
 /// Threads inside a backend library right now.
 pub(crate) fn threads_in_backend() -> usize {
-    GATE.inside()
+    PHASE.gate().inside()
 }
 
 /// True once the runtime is fully shut down (workers stopped).
 pub fn is_down() -> bool {
-    STATE.load(SeqCst) == DOWN
+    PHASE.is_down()
 }
 
 /// True once shutdown has begun (explicitly or at exit).
 pub fn is_shutting_down() -> bool {
-    STATE.load(SeqCst) != RUNNING
+    !PHASE.is_running()
 }
 
 /// `Err(Error::ShutDown)` once shutdown has begun.
@@ -129,7 +126,7 @@ pub(crate) fn check_running() -> Result<()> {
 /// True once the drain is over: queued work is cancelled and the backend gate is closed
 /// (or about to be). A node not yet started is refused then, not run.
 pub(crate) fn is_cancelled() -> bool {
-    STATE.load(SeqCst) >= CANCELLED
+    PHASE.is_cancelled()
 }
 
 /// What a shutdown did.
@@ -155,39 +152,76 @@ pub fn shutdown() -> ShutdownReport {
 
 /// [`shutdown`] with an explicit bound for draining in-flight work.
 pub fn shutdown_timeout(drain: Duration) -> ShutdownReport {
-    if STATE.compare_exchange(RUNNING, DRAINING, SeqCst, SeqCst).is_err() {
+    let mut steps = RuntimeSteps {
+        drain,
+        t0: Instant::now(),
+        t_drain: Duration::ZERO,
+        t_gate: Duration::ZERO,
+        t_workers: Duration::ZERO,
+    };
+    let Some(done) = PHASE.shutdown(&mut steps) else {
         return ShutdownReport { performed: false, abandoned: 0, threads_joined: true, threads_in_backend: 0 };
-    }
-    let t0 = Instant::now();
-    let deadline = t0 + drain;
-    let abandoned = scheduler::drain_until(deadline);
-    let t_drain = t0.elapsed();
-    STATE.store(CANCELLED, SeqCst);
-    scheduler::cancel_queued(&stream::live_streams());
-    // From here no thread enters a backend library; wait for those inside to leave. The
-    // bound is the drain bound again (at least 1 s): a thread stuck in the driver longer
-    // than that is left behind, and reported as not joined.
-    let gate_clear = GATE.close_and_wait(drain.max(Duration::from_secs(1)));
-    let t_gate = t0.elapsed();
-    drop(stream::forget_defaults());
-    let mut joined = gate_clear;
-    #[cfg(feature = "cuda")]
-    {
-        joined &= crate::backend::cuda::shutdown(Duration::from_secs(2));
-    }
-    let t_workers = t0.elapsed();
-    joined &= pool::stop(Duration::from_secs(2));
-    crate::backend::cpu::clear_cache();
-    STATE.store(DOWN, SeqCst);
+    };
+    let joined = done.gate_clear && done.workers_joined;
     if std::env::var_os("RILL_DEBUG_SHUTDOWN").is_some() {
+        let RuntimeSteps { t0, t_drain, t_gate, t_workers, .. } = steps;
         eprintln!(
-            "rill shutdown: drained at {t_drain:?} (abandoned {abandoned}), gate clear at {t_gate:?} ({gate_clear}), \
+            "rill shutdown: drained at {t_drain:?} (abandoned {}), gate clear at {t_gate:?} ({}), \
              workers stopped at {t_workers:?}, pool stopped at {:?} (joined {joined}), in flight {}",
+            done.abandoned,
+            done.gate_clear,
             t0.elapsed(),
             stats::IN_FLIGHT.load(SeqCst)
         );
     }
-    ShutdownReport { performed: true, abandoned, threads_joined: joined, threads_in_backend: GATE.inside() }
+    ShutdownReport {
+        performed: true,
+        abandoned: done.abandoned,
+        threads_joined: joined,
+        threads_in_backend: PHASE.gate().inside(),
+    }
+}
+
+/// What each step of the shutdown sequence does in the runtime, and when it ended (for
+/// `RILL_DEBUG_SHUTDOWN`).
+struct RuntimeSteps {
+    drain: Duration,
+    t0: Instant,
+    t_drain: Duration,
+    t_gate: Duration,
+    t_workers: Duration,
+}
+
+impl Steps for RuntimeSteps {
+    fn drain(&mut self) -> usize {
+        let abandoned = scheduler::drain_until(self.t0 + self.drain);
+        self.t_drain = self.t0.elapsed();
+        abandoned
+    }
+
+    fn cancel_queued(&mut self) {
+        scheduler::cancel_queued(&stream::live_streams());
+    }
+
+    /// The drain bound again (at least 1 s): a thread stuck in the driver longer than that
+    /// is left behind, and reported as not joined.
+    fn gate_bound(&self) -> Duration {
+        self.drain.max(Duration::from_secs(1))
+    }
+
+    fn stop_workers(&mut self) -> bool {
+        self.t_gate = self.t0.elapsed();
+        drop(stream::forget_defaults());
+        let mut joined = true;
+        #[cfg(feature = "cuda")]
+        {
+            joined &= crate::backend::cuda::shutdown(Duration::from_secs(2));
+        }
+        self.t_workers = self.t0.elapsed();
+        joined &= pool::stop(Duration::from_secs(2));
+        crate::backend::cpu::clear_cache();
+        joined
+    }
 }
 
 /// The exit hook's work. Returns true when a thread is still inside a backend library

@@ -10,7 +10,8 @@
 //! | CPU worker pool | `pool.rs` | the runtime's CPU threads |
 //! | scoped stream override | `scope.rs` | a `Weak` per thread, set by guards |
 //! | memory counters and limit | `memory.rs` | counters |
-//! | shutdown and exit hook | `lifecycle.rs` | the process state |
+//! | shutdown and exit hook | `lifecycle.rs` | nothing (runs `phase.rs`'s sequence) |
+//! | the process state, the order of the shutdown steps | `phase.rs` | the state and the gate |
 //! | the door into backend libraries that shutdown closes | `gate.rs` | a counter of threads inside |
 //! | counters | `stats.rs` | counters |
 
@@ -20,6 +21,7 @@ pub(crate) mod device;
 pub(crate) mod gate;
 pub(crate) mod lifecycle;
 pub(crate) mod memory;
+pub(crate) mod phase;
 pub(crate) mod pool;
 pub(crate) mod registry;
 pub(crate) mod scheduler;
