@@ -29,10 +29,14 @@ mod serial_src;
 #[path = "../../rill/src/runtime/gate.rs"]
 mod gate_src;
 
+#[path = "../../rill/src/runtime/phase.rs"]
+mod phase_src;
+
 #[path = "../../rill/src/backend/cuda/handoff.rs"]
 mod handoff_src;
 
-/// Mirrors rill's module paths, `runtime::claim`, `runtime::completion`, `runtime::gate`, `runtime::registry` and `runtime::serial`.
+/// Mirrors rill's module paths, `runtime::claim`, `runtime::completion`, `runtime::gate`,
+/// `runtime::phase`, `runtime::registry` and `runtime::serial`.
 pub(crate) mod runtime {
     #[allow(unused_imports)]
     pub(crate) use crate::claim_src as claim;
@@ -40,6 +44,8 @@ pub(crate) mod runtime {
     pub(crate) use crate::completion_src as completion;
     #[allow(unused_imports)]
     pub(crate) use crate::gate_src as gate;
+    #[allow(unused_imports)]
+    pub(crate) use crate::phase_src as phase;
     #[allow(unused_imports)]
     pub(crate) use crate::registry_src as registry;
     #[allow(unused_imports)]
@@ -77,3 +83,5 @@ mod loom_handoff;
 mod loom_register;
 #[cfg(all(test, loom))]
 mod loom_serial;
+#[cfg(all(test, loom))]
+mod loom_shutdown;

@@ -3,7 +3,7 @@
 //!
 //! The harness drives rill's own code: the stream `Registry` (`registry.rs`), the stream
 //! queue state machine (`serial.rs`) and a `Completion` (`completion.rs`) per batch as its
-//! outcome. The process state is a loom `AtomicU8` with the constants of `lifecycle.rs`.
+//! outcome. The process state is a loom `AtomicU8` with the states of `phase.rs`.
 //! Around them it does what the runtime does:
 //! - `Stream::new`: check the state is `RUNNING`, create the stream, register it;
 //! - `Plan::advance`: take the stream's queue lock, check the state under it, push the
@@ -35,16 +35,11 @@ use loom::thread;
 
 use crate::jobs::JobQueue;
 use crate::runtime::completion::Completion;
+use crate::runtime::phase::{CANCELLED, DOWN, DRAINING, RUNNING};
 use crate::runtime::registry::Registry;
 use crate::runtime::serial::{Run, Serial, Take};
 use crate::sync::Mutex;
 use crate::sync::atomic::{AtomicU8, Ordering::SeqCst};
-
-// The states of `lifecycle.rs`.
-const RUNNING: u8 = 0;
-const DRAINING: u8 = 1;
-const CANCELLED: u8 = 2;
-const DOWN: u8 = 3;
 
 /// A batch; its completion is `true` when a worker ran it, `false` when it was cancelled.
 struct Batch {

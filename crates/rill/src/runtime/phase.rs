@@ -1,7 +1,7 @@
 //! The runtime's lifecycle state and the order of the shutdown sequence, apart from what
 //! each step does: `lifecycle.rs` runs [`Phase::shutdown`] with the runtime's steps (the
-//! scheduler's drain and cancel, the device workers, the CPU pool), and a model can run
-//! it with its own.
+//! scheduler's drain and cancel, the device workers, the CPU pool); the loom model in
+//! `crates/rill-loom/src/loom_shutdown.rs` runs exactly this file with its own.
 //!
 //! | state | entered by | means |
 //! |---|---|---|
