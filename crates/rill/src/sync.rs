@@ -16,8 +16,8 @@
 //!   execution, so a `static` holds these types only in the real build. Process-wide
 //!   counters and flags (`stats.rs`, `memory.rs`, the ids) are such statics; the files
 //!   that declare them are not compiled into a model. A protocol that is model-checked
-//!   keeps its state in a struct (`Gate`, `Registry`) that the real build puts in a
-//!   `static` or an `Arc` and a model creates per execution.
+//!   keeps its state in a struct (`Gate`, `Phase`, `Registry`, `Handoff`) that the real
+//!   build puts in a `static` or an `Arc` and a model creates per execution.
 //! - One-time initialisation ([`OnceLock`], [`Once`]: the driver probe, environment
 //!   switches, per-buffer events). These are std's and exist only without loom: no
 //!   model-checked file uses them, and one that did would fail to compile under loom
