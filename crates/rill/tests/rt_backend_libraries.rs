@@ -27,6 +27,11 @@ fn every_library_is_loaded_before_main_where_a_gpu_works() {
     let y = rill::with_stream(&common::gpu().unwrap().default_stream().unwrap(), || x.matmul(&x)).unwrap();
     assert_eq!(y.to_f64_vec().unwrap()[0], 64.0);
     assert_eq!(backend_libraries().iter().map(|l| l.state).collect::<Vec<_>>(), at_start);
+    // The C++ libraries construct statics on later calls too; each such teardown entry
+    // waits for the exit shutdown (runtime/teardown.rs).
+    for l in backend_libraries().iter().filter(|l| l.name != "CUDA driver") {
+        assert!(l.teardown_guarded, "{l:?}");
+    }
 }
 
 /// In a child process without the constructor's loads: after shutdown nothing is loaded,

@@ -224,12 +224,27 @@ impl Steps for RuntimeSteps {
     }
 }
 
-/// The exit hook's work. Returns true when a thread is still inside a backend library
-/// after the bounds, which the C runtime's teardown of that library would crash.
+/// The exit hook's work: the shutdown, once (a later call finds it done). Returns true
+/// when a thread is still inside a backend library after the bounds, which the C
+/// runtime's teardown of that library would crash.
 fn exit_shutdown() -> bool {
     let ms = std::env::var("RILL_EXIT_DRAIN_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000u64);
     // Never unwind across the C boundary.
-    std::panic::catch_unwind(|| shutdown_timeout(Duration::from_millis(ms)).threads_in_backend > 0).unwrap_or(false)
+    let _ = std::panic::catch_unwind(|| shutdown_timeout(Duration::from_millis(ms)));
+    threads_in_backend() > 0
+}
+
+/// Run by `exit` before each teardown entry a backend library registered after rill
+/// redirected its registrations (`teardown.rs`), whatever the order of the entries: the
+/// exit shutdown, if no earlier entry or hook ran it, then whether the library may be
+/// torn down (false while a thread is still inside a backend library; the entry is then
+/// skipped and rill's own hook ends the process with `_exit`). Before any backend
+/// initialised there is nothing to shut down.
+pub(crate) fn before_library_teardown() -> bool {
+    if !HOOK.load(SeqCst) {
+        return true;
+    }
+    !exit_shutdown()
 }
 
 /// On glibc the hook learns the exit status. If a thread is still inside a backend

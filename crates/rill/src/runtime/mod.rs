@@ -14,6 +14,7 @@
 //! | the process state, the order of the shutdown steps | `phase.rs` | the state and the gate |
 //! | the door into backend libraries that shutdown closes | `gate.rs` | a counter of threads inside |
 //! | counters | `stats.rs` | counters |
+//! | backend libraries' teardown entries, wrapped to run the exit shutdown first | `teardown.rs` | the wrapped entries |
 
 pub(crate) mod claim;
 pub(crate) mod completion;
@@ -29,6 +30,7 @@ pub(crate) mod scope;
 pub(crate) mod serial;
 pub(crate) mod stats;
 pub(crate) mod stream;
+pub(crate) mod teardown;
 
 pub use lifecycle::{ShutdownReport, is_down, is_shutting_down, shutdown, shutdown_timeout};
 pub use memory::{active_memory, cached_memory, memory_limit, peak_memory, reset_peak_memory, set_memory_limit};
@@ -44,6 +46,11 @@ pub struct BackendLibrary {
     pub state: LibraryState,
     /// How long looking for it and opening it took, in microseconds.
     pub open_micros: u64,
+    /// True when every teardown entry the library registers after it was opened (the
+    /// destructors of statics it constructs later) runs rill's exit shutdown first, so that
+    /// the library is never torn down under a thread still inside it (Linux with glibc;
+    /// docs/RUNTIME.md, "Process exit").
+    pub teardown_guarded: bool,
 }
 
 /// When a backend library was loaded (docs/RUNTIME.md, "Process exit").

@@ -25,19 +25,21 @@
 //! 2. *Initialised when a device initialises.* `Device::gpu` compiles a small kernel
 //!    with NVRTC and runs a small product of each matmul dtype through cuBLAS and cuBLASLt
 //!    (`warm_up`s in `nvrtc.rs` and `matmul.rs`), under a pass of the backend gate, before
-//!    the device is handed out, then registers the exit hook again: the statics those
-//!    first calls construct are torn down after the hook too. The first matmul or compile
-//!    of the program, whenever it happens, then loads and initialises nothing.
-//! 3. *Never after shutdown began.* [`load`] refuses once shutdown has begun, and no code
+//!    the device is handed out, then registers the exit hook again. The first matmul or
+//!    compile of the program, whenever it happens, then loads nothing.
+//! 3. *Torn down after the exit shutdown.* Each library is opened with its `__cxa_atexit`
+//!    import redirected (`runtime/teardown.rs`): the destructor of a static it constructs
+//!    at any later moment (NVRTC 13.0 does, in later compiles) runs only after the exit
+//!    shutdown has waited for every thread inside a backend library.
+//! 4. *Never after shutdown began.* [`load`] refuses once shutdown has begun, and no code
 //!    path calls a library that [`load`] did not report loaded.
 //!
-//! What remains: a process that calls `exit` on one thread while another is inside the
-//! *first* `Device::gpu` (the warm-up's few milliseconds of first calls): a static first
-//! constructed by those calls may be destroyed before rill's hook runs and waits for the
-//! warm-up (docs/RUNTIME.md, "Process exit").
+//! What remains: with `RILL_CUDA_PRELOAD=0`, a process that calls `exit` on one thread
+//! while another opens the libraries in the first `Device::gpu` (docs/RUNTIME.md,
+//! "Process exit").
 
 use crate::runtime::lifecycle;
-use crate::sync::atomic::{AtomicU8, AtomicU64, Ordering::SeqCst};
+use crate::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering::SeqCst};
 
 /// A backend library rill uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +72,8 @@ const AT_PROBE: u8 = 3;
 static STATE: [AtomicU8; 4] = [const { AtomicU8::new(UNKNOWN) }; 4];
 /// How long opening each library took, in microseconds.
 static MICROS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+/// How many `__cxa_atexit` imports of each library were redirected (`runtime/teardown.rs`).
+static GUARDED: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
 
 /// Opens `lib` under the first name cudarc would try that exists, never to be unloaded.
 /// cudarc's later opens of the same name then find it loaded and construct nothing.
@@ -88,6 +92,9 @@ fn open_uncounted(lib: Lib) -> bool {
             // SAFETY: a plain dlopen of a named library; the handle is kept for ever.
             let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL | libc::RTLD_NODELETE) };
             if !h.is_null() {
+                // Before any use: from here on its teardown entries wait for the exit
+                // shutdown, whenever they are registered (`runtime/teardown.rs`).
+                GUARDED[lib as usize].store(crate::runtime::teardown::guard(h), SeqCst);
                 return true;
             }
         }
@@ -130,6 +137,22 @@ pub(crate) fn load(lib: Lib) -> bool {
 /// True when `lib` was loaded; never loads it.
 pub(crate) fn loaded(lib: Lib) -> bool {
     matches!(STATE[lib as usize].load(SeqCst), AT_START | AT_PROBE)
+}
+
+/// True when every teardown entry `lib` registers from now on runs rill's exit shutdown
+/// first (its `__cxa_atexit` import was redirected when it was opened).
+pub(crate) fn teardown_guarded(lib: Lib) -> bool {
+    GUARDED[lib as usize].load(SeqCst) > 0
+}
+
+/// After a call that may have constructed statics of `lib` (its first compile, a new
+/// handle's first product): where `lib`'s teardown is not guarded, registers the exit hook
+/// again, which puts it ahead of every entry registered so far (not of one registered by a
+/// call still running when `exit` begins; `runtime/teardown.rs` is what closes that).
+pub(crate) fn after_first_use(lib: Lib) {
+    if !teardown_guarded(lib) {
+        lifecycle::register_exit_hook();
+    }
 }
 
 /// Loads every library not loaded yet (when the first GPU is probed).
@@ -189,6 +212,7 @@ pub(crate) fn report() -> Vec<crate::runtime::BackendLibrary> {
                 _ => LibraryState::NotLoaded,
             },
             open_micros: MICROS[lib as usize].load(SeqCst),
+            teardown_guarded: teardown_guarded(lib),
         })
         .collect()
 }

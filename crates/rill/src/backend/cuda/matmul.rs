@@ -118,9 +118,8 @@ pub(crate) fn matmul(
             }
             let workspace = std::mem::ManuallyDrop::new(ws);
             *g = Some(Blas { handle: h, workspace, ws_ptr, lt: Default::default() });
-            // cuBLAS is loaded by now (its statics registered their teardown): keep the
-            // exit hook ahead of it (see `register_exit_hook`).
-            crate::runtime::lifecycle::register_exit_hook();
+            // cuBLAS constructed statics for the handle (see `libs::after_first_use`).
+            super::libs::after_first_use(super::libs::Lib::Cublas);
         }
         let Some(blas) = g.as_mut() else { return Err(super::unsupported("matmul", "no cuBLAS handle")) };
         let tf32 = compute == C::CUBLAS_COMPUTE_32F_FAST_TF32;
@@ -133,8 +132,9 @@ pub(crate) fn matmul(
             None => unsafe { gemm_ex(cs, blas.handle, &p, ty, compute) },
         };
         if fresh {
-            // Statics cuBLAS built on this handle's first call: the same.
-            crate::runtime::lifecycle::register_exit_hook();
+            // Statics cuBLAS and cuBLASLt built on this handle's first call: the same.
+            super::libs::after_first_use(super::libs::Lib::Cublas);
+            super::libs::after_first_use(super::libs::Lib::CublasLt);
         }
         res
     }));
@@ -340,8 +340,8 @@ fn lt_plan(blas: &mut Blas, p: &Problem) -> Option<(lt::cublasLtHandle_t, LtPlan
             return std::ptr::null_mut();
         }
         let h = ltr::create_handle().unwrap_or(std::ptr::null_mut());
-        // cuBLASLt's statics are registered by now: keep the exit hook ahead of them.
-        crate::runtime::lifecycle::register_exit_hook();
+        // cuBLASLt constructed statics for the handle (see `libs::after_first_use`).
+        super::libs::after_first_use(super::libs::Lib::CublasLt);
         h
     });
     if h.is_null() {

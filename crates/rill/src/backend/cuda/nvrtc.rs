@@ -81,17 +81,17 @@ pub(crate) fn function(dev: &DeviceState, key: &str, name: &str, src: impl FnOnc
     cached(&mut g).unwrap_or_else(|| Err(Error::backend("cuda", format!("kernel {key} missing"))))
 }
 
-/// Loads NVRTC and compiles one small kernel, once per process, then registers the exit
-/// hook again. NVRTC registers the teardown of its statics (thousands of `__cxa_atexit`
-/// entries) when it is loaded and a few more on its first compile; `exit` runs them before
-/// any hook registered earlier, so a thread still compiling would run on a destroyed
-/// library. Called when a GPU is initialised (before its exit-hook registration) and
-/// before every compile; without NVRTC it does nothing.
+/// Loads NVRTC and compiles one small kernel, once per process, so that the program's
+/// first compile is not also NVRTC's first. NVRTC registers the teardown of its statics
+/// (thousands of `__cxa_atexit` entries) when it is loaded and a few more in its first
+/// compiles; those registered after rill's exit hook are wrapped to wait for the exit
+/// shutdown (`runtime/teardown.rs`). Called when a GPU is initialised and before every
+/// compile; without NVRTC it does nothing.
 pub(crate) fn warm_up(arch: &str) {
     static WARM: crate::sync::Once = crate::sync::Once::new();
     WARM.call_once(|| {
         let _ = catch_unwind(AssertUnwindSafe(|| compile_inner(arch, "warm-up", &warm_up_source())));
-        crate::runtime::lifecycle::register_exit_hook();
+        super::libs::after_first_use(super::libs::Lib::Nvrtc);
     });
 }
 
@@ -112,11 +112,8 @@ pub(crate) fn compile_for(arch: &str, key: &str, src: &str) -> Result<Ptx> {
         crate::runtime::stats::KERNELS_COMPILED_ON_USER_THREADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     let r = catch_unwind(AssertUnwindSafe(|| compile_inner(arch, key, src)));
-    // Statics first used by this compile: keep the hook ahead of their teardown too. One
-    // small entry per distinct kernel. (NVRTC 13.0 constructs 4 more statics in some
-    // compile after the warm-up's; the hook registered here comes too late for a compile
-    // in flight when `exit` begins: docs/RUNTIME.md, "Process exit".)
-    crate::runtime::lifecycle::register_exit_hook();
+    // NVRTC 13.0 constructs some statics in a later compile than the warm-up's.
+    super::libs::after_first_use(super::libs::Lib::Nvrtc);
     r.unwrap_or_else(|_| {
         Err(super::unsupported("compile", "NVRTC (libnvrtc) could not be loaded; install the CUDA toolkit's NVRTC"))
     })
