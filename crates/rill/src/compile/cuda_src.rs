@@ -3,12 +3,13 @@
 //! Pure string generation and launch planning: nothing here needs a GPU. Registers follow
 //! the CPU interpreter's lanes (`float` for f32/f16/bf16/bool registers, `double` for f64
 //! and integer loads) and are rounded to their dtype after each instruction, with the
-//! conversions the unfused kernels use (the CUDA backend's prelude), so the GPU computes
-//! what the unfused kernels compute. Additions, subtractions and multiplications use
-//! the explicitly rounded intrinsics (`__fadd_rn`, `__fmul_rn`, ...): the compiler may not
-//! contract a fused `a * b + c` into one FMA, which the unfused kernels (one op per
-//! kernel) never do. The math functions are the same (precise) ones as the unfused
-//! kernels'.
+//! conversions the unfused kernels use (the CUDA backend's prelude). Each instruction's
+//! expression is its op's one CUDA formula ([`UnaryOp::cuda`](crate::primitives::UnaryOp),
+//! `BinaryOp::cuda`, and `primitives::cuda` for casts and `where`), the same text the
+//! unfused kernels compute, so the GPU computes what the unfused kernels compute. The
+//! formulas leave no FMA contraction to the compiler (their additions, subtractions and
+//! multiplications are the explicitly rounded intrinsics `__fadd_rn`, `__fmul_rn`, ...),
+//! so fusing a chain of ops into one function changes no rounding.
 //!
 //! A program is launched with a [`Plan`] chosen from its operands' layouts
 //! ([`plan`]): a *linear* kernel when every input, after merging axes, is contiguous with
@@ -26,9 +27,9 @@
 
 use std::fmt::Write;
 
-use crate::compile::ir::{FusedProgram, Inst, wide_lane};
+use crate::compile::ir::{FusedProgram, Inst, Reg, wide_lane};
 use crate::dtype::DType;
-use crate::primitives::{BinaryOp, UnaryOp};
+use crate::primitives::cuda;
 
 /// Most axes the generated kernels index; callers merge axes first (see
 /// [`cuda_source`]).
@@ -63,84 +64,6 @@ fn round_stmt(d: DType, r: &str) -> Option<String> {
         DType::BF16 => Some(format!("{r} = ld_bf16(st_bf16({r}));")),
         _ => None,
     }
-}
-
-fn unary_expr(op: UnaryOp, x: &str, double: bool) -> String {
-    use UnaryOp::*;
-    let (f, l) = if double { ("", "") } else { ("f", "f") };
-    let m = if double { "__dmul_rn" } else { "__fmul_rn" };
-    match op {
-        Neg => format!("(-{x})"),
-        Abs => format!("fabs{f}({x})"),
-        Sign => format!("({x} > 0 ? 1.0{l} : ({x} < 0 ? -1.0{l} : {x}))"),
-        Exp => format!("exp{f}({x})"),
-        Log => format!("log{f}({x})"),
-        Log1p => format!("log1p{f}({x})"),
-        Sqrt => format!("sqrt{f}({x})"),
-        Rsqrt => format!("(1.0{l} / sqrt{f}({x}))"),
-        Square => format!("{m}({x}, {x})"),
-        Reciprocal => format!("(1.0{l} / {x})"),
-        Sin => format!("sin{f}({x})"),
-        Cos => format!("cos{f}({x})"),
-        Tanh => format!("tanh{f}({x})"),
-        Sigmoid => format!("(1.0{l} / (1.0{l} + exp{f}(-{x})))"),
-        Relu => format!("(({x} > 0 || isnan({x})) ? {x} : 0.0{l})"),
-        Gelu => format!("(0.5{l} * {x} * (1.0{l} + erf{f}({x} * 0.7071067811865476{l})))"),
-        GeluTanh => {
-            format!(
-                "(0.5{l} * {x} * (1.0{l} + tanh{f}(0.7978845608028654{l} * ({x} + 0.044715{l} * {x} * {x} * {x}))))"
-            )
-        }
-        Silu => format!("({x} / (1.0{l} + exp{f}(-{x})))"),
-        Erf => format!("erf{f}({x})"),
-        Floor => format!("floor{f}({x})"),
-        Ceil => format!("ceil{f}({x})"),
-        Round => format!("rint{f}({x})"),
-        LogicalNot => format!("(({x} == 0) ? 1.0f : 0.0f)"),
-    }
-}
-
-fn binary_expr(op: BinaryOp, a: &str, b: &str, double: bool) -> String {
-    use BinaryOp::*;
-    let f = if double { "" } else { "f" };
-    let r = if double { "__d" } else { "__f" };
-    match op {
-        Add => format!("{r}add_rn({a}, {b})"),
-        Sub => format!("{r}sub_rn({a}, {b})"),
-        Mul => format!("{r}mul_rn({a}, {b})"),
-        Div => format!("({a} / {b})"),
-        Pow => format!("pow{f}({a}, {b})"),
-        Maximum => format!("((isnan({a}) || {a} > {b}) ? {a} : {b})"),
-        Minimum => format!("((isnan({a}) || {a} < {b}) ? {a} : {b})"),
-        Equal => format!("(({a} == {b}) ? 1.0f : 0.0f)"),
-        NotEqual => format!("(({a} != {b}) ? 1.0f : 0.0f)"),
-        Less => format!("(({a} < {b}) ? 1.0f : 0.0f)"),
-        LessEqual => format!("(({a} <= {b}) ? 1.0f : 0.0f)"),
-        Greater => format!("(({a} > {b}) ? 1.0f : 0.0f)"),
-        GreaterEqual => format!("(({a} >= {b}) ? 1.0f : 0.0f)"),
-        LogicalAnd => format!("(({a} != 0 && {b} != 0) ? 1.0f : 0.0f)"),
-        LogicalOr => format!("(({a} != 0 || {b} != 0) ? 1.0f : 0.0f)"),
-    }
-}
-
-/// Expression converting register `x` of dtype `from` to dtype `to` (into `to`'s lane),
-/// with the rules of the `astype` kernel.
-fn cast_expr(from: DType, to: DType, x: &str) -> String {
-    if to == DType::Bool {
-        return format!("(({x} != 0) ? 1.0f : 0.0f)");
-    }
-    if to == DType::F64 {
-        return format!("(double)({x})");
-    }
-    if from == DType::F64 {
-        return match to {
-            DType::F16 => format!("ld_f16(st_f16_d({x}))"),
-            DType::BF16 => format!("ld_bf16(st_bf16_d({x}))"),
-            _ => format!("(float)({x})"),
-        };
-    }
-    // Between non-f64 dtypes: through f32, then rounded to `to` by the caller.
-    format!("(float)({x})")
 }
 
 fn constant_expr(v: f64, d: DType) -> String {
@@ -268,17 +191,25 @@ fn op_function(prog: &FusedProgram) -> String {
         writeln!(s, "__device__ __forceinline__ {} fused_op({}) {{", c_type(prog.output_dtype()), params.join(", "));
     for (r, (inst, &d)) in prog.insts.iter().zip(&prog.dtypes).enumerate() {
         let ty = lane(d);
-        let double = ty == "double";
+        let reg = |a: &Reg| format!("r{a}");
         let e = match inst {
             Inst::Load(j) => load_expr(d, &format!("v{j}")),
             Inst::Const(v) => constant_expr(*v, d),
-            Inst::Unary(op, a) => unary_expr(*op, &format!("r{a}"), wide_lane(prog.dtypes[*a]) && double),
-            Inst::Binary(op, a, b) => binary_expr(*op, &format!("r{a}"), &format!("r{b}"), wide_lane(prog.dtypes[*a])),
-            Inst::Where(c, a, b) => format!("((r{c} != 0) ? r{a} : r{b})"),
-            Inst::Cast(a) => cast_expr(prog.dtypes[*a], d, &format!("r{a}")),
+            Inst::Unary(op, a) => {
+                let da = prog.dtypes[*a];
+                op.cuda(da, &reg(a)).unwrap_or_else(|| cuda::undefined(op.name(), da))
+            }
+            Inst::Binary(op, a, b) => op.cuda(prog.dtypes[*a], &reg(a), &reg(b)),
+            Inst::Where(c, a, b) => cuda::select(&reg(c), &reg(a), &reg(b)),
+            // Stored as `d` (rounded once), then read back into the lane.
+            Inst::Cast(a) => load_expr(d, &cuda::cast(prog.dtypes[*a], d, &reg(a))),
         };
         let _ = writeln!(s, "  {ty} r{r} = {e}; // {}", d.name());
-        let rounds = !matches!(inst, Inst::Load(_) | Inst::Const(_));
+        // Computed f16/bf16 values are rounded to their dtype (a cast already is).
+        let rounds = match inst {
+            Inst::Unary(..) | Inst::Binary(..) | Inst::Where(..) => true,
+            Inst::Load(_) | Inst::Const(_) | Inst::Cast(_) => false,
+        };
         if let Some(st) = round_stmt(d, &format!("r{r}")).filter(|_| rounds) {
             let _ = writeln!(s, "  {st}");
         }
@@ -498,6 +429,7 @@ pub(crate) fn cuda_source(prog: &FusedProgram, plan: &Plan, kernel_name: &str) -
 pub(crate) mod tests {
     use super::*;
     use crate::compile::ir::Builder;
+    use crate::primitives::{BinaryOp, UnaryOp};
 
     /// sigmoid(tanh(a * b + 1) > a ? .. : ..) in f16 with a bool comparison and a cast.
     pub(crate) fn f16_program() -> FusedProgram {
@@ -529,10 +461,10 @@ pub(crate) mod tests {
             "float r4 = __fadd_rn(r2, r3);",
             "r4 = ld_f16(st_f16(r4));",
             "float r5 = tanhf(r4);",
-            "float r6 = ((r5 > r0) ? 1.0f : 0.0f);",
+            "float r6 = (r5 > r0);",
             "float r7 = ((r6 != 0) ? r5 : r0);",
             "float r8 = (float)(r7);",
-            "(1.0f / (1.0f + expf(-r8)))",
+            "(1.0f / __fadd_rn(1.0f, expf(-r8)))",
             "return (float)(r9);",
             "extern \"C\" __global__ void __launch_bounds__(256) rill_fused_7(float* __restrict__ out, \
              const u16* __restrict__ in0, const u16* __restrict__ in1, unsigned int n, unsigned int cols)",

@@ -5,6 +5,10 @@
 //! primitive does not compile until every backend handles it (or returns
 //! `Error::Unsupported` on purpose). Family predicates (`is_elementwise`, `is_view`)
 //! let passes such as fusion treat whole families at once.
+//!
+//! The elementwise ops have one home each: [`UnaryOp`] (`unary.rs`) and [`BinaryOp`]
+//! (`binary.rs`) hold each op's CUDA formula, which the eager and the fused CUDA kernels
+//! share; `cuda.rs` holds the conversions, `cast` and `where`.
 
 use std::fmt;
 use std::sync::Arc;
@@ -35,74 +39,12 @@ macro_rules! op_enum {
     };
 }
 
-op_enum! {
-    /// Elementwise functions of one array.
-    enum UnaryOp ("unary") {
-        Neg => "neg",
-        Abs => "abs",
-        Sign => "sign",
-        Exp => "exp",
-        Log => "log",
-        Log1p => "log1p",
-        Sqrt => "sqrt",
-        Rsqrt => "rsqrt",
-        Square => "square",
-        Reciprocal => "reciprocal",
-        Sin => "sin",
-        Cos => "cos",
-        Tanh => "tanh",
-        Sigmoid => "sigmoid",
-        Relu => "relu",
-        /// Exact GELU, `x * Φ(x)`.
-        Gelu => "gelu",
-        /// GELU with the tanh approximation.
-        GeluTanh => "gelu_tanh",
-        Silu => "silu",
-        Erf => "erf",
-        Floor => "floor",
-        Ceil => "ceil",
-        /// Round half to even, as NumPy.
-        Round => "round",
-        LogicalNot => "logical_not",
-    }
-}
+mod binary;
+pub(crate) mod cuda;
+mod unary;
 
-impl UnaryOp {
-    /// True when integer inputs are first converted to a float dtype.
-    pub fn needs_float(self) -> bool {
-        use UnaryOp::*;
-        !matches!(self, Neg | Abs | Sign | Square | Relu | Floor | Ceil | Round | LogicalNot)
-    }
-}
-
-op_enum! {
-    /// Elementwise functions of two broadcast arrays.
-    enum BinaryOp ("binary") {
-        Add => "add",
-        Sub => "sub",
-        Mul => "mul",
-        Div => "div",
-        Pow => "pow",
-        Maximum => "maximum",
-        Minimum => "minimum",
-        Equal => "equal",
-        NotEqual => "not_equal",
-        Less => "less",
-        LessEqual => "less_equal",
-        Greater => "greater",
-        GreaterEqual => "greater_equal",
-        LogicalAnd => "logical_and",
-        LogicalOr => "logical_or",
-    }
-}
-
-impl BinaryOp {
-    /// True for the comparisons and logical ops, whose output is bool.
-    pub fn is_predicate(self) -> bool {
-        use BinaryOp::*;
-        matches!(self, Equal | NotEqual | Less | LessEqual | Greater | GreaterEqual | LogicalAnd | LogicalOr)
-    }
-}
+pub use binary::BinaryOp;
+pub use unary::UnaryOp;
 
 /// Reductions over a set of axes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -1,12 +1,17 @@
 //! Elementwise kernels (cast, unary, binary, where), copies and sources (full, arange,
-//! eye), generated as CUDA C with the same semantics as `backend/cpu/elementwise.rs`:
-//! f16/bf16 compute in float, NaN propagates through maximum/minimum/relu/sign, round is
-//! half-to-even, integer arithmetic wraps, integer division by zero gives 0, float to
-//! integer conversions saturate (NaN gives 0).
+//! eye), generated as CUDA C. The formulas of cast, unary, binary and where are the
+//! shared ones of the primitives layer ([`UnaryOp::cuda`], [`BinaryOp::cuda`],
+//! `primitives::cuda`), which the fused kernels of `crate::compile` use too; their
+//! semantics (those of `backend/cpu/elementwise.rs`) are documented there.
+//!
+//! Each kernel's `fop` is written as the fused kernels write one instruction: the inputs
+//! converted to their compute type as registers `r0, r1, ..`, the op's expression as the
+//! next register, then the store.
 
 use crate::backend::Storage;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::primitives::cuda::{cast as cast_expr, compute_type, select};
 use crate::primitives::{BinaryOp, UnaryOp};
 
 use super::buffer::{cuda_of, new_storage};
@@ -14,95 +19,32 @@ use super::handles::CudaStreamHandle;
 use super::launch::Launch;
 use super::map::{In, MapFn, map};
 use super::nvrtc::{self, grid_for};
-use super::source::{PRELUDE, bits_type, ctype, ftype, load, store_float, utype};
-
-fn float_unary_expr(op: UnaryOp, f: &str) -> String {
-    use UnaryOp::*;
-    let s = if f == "float" { "f" } else { "" };
-    let k = if f == "float" { "0.7978846f" } else { "0.7978845608028654" };
-    match op {
-        Neg => "-x".into(),
-        Abs => format!("fabs{s}(x)"),
-        Sign => format!("(x > ({f})0 ? ({f})1 : (x < ({f})0 ? ({f})-1 : x))"),
-        Exp => format!("exp{s}(x)"),
-        Log => format!("log{s}(x)"),
-        Log1p => format!("log1p{s}(x)"),
-        Sqrt => format!("sqrt{s}(x)"),
-        Rsqrt => format!("({f})1 / sqrt{s}(x)"),
-        Square => "x * x".into(),
-        Reciprocal => format!("({f})1 / x"),
-        Sin => format!("sin{s}(x)"),
-        Cos => format!("cos{s}(x)"),
-        Tanh => format!("tanh{s}(x)"),
-        Sigmoid => format!("({f})1 / (({f})1 + exp{s}(-x))"),
-        Relu => format!("(x > ({f})0 ? x : (x != x ? x : ({f})0))"),
-        Gelu => format!("({f})0.5 * x * (({f})1 + erf{s}(x * ({f})0.70710678118654752440))"),
-        GeluTanh => format!("({f})0.5 * x * (({f})1 + tanh{s}({k} * (x + ({f})0.044715 * x * x * x)))"),
-        Silu => format!("x / (({f})1 + exp{s}(-x))"),
-        Erf => format!("erf{s}(x)"),
-        Floor => format!("floor{s}(x)"),
-        Ceil => format!("ceil{s}(x)"),
-        Round => format!("rint{s}(x)"),
-        LogicalNot => format!("(x == ({f})0)"),
-    }
-}
-
-fn int_unary_expr(op: UnaryOp, d: DType) -> Option<String> {
-    use UnaryOp::*;
-    let (t, u) = (ctype(d), utype(d));
-    let signed = d.is_signed_int();
-    Some(match op {
-        Neg => format!("({t})(({u})0 - ({u})x)"),
-        Abs if signed => format!("(x < 0 ? ({t})(({u})0 - ({u})x) : x)"),
-        Abs => "x".into(),
-        Sign if signed => format!("(x > 0 ? ({t})1 : (x == 0 ? ({t})0 : ({t})-1))"),
-        Sign => format!("(x > 0 ? ({t})1 : ({t})0)"),
-        Square => format!("({t})(({u})x * ({u})x)"),
-        Relu => format!("(x > 0 ? x : ({t})0)"),
-        Floor | Ceil | Round => "x".into(),
-        _ => return None,
-    })
-}
+use super::source::{PRELUDE, bits_type, ctype, load, store_float};
 
 pub(crate) fn unary(cs: &CudaStreamHandle, op: UnaryOp, x: &Storage, dtype: DType) -> Result<Storage> {
     let shape = x.layout.shape.clone();
     let d = x.dtype;
-    let t = ctype(d);
-    if op == UnaryOp::LogicalNot {
-        let v = if d.is_float() { load(d, "a") } else { "a".into() };
-        let fsrc = move || format!("__device__ __forceinline__ u8 fop({t} a) {{ return (u8)(({v}) == 0); }}");
-        return map(cs, MapFn::LogicalNot, fsrc, DType::Bool, &[In::new(x, t)], &shape);
-    }
-    if !d.is_float() && int_unary_expr(op, d).is_none() {
+    if op.cuda(d, "r0").is_none() {
         return Err(Error::dtype(op.name(), dtype, "integer inputs are converted to float by the op"));
     }
+    let out = if op == UnaryOp::LogicalNot { DType::Bool } else { dtype };
     // The source is written only when the device has no kernel for it yet.
-    let body = move || {
-        if d.is_float() {
-            let f = ftype(d);
-            let e = float_unary_expr(op, f);
-            let l = load(d, "a");
-            let st = store_float(d, "y", d == DType::F64);
-            format!("__device__ __forceinline__ {t} fop({t} a) {{ {f} x = {l}; {f} y = {e}; return {st}; }}")
-        } else {
-            let e = int_unary_expr(op, d).unwrap_or_default();
-            format!("__device__ __forceinline__ {t} fop({t} x) {{ return {e}; }}")
-        }
-    };
-    map(cs, MapFn::Unary(op), body, dtype, &[In::new(x, t)], &shape)
+    map(cs, MapFn::Unary(op), move || unary_source(op, d), out, &[In::new(x, ctype(d))], &shape)
 }
 
-fn ipow_src(d: DType) -> String {
-    let (t, u) = (ctype(d), utype(d));
-    let neg = if d.is_signed_int() {
-        "if (b < 0) { if (a == 1) return 1; if (a == -1) return (b % 2 == 0) ? 1 : a; return 0; }"
+/// The `fop` of a unary op on inputs of `d` (`logical_not`: bool output; the others: `d`).
+pub(crate) fn unary_source(op: UnaryOp, d: DType) -> String {
+    let (t, c) = (ctype(d), compute_type(d));
+    let e = op.cuda(d, "r0").unwrap_or_else(|| crate::primitives::cuda::undefined(op.name(), d));
+    let (out_t, rt, st) = if op == UnaryOp::LogicalNot {
+        ("u8", "u8", "r1".to_string())
+    } else if d.is_float() {
+        (t, c, store_float(d, "r1", d == DType::F64))
     } else {
-        ""
+        (t, c, "r1".to_string())
     };
-    format!(
-        "__device__ __forceinline__ {t} ipow({t} a, {t} b) {{ {neg} u64 e = (u64)(i64)b; if (e > 4294967295ull) e = 4294967295ull; \
-         {u} base = ({u})a, r = 1; while (e) {{ if (e & 1ull) r = ({u})(r * base); base = ({u})(base * base); e >>= 1; }} return ({t})r; }}"
-    )
+    let l = load(d, "a");
+    format!("__device__ __forceinline__ {out_t} fop({t} a) {{ {c} r0 = {l}; {rt} r1 = {e}; return {st}; }}")
 }
 
 pub(crate) fn binary(
@@ -113,65 +55,31 @@ pub(crate) fn binary(
     shape: &[usize],
     dtype: DType,
 ) -> Result<Storage> {
-    use BinaryOp::*;
     let d = a.dtype;
     let t = ctype(d);
-    let out_dtype = match op {
-        Equal | NotEqual | Less | LessEqual | Greater | GreaterEqual | LogicalAnd | LogicalOr => DType::Bool,
-        Maximum | Minimum => d,
-        _ => dtype,
-    };
+    // Arithmetic computes and stores in the operands' dtype (the op made them the output's).
+    debug_assert!(op.is_predicate() || dtype == d, "{op:?}: operands {d}, output {dtype}");
+    let out_dtype = if op.is_predicate() { DType::Bool } else { d };
     // The source is written only when the device has no kernel for it yet.
     let fsrc = move || binary_source(op, d);
     map(cs, MapFn::Binary(op), fsrc, out_dtype, &[In::new(a, t), In::new(b, t)], shape)
 }
 
-/// The `fop` of a binary op on inputs of `d`.
-fn binary_source(op: BinaryOp, d: DType) -> String {
-    use BinaryOp::*;
-    let (t, u) = (ctype(d), utype(d));
-    let float = d.is_float();
-    let c = if float { ftype(d) } else { t };
-    let (la, lb) = if float { (load(d, "p"), load(d, "q")) } else { ("p".into(), "q".into()) };
-    let pred = |e: &str| format!("(u8)({e})");
-    let (out_t, expr, extra) = match op {
-        Equal => ("u8", pred("x == y"), String::new()),
-        NotEqual => ("u8", pred("x != y"), String::new()),
-        Less => ("u8", pred("x < y"), String::new()),
-        LessEqual => ("u8", pred("x <= y"), String::new()),
-        Greater => ("u8", pred("x > y"), String::new()),
-        GreaterEqual => ("u8", pred("x >= y"), String::new()),
-        LogicalAnd => ("u8", pred("x != 0 && y != 0"), String::new()),
-        LogicalOr => ("u8", pred("x != 0 || y != 0"), String::new()),
-        Maximum => (t, "((x != x || x > y) ? p : q)".to_string(), String::new()),
-        Minimum => (t, "((x != x || x < y) ? p : q)".to_string(), String::new()),
-        _ if float => {
-            let s = if c == "float" { "f" } else { "" };
-            let e = match op {
-                Add => "x + y".to_string(),
-                Sub => "x - y".to_string(),
-                Mul => "x * y".to_string(),
-                Div => "x / y".to_string(),
-                _ => format!("pow{s}(x, y)"),
-            };
-            (t, store_float(d, &e, d == DType::F64), String::new())
-        }
-        _ => {
-            let e = match op {
-                Add => format!("({t})(({u})p + ({u})q)"),
-                Sub => format!("({t})(({u})p - ({u})q)"),
-                Mul => format!("({t})(({u})p * ({u})q)"),
-                Div if d.is_signed_int() => {
-                    format!("(q == 0 ? ({t})0 : ((q == -1) ? ({t})(({u})0 - ({u})p) : ({t})(p / q)))")
-                }
-                Div => format!("(q == 0 ? ({t})0 : ({t})(p / q))"),
-                _ => "ipow(p, q)".to_string(),
-            };
-            (t, e, if op == Pow { ipow_src(d) } else { String::new() })
-        }
+/// The `fop` of a binary op on inputs of `d` (predicates: bool output; the others: `d`).
+pub(crate) fn binary_source(op: BinaryOp, d: DType) -> String {
+    let (t, c) = (ctype(d), compute_type(d));
+    let e = op.cuda(d, "r0", "r1");
+    let (out_t, rt, st) = if op.is_predicate() {
+        ("u8", "u8", "r2".to_string())
+    } else if d.is_float() {
+        (t, c, store_float(d, "r2", d == DType::F64))
+    } else {
+        (t, c, "r2".to_string())
     };
+    let (lp, lq) = (load(d, "p"), load(d, "q"));
     format!(
-        "{extra}\n__device__ __forceinline__ {out_t} fop({t} p, {t} q) {{ {c} x = {la}; {c} y = {lb}; (void)x; (void)y; return {expr}; }}"
+        "{}\n__device__ __forceinline__ {out_t} fop({t} p, {t} q) {{ {c} r0 = {lp}; {c} r1 = {lq}; {rt} r2 = {e}; return {st}; }}",
+        op.cuda_decls(d)
     )
 }
 
@@ -185,8 +93,15 @@ pub(crate) fn where_(
 ) -> Result<Storage> {
     // The dtype's own C type, which is also what `map` writes to `out`.
     let t = ctype(dtype);
-    let fsrc = move || format!("__device__ __forceinline__ {t} fop(u8 c, {t} x, {t} y) {{ return c != 0 ? x : y; }}");
+    let fsrc = move || where_source(dtype);
     map(cs, MapFn::Where, fsrc, dtype, &[In::new(c, "u8"), In::new(x, t), In::new(y, t)], shape)
+}
+
+/// The `fop` of `where` with values of `d`: the stored values are selected as they are.
+pub(crate) fn where_source(d: DType) -> String {
+    let t = ctype(d);
+    let e = select("r0", "r1", "r2");
+    format!("__device__ __forceinline__ {t} fop(u8 r0, {t} r1, {t} r2) {{ return {e}; }}")
 }
 
 /// A row-major copy of any layout (bits only).
@@ -204,24 +119,17 @@ pub(crate) fn cast(cs: &CudaStreamHandle, x: &Storage, to: DType) -> Result<Stor
     if from == to {
         return copy(cs, x);
     }
-    let (ft, tt) = (ctype(from), ctype(to));
-    let body = if to == DType::Bool {
-        let v = if from.is_float() { load(from, "a") } else { "a".into() };
-        format!("return (u8)(({v}) != 0);")
-    } else if !from.is_float() && !to.is_float() {
-        format!("return ({tt})(i64)a;")
-    } else if from.is_float() && from != DType::F64 && to != DType::F64 {
-        // Float to float through f32 (exact for f16/bf16/f32 sources). Integers take the
-        // f64 path below so that they round once, like the CPU.
-        let v = if from.is_float() { load(from, "a") } else { "(float)a".into() };
-        format!("float v = {v}; return {};", store_float(to, "v", false))
-    } else {
-        let v = if from.is_float() { format!("(double)({})", load(from, "a")) } else { "(double)a".into() };
-        format!("double v = {v}; return {};", store_float(to, "v", true))
-    };
-    let fsrc = move || format!("__device__ __forceinline__ {tt} fop({ft} a) {{ {body} }}");
+    let ft = ctype(from);
+    let fsrc = move || cast_source(from, to);
     let shape = x.layout.shape.clone();
     map(cs, MapFn::Cast, fsrc, to, &[In::new(x, ft)], &shape)
+}
+
+/// The `fop` of `astype` from `from` to `to`.
+pub(crate) fn cast_source(from: DType, to: DType) -> String {
+    let (ft, tt, c) = (ctype(from), ctype(to), compute_type(from));
+    let (l, e) = (load(from, "a"), cast_expr(from, to, "r0"));
+    format!("__device__ __forceinline__ {tt} fop({ft} a) {{ {c} r0 = {l}; return {e}; }}")
 }
 
 // ---- sources ----
@@ -285,4 +193,54 @@ pub(crate) fn eye(cs: &CudaStreamHandle, shape: &[usize], dtype: DType, k: isize
         format!("i64 r = i / m, c = i - r * m; {bt} v = (c == r + (i64)b) ? ({bt})bits : ({bt})0; out[i] = *({t}*)&v;");
     let m = shape.get(1).copied().unwrap_or(1).max(1) as i64;
     index_kernel(cs, "eye", dtype, shape, body, 1.0, k as f64, m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::nvrtc::check_compiles;
+    use crate::dtype::ALL_DTYPES;
+
+    /// One `fop`, its output C type and its input C types.
+    type Fop = (String, &'static str, Vec<&'static str>);
+
+    /// A module of every `fop` in `fops` (renamed apart), each called by a kernel of its own.
+    fn module(fops: &[Fop]) -> String {
+        let mut s = PRELUDE.to_string();
+        for (i, (f, out, ins)) in fops.iter().enumerate() {
+            let params: String = ins.iter().enumerate().map(|(k, t)| format!(", const {t}* a{k}")).collect();
+            let args: Vec<String> = (0..ins.len()).map(|k| format!("a{k}[0]")).collect();
+            s.push_str(&f.replace("fop(", &format!("fop_{i}(")));
+            s.push_str(&format!(
+                "\nextern \"C\" __global__ void k_{i}({out}* o{params}) {{ o[0] = fop_{i}({}); }}\n",
+                args.join(", ")
+            ));
+        }
+        s
+    }
+
+    /// The eager kernel of every unary and binary op on every dtype it is defined on, of
+    /// `where` on every dtype and of every cast compiles for sm_90 (when NVRTC loads):
+    /// one module per input dtype.
+    #[test]
+    fn every_eager_kernel_compiles_for_sm90() {
+        for d in ALL_DTYPES {
+            let t = ctype(d);
+            let mut fops: Vec<Fop> = Vec::new();
+            for op in UnaryOp::ALL.into_iter().filter(|op| op.cuda(d, "r0").is_some()) {
+                let out = if op == UnaryOp::LogicalNot { "u8" } else { t };
+                fops.push((unary_source(op, d), out, vec![t]));
+            }
+            for op in BinaryOp::ALL {
+                fops.push((binary_source(op, d), if op.is_predicate() { "u8" } else { t }, vec![t, t]));
+            }
+            fops.push((where_source(d), t, vec!["u8", t, t]));
+            for to in ALL_DTYPES.into_iter().filter(|&to| to != d) {
+                fops.push((cast_source(d, to), ctype(to), vec![t]));
+            }
+            if !check_compiles(&format!("test:eager:{d}"), &module(&fops)) {
+                return;
+            }
+        }
+    }
 }

@@ -75,7 +75,6 @@ pub(crate) fn merge_dims<S: AsRef<[isize]>>(shape: &[usize], strides: &[S]) -> (
 pub(crate) enum MapFn {
     Unary(crate::primitives::UnaryOp),
     Binary(crate::primitives::BinaryOp),
-    LogicalNot,
     Where,
     Copy,
     Cast,
@@ -86,7 +85,6 @@ impl MapFn {
         match self {
             MapFn::Unary(op) => format!("unary:{}", op.name()),
             MapFn::Binary(op) => format!("binary:{}", op.name()),
-            MapFn::LogicalNot => "logical_not".into(),
             MapFn::Where => "where".into(),
             MapFn::Copy => "copy".into(),
             MapFn::Cast => "cast".into(),
@@ -122,7 +120,7 @@ impl<'a> In<'a> {
     }
 }
 
-fn kernel_source(fsrc: &str, out_t: &str, ins: &[&str], vec: usize) -> String {
+pub(crate) fn kernel_source(fsrc: &str, out_t: &str, ins: &[&str], vec: usize) -> String {
     let k = ins.len();
     let params: String = ins.iter().enumerate().map(|(i, t)| format!(", const {t}* __restrict__ a{i}")).collect();
     let sparams: String = (0..k).map(|i| format!(", i64 s{i}")).collect();

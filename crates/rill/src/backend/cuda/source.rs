@@ -1,9 +1,14 @@
 //! The CUDA C prelude shared by every generated kernel: fixed-width types, f16/bf16
 //! conversions written out (no CUDA headers needed, and bit-identical to the `half`
 //! crate's rounding), saturating float→integer conversions (Rust `as` semantics), and
-//! the strided-layout parameter.
+//! the strided-layout parameter. The conversions between stored values and the types
+//! they compute in (`load`, `store_float`) are those of the elementwise formulas
+//! (`crate::primitives::cuda`).
 
 use crate::dtype::DType;
+
+// The value conversions live with the elementwise formulas that use them.
+pub(crate) use crate::primitives::cuda::{load, store_float, utype};
 
 /// Largest rank the strided kernels accept after merging axes.
 pub(crate) const MAX_DIMS: usize = 8;
@@ -78,48 +83,9 @@ pub(crate) fn ctype(d: DType) -> &'static str {
     d.c_type()
 }
 
-/// The unsigned C type of the same width (wrapping integer arithmetic).
-pub(crate) fn utype(d: DType) -> &'static str {
-    match d {
-        DType::Bool | DType::U8 => "u8",
-        DType::U32 | DType::I32 => "u32",
-        DType::I64 => "u64",
-        DType::F16 | DType::BF16 => "u16",
-        DType::F32 => "u32",
-        DType::F64 => "u64",
-    }
-}
-
 /// The C type floats of this dtype compute in (f16/bf16 compute in float).
 pub(crate) fn ftype(d: DType) -> &'static str {
     if d == DType::F64 { "double" } else { "float" }
-}
-
-/// An expression converting a stored value `e` of `d` to its compute type.
-pub(crate) fn load(d: DType, e: &str) -> String {
-    match d {
-        DType::F16 => format!("ld_f16({e})"),
-        DType::BF16 => format!("ld_bf16({e})"),
-        _ => e.to_string(),
-    }
-}
-
-/// An expression storing a float-typed (`float`, or `double` when `wide`) value `e` as `d`
-/// with Rust `as`/`half` semantics.
-pub(crate) fn store_float(d: DType, e: &str, wide: bool) -> String {
-    match (d, wide) {
-        (DType::F16, false) => format!("st_f16({e})"),
-        (DType::F16, true) => format!("st_f16_d({e})"),
-        (DType::BF16, false) => format!("st_bf16({e})"),
-        (DType::BF16, true) => format!("st_bf16_d({e})"),
-        (DType::F32, _) => format!("(float)({e})"),
-        (DType::F64, _) => format!("(double)({e})"),
-        (DType::Bool, _) => format!("(u8)(({e}) != 0)"),
-        (DType::U8, _) => format!("sat_u8((double)({e}))"),
-        (DType::U32, _) => format!("sat_u32((double)({e}))"),
-        (DType::I32, _) => format!("sat_i32((double)({e}))"),
-        (DType::I64, _) => format!("sat_i64((double)({e}))"),
-    }
 }
 
 /// The bit pattern of `value` converted to `dtype` on the host (Rust semantics), as u64.

@@ -1,0 +1,153 @@
+//! Unary elementwise ops: the enum and each op's CUDA formula.
+//!
+//! Adding an op: a variant here (with its name), its formula in [`UnaryOp::cuda`] (the
+//! one both CUDA generators use; see [`super::cuda`] for the rules a formula follows), its
+//! CPU function in `backend/cpu/elementwise.rs` (`float_unary!`, `each_unary!` and
+//! `int_unary`), and an `Array` method in `ops/elementwise.rs`. Every match on the enum is
+//! exhaustive, so the compiler lists what else needs a decision.
+
+#![cfg_attr(not(feature = "cuda"), allow(dead_code))]
+
+use crate::dtype::DType;
+
+use super::cuda::utype;
+
+op_enum! {
+    /// Elementwise functions of one array.
+    enum UnaryOp ("unary") {
+        Neg => "neg",
+        Abs => "abs",
+        Sign => "sign",
+        Exp => "exp",
+        Log => "log",
+        Log1p => "log1p",
+        Sqrt => "sqrt",
+        Rsqrt => "rsqrt",
+        Square => "square",
+        Reciprocal => "reciprocal",
+        Sin => "sin",
+        Cos => "cos",
+        Tanh => "tanh",
+        Sigmoid => "sigmoid",
+        Relu => "relu",
+        /// Exact GELU, `x * Φ(x)`.
+        Gelu => "gelu",
+        /// GELU with the tanh approximation.
+        GeluTanh => "gelu_tanh",
+        Silu => "silu",
+        Erf => "erf",
+        Floor => "floor",
+        Ceil => "ceil",
+        /// Round half to even, as NumPy.
+        Round => "round",
+        LogicalNot => "logical_not",
+    }
+}
+
+impl UnaryOp {
+    /// True when integer inputs are first converted to a float dtype.
+    pub fn needs_float(self) -> bool {
+        use UnaryOp::*;
+        !matches!(self, Neg | Abs | Sign | Square | Relu | Floor | Ceil | Round | LogicalNot)
+    }
+
+    /// True for the ops whose value on a bool is a bool: `abs`, `relu` and `square` (the
+    /// identity on 0 and 1) and `logical_not`. The op computes the others of a bool in
+    /// i32 (`neg`, `sign` and the roundings, as NumPy does `neg`) or in a float dtype.
+    pub(crate) fn keeps_bool(self) -> bool {
+        use UnaryOp::*;
+        match self {
+            Abs | Relu | Square | LogicalNot => true,
+            Neg | Sign | Exp | Log | Log1p | Sqrt | Rsqrt | Reciprocal | Sin | Cos | Tanh | Sigmoid | Gelu
+            | GeluTanh | Silu | Erf | Floor | Ceil | Round => false,
+        }
+    }
+
+    /// The CUDA C expression of the op applied to `x`, an identifier holding a value of
+    /// `d` in [`compute_type`](super::cuda::compute_type)`(d)`; its value has that type too,
+    /// except for `LogicalNot`, whose value is a C truth value (0 or 1) and whose operand
+    /// may be of any dtype and held in any C type. `None` for the ops that integer inputs
+    /// do not reach (the op converts them to a float dtype first: see
+    /// [`UnaryOp::needs_float`]).
+    ///
+    /// bool values are 0 or 1, so `abs`, `relu` and `square` of a bool (the ops besides
+    /// `logical_not` that [keep a bool](UnaryOp::keeps_bool)) are the identity, written so
+    /// (which holds in any C type the bool is held in).
+    pub(crate) fn cuda(self, d: DType, x: &str) -> Option<String> {
+        if self == UnaryOp::LogicalNot {
+            return Some(format!("({x} == 0)"));
+        }
+        if d.is_float() {
+            return Some(self.cuda_float(d == DType::F64, x));
+        }
+        if d == DType::Bool && self.keeps_bool() {
+            return Some(x.to_string());
+        }
+        self.cuda_int(d, x)
+    }
+
+    /// The formula on a float (`double` when `double`) operand.
+    fn cuda_float(self, double: bool, x: &str) -> String {
+        use UnaryOp::*;
+        // Function suffix, literal suffix, and the explicitly rounded + and *.
+        let (f, l) = if double { ("", "") } else { ("f", "f") };
+        let r = if double { "__d" } else { "__f" };
+        let add = |a: &str, b: &str| format!("{r}add_rn({a}, {b})");
+        let mul = |a: &str, b: &str| format!("{r}mul_rn({a}, {b})");
+        let one = format!("1.0{l}");
+        match self {
+            Neg => format!("(-{x})"),
+            Abs => format!("fabs{f}({x})"),
+            Sign => format!("({x} > 0 ? 1.0{l} : ({x} < 0 ? -1.0{l} : {x}))"),
+            Exp => format!("exp{f}({x})"),
+            Log => format!("log{f}({x})"),
+            Log1p => format!("log1p{f}({x})"),
+            Sqrt => format!("sqrt{f}({x})"),
+            Rsqrt => format!("(1.0{l} / sqrt{f}({x}))"),
+            Square => mul(x, x),
+            Reciprocal => format!("(1.0{l} / {x})"),
+            Sin => format!("sin{f}({x})"),
+            Cos => format!("cos{f}({x})"),
+            Tanh => format!("tanh{f}({x})"),
+            Sigmoid => format!("(1.0{l} / {})", add(&one, &format!("exp{f}(-{x})"))),
+            Relu => format!("(({x} > 0 || isnan({x})) ? {x} : 0.0{l})"),
+            // 0.5 * x * (1 + erf(x * (1 / sqrt 2))), left to right.
+            Gelu => {
+                let e = format!("erf{f}({})", mul(x, &format!("0.7071067811865476{l}")));
+                mul(&mul(&format!("0.5{l}"), x), &add(&one, &e))
+            }
+            // 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x * x * x))), left to right.
+            GeluTanh => {
+                let cube = mul(&mul(&mul(&format!("0.044715{l}"), x), x), x);
+                let t = format!("tanh{f}({})", mul(&format!("0.7978845608028654{l}"), &add(x, &cube)));
+                mul(&mul(&format!("0.5{l}"), x), &add(&one, &t))
+            }
+            Silu => format!("({x} / {})", add(&one, &format!("exp{f}(-{x})"))),
+            Erf => format!("erf{f}({x})"),
+            Floor => format!("floor{f}({x})"),
+            Ceil => format!("ceil{f}({x})"),
+            Round => format!("rint{f}({x})"),
+            LogicalNot => format!("({x} == 0)"),
+        }
+    }
+
+    /// The formula on an integer (or bool) operand, in its own C type: arithmetic wraps.
+    fn cuda_int(self, d: DType, x: &str) -> Option<String> {
+        use UnaryOp::*;
+        let (t, u) = (d.c_type(), utype(d));
+        let signed = d.is_signed_int();
+        Some(match self {
+            Neg => format!("({t})(({u})0 - ({u}){x})"),
+            Abs if signed => format!("({x} < 0 ? ({t})(({u})0 - ({u}){x}) : {x})"),
+            Abs => x.to_string(),
+            Sign if signed => format!("({x} > 0 ? ({t})1 : ({x} == 0 ? ({t})0 : ({t})-1))"),
+            Sign => format!("({x} > 0 ? ({t})1 : ({t})0)"),
+            Square => format!("({t})(({u}){x} * ({u}){x})"),
+            Relu => format!("({x} > 0 ? {x} : ({t})0)"),
+            Floor | Ceil | Round => x.to_string(),
+            LogicalNot => format!("({x} == 0)"),
+            Exp | Log | Log1p | Sqrt | Rsqrt | Reciprocal | Sin | Cos | Tanh | Sigmoid | Gelu | GeluTanh | Silu
+            | Erf => return None,
+        })
+    }
+}
