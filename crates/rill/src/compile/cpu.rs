@@ -248,7 +248,7 @@ fn run_chunk<O: Element>(
                     _ => {}
                 }
             }
-            (Inst::Cast(a), out) => cast(&prev[*a], p.dtypes[*a], out, len, d),
+            (Inst::Cast(a), out) => cast(&prev[*a], out, len, d),
         }
     }
     match &regs[p.out] {
@@ -340,11 +340,11 @@ fn binary(op: BinaryOp, a: &Lane, b: &Lane, out: &mut Lane, len: usize, d: DType
     }
 }
 
-/// `astype` from a register of dtype `from` into one of dtype `to`, with the rules of the
-/// cast kernel: to bool is `!= 0`; between non-f64 dtypes through f32; otherwise
-/// through f64.
-fn cast(a: &Lane, from: DType, out: &mut Lane, len: usize, to: DType) {
-    let via_f32 = from != DType::F64 && to != DType::F64;
+/// `astype` from a register into one of dtype `to`, with the rules of the cast kernel:
+/// to bool is `!= 0`; otherwise rounded once to `to`, from the f32 lane (which holds f16,
+/// bf16 and f32 values) or from the f64 lane (which holds f64 values and the integers
+/// exactly).
+fn cast(a: &Lane, out: &mut Lane, len: usize, to: DType) {
     match (a, out) {
         (Lane::F(x), Lane::F(o)) => {
             let o = &mut o[..len];
@@ -357,20 +357,46 @@ fn cast(a: &Lane, from: DType, out: &mut Lane, len: usize, to: DType) {
         }
         (Lane::D(x), Lane::F(o)) => {
             let o = &mut o[..len];
-            if to == DType::Bool {
-                o.iter_mut().zip(x).for_each(|(o, &x)| *o = (x != 0.0) as u8 as f32);
-            } else if via_f32 {
-                o.iter_mut().zip(x).for_each(|(o, &x)| *o = x as f32);
-                round_f32(to, o);
-            } else {
-                match to {
-                    DType::F16 => o.iter_mut().zip(x).for_each(|(o, &x)| *o = f16::from_f64(x).to_f32()),
-                    DType::BF16 => o.iter_mut().zip(x).for_each(|(o, &x)| *o = bf16::from_f64(x).to_f32()),
-                    _ => o.iter_mut().zip(x).for_each(|(o, &x)| *o = x as f32),
-                }
+            match to {
+                DType::Bool => o.iter_mut().zip(x).for_each(|(o, &x)| *o = (x != 0.0) as u8 as f32),
+                DType::F16 => o.iter_mut().zip(x).for_each(|(o, &x)| *o = f16::from_f64(x).to_f32()),
+                // `Element::from_f64`, not the inherent `bf16::from_f64`, which rounds twice.
+                DType::BF16 => o.iter_mut().zip(x).for_each(|(o, &x)| *o = <bf16 as Element>::from_f64(x).to_f32()),
+                _ => o.iter_mut().zip(x).for_each(|(o, &x)| *o = x as f32),
             }
         }
         (Lane::F(x), Lane::D(o)) => o[..len].iter_mut().zip(x).for_each(|(o, &x)| *o = x as f64),
         (Lane::D(x), Lane::D(o)) => o[..len].copy_from_slice(&x[..len]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compile::ir::Builder;
+
+    /// A fused cast from an integer or f64 register rounds once, as the cast kernel does:
+    /// values just above a bf16 midpoint, which a detour through f32 rounds to the
+    /// midpoint and then to even.
+    #[test]
+    fn casts_from_wide_lanes_round_once() {
+        let cases: [(DType, &[f64]); 3] = [
+            (DType::I32, &[33_685_505.0, -33_685_505.0, 16_777_217.0, 3.0]),
+            (DType::U32, &[2_155_872_257.0, 4_294_967_295.0, 7.0]),
+            (DType::F64, &[56_960.003, 1.0 + 1e-9, -2.5e38]),
+        ];
+        for (from, values) in cases {
+            let x = crate::backend::cpu::from_f64_slice(values, from, &[values.len()]).unwrap();
+            for to in [DType::BF16, DType::F16, DType::F32] {
+                let mut b = Builder::default();
+                let r = b.load(0, from);
+                let c = b.push(Inst::Cast(r), to);
+                let fused = eval_fused(&b.finish(c), std::slice::from_ref(&x), &[values.len()], to).unwrap();
+                let eager = crate::backend::cpu::elementwise::cast(&x, to).unwrap();
+                let (f, e) = (crate::backend::cpu::to_f64_vec(&fused), crate::backend::cpu::to_f64_vec(&eager));
+                let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&f), bits(&e), "{from} to {to}: fused {f:?}, cast kernel {e:?}");
+            }
+        }
     }
 }
