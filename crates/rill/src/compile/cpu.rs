@@ -305,7 +305,8 @@ macro_rules! arith {
             Pow => zip2!($o, $x, $y, |a, b| a.powf(b)),
             Maximum => zip2!($o, $x, $y, |a, b| if a.is_nan() || a > b { a } else { b }),
             Minimum => zip2!($o, $x, $y, |a, b| if a.is_nan() || a < b { a } else { b }),
-            _ => {}
+            // Predicates: `predicate!`.
+            Equal | NotEqual | Less | LessEqual | Greater | GreaterEqual | LogicalAnd | LogicalOr => {}
         }
     }};
 }
@@ -322,7 +323,8 @@ macro_rules! predicate {
             GreaterEqual => zip2!($o, $x, $y, |a, b| (a >= b) as u8 as f32),
             LogicalAnd => zip2!($o, $x, $y, |a, b| (a != 0.0 && b != 0.0) as u8 as f32),
             LogicalOr => zip2!($o, $x, $y, |a, b| (a != 0.0 || b != 0.0) as u8 as f32),
-            _ => {}
+            // Arithmetic: `arith!`.
+            Add | Sub | Mul | Div | Pow | Maximum | Minimum => {}
         }
     }};
 }

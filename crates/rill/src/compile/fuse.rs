@@ -45,28 +45,53 @@ fn ref_shape(tape: &Tape, r: Ref) -> &[usize] {
 /// True when node `i` is an elementwise op the fused IR computes exactly.
 fn op_ok(tape: &Tape, i: usize) -> bool {
     let n = &tape.nodes[i];
-    if !n.prim.is_elementwise() || !computable(n.dtype) {
-        return false;
-    }
     let d: Vec<DType> = n.inputs.iter().map(|&r| ref_dtype(tape, r)).collect();
-    if !d.iter().all(|&x| loadable(x)) {
+    fusable(&n.prim, &d, n.dtype)
+}
+
+/// True when the fused IR computes `prim` exactly on inputs of dtypes `ins` into an
+/// output of dtype `out`: an elementwise op with a computable output and loadable inputs
+/// (see `ir`), whose operands have the dtypes the op gives them.
+pub(crate) fn fusable(prim: &Primitive, ins: &[DType], out: DType) -> bool {
+    use Primitive::*;
+    if !computable(out) || !ins.iter().all(|&x| loadable(x)) {
         return false;
     }
-    match &n.prim {
-        Primitive::Cast => d.len() == 1,
-        Primitive::Unary(UnaryOp::LogicalNot) => d.len() == 1 && n.dtype == DType::Bool,
-        Primitive::Unary(op) => {
-            d.len() == 1
-                && d[0] == n.dtype
-                && (n.dtype != DType::Bool || matches!(op, UnaryOp::Abs | UnaryOp::Relu | UnaryOp::Square))
+    match prim {
+        Cast => ins.len() == 1,
+        Unary(UnaryOp::LogicalNot) => ins.len() == 1 && out == DType::Bool,
+        Unary(op) => ins.len() == 1 && ins[0] == out && (out != DType::Bool || op.keeps_bool()),
+        Binary(op) => {
+            ins.len() == 2
+                && ins[0] == ins[1]
+                && if op.is_predicate() { out == DType::Bool } else { ins[0] == out && out != DType::Bool }
         }
-        Primitive::Binary(op) => {
-            d.len() == 2
-                && d[0] == d[1]
-                && if op.is_predicate() { n.dtype == DType::Bool } else { d[0] == n.dtype && n.dtype != DType::Bool }
-        }
-        Primitive::Where => d.len() == 3 && d[0] == DType::Bool && d[1] == n.dtype && d[2] == n.dtype,
-        _ => false,
+        Where => ins.len() == 3 && ins[0] == DType::Bool && ins[1] == out && ins[2] == out,
+        Constant
+        | Full { .. }
+        | Arange { .. }
+        | Eye { .. }
+        | Random { .. }
+        | Reduce { .. }
+        | ArgReduce { .. }
+        | Softmax { .. }
+        | LayerNorm { .. }
+        | RmsNorm { .. }
+        | Cumsum { .. }
+        | Matmul
+        | Reshape
+        | Permute(_)
+        | BroadcastTo
+        | Slice { .. }
+        | Contiguous
+        | Take { .. }
+        | Concatenate { .. }
+        | Pad { .. }
+        | ToDevice
+        | Host { .. }
+        | Placeholder { .. }
+        | Fused(_)
+        | FusedReduce { .. } => false,
     }
 }
 
@@ -187,7 +212,36 @@ fn build_group(
                         r = src;
                     }
                 }
-                _ => {}
+                // Everything else is loaded as it is.
+                Primitive::Constant
+                | Primitive::Full { .. }
+                | Primitive::Arange { .. }
+                | Primitive::Eye { .. }
+                | Primitive::Random { .. }
+                | Primitive::Cast
+                | Primitive::Unary(_)
+                | Primitive::Binary(_)
+                | Primitive::Where
+                | Primitive::Reduce { .. }
+                | Primitive::ArgReduce { .. }
+                | Primitive::Softmax { .. }
+                | Primitive::LayerNorm { .. }
+                | Primitive::RmsNorm { .. }
+                | Primitive::Cumsum { .. }
+                | Primitive::Matmul
+                | Primitive::Reshape
+                | Primitive::Permute(_)
+                | Primitive::BroadcastTo
+                | Primitive::Slice { .. }
+                | Primitive::Contiguous
+                | Primitive::Take { .. }
+                | Primitive::Concatenate { .. }
+                | Primitive::Pad { .. }
+                | Primitive::ToDevice
+                | Primitive::Host { .. }
+                | Primitive::Placeholder { .. }
+                | Primitive::Fused(_)
+                | Primitive::FusedReduce { .. } => {}
             }
         }
         let k = match externals.iter().position(|&e| e == r) {
@@ -226,7 +280,32 @@ fn build_group(
             Primitive::Cast => Inst::Cast(regs[0]),
             Primitive::Unary(op) => Inst::Unary(*op, regs[0]),
             Primitive::Binary(op) => Inst::Binary(*op, regs[0], regs[1]),
-            _ => Inst::Where(regs[0], regs[1], regs[2]),
+            Primitive::Where => Inst::Where(regs[0], regs[1], regs[2]),
+            Primitive::Constant
+            | Primitive::Full { .. }
+            | Primitive::Arange { .. }
+            | Primitive::Eye { .. }
+            | Primitive::Random { .. }
+            | Primitive::Reduce { .. }
+            | Primitive::ArgReduce { .. }
+            | Primitive::Softmax { .. }
+            | Primitive::LayerNorm { .. }
+            | Primitive::RmsNorm { .. }
+            | Primitive::Cumsum { .. }
+            | Primitive::Matmul
+            | Primitive::Reshape
+            | Primitive::Permute(_)
+            | Primitive::BroadcastTo
+            | Primitive::Slice { .. }
+            | Primitive::Contiguous
+            | Primitive::Take { .. }
+            | Primitive::Concatenate { .. }
+            | Primitive::Pad { .. }
+            | Primitive::ToDevice
+            | Primitive::Host { .. }
+            | Primitive::Placeholder { .. }
+            | Primitive::Fused(_)
+            | Primitive::FusedReduce { .. } => unreachable!("a group holds only nodes `fusable` accepts"),
         };
         let reg = b.push(inst, node.dtype);
         memo.insert(i, reg);

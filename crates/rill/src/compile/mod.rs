@@ -113,7 +113,7 @@
 
 pub(crate) mod cpu;
 pub(crate) mod cuda_src;
-mod fuse;
+pub(crate) mod fuse;
 pub(crate) mod ir;
 pub(crate) mod rules;
 pub(crate) mod shapes;

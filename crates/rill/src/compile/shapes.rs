@@ -5,8 +5,9 @@
 //! with a shape rule (see `rules`: count fills, reshapes that remove or insert axes of
 //! size 1, matmul broadcasts). The others (fills of a fixed shape other than 0-d,
 //! `arange`, `eye`, random, other reshapes and broadcasts, slices, pads, gathers,
-//! concatenations, host callbacks, and primitives added later) make a tape
-//! shape-specific: `compile_shapeless` then falls back to tracing per shape.
+//! concatenations, host callbacks) make a tape shape-specific: `compile_shapeless` then
+//! falls back to tracing per shape. The match names every primitive, so a new one does
+//! not compile until it is given a rule here.
 //!
 //! For new shapes, [`plan`] gives every node's shape and every count fill's value, the
 //! error the ops would return for those shapes (shapes that do not broadcast, a shape too
@@ -90,7 +91,22 @@ fn derive(node: &TapeNode, ins: &[&[usize]], read: &dyn Fn(&ShapeOf) -> Vec<usiz
                 Ok(s)
             }
         }
-        _ => return None,
+        // Shapes the trace fixed: fills other than 0-d, ranges, eyes, random draws,
+        // reshapes and broadcasts without a rule; and shapes made with traced parameters
+        // (slices, gathers, concatenations, pads) or by a callback. The tape is
+        // shape-specific.
+        Full { .. }
+        | Arange { .. }
+        | Eye { .. }
+        | Random { .. }
+        | Reshape
+        | BroadcastTo
+        | Slice { .. }
+        | Take { .. }
+        | Concatenate { .. }
+        | Pad { .. }
+        | Host { .. }
+        | Placeholder { .. } => return None,
     })
 }
 
@@ -101,16 +117,24 @@ fn derive_ruled(
     x: Vec<usize>,
     read: &dyn Fn(&ShapeOf) -> Vec<usize>,
 ) -> Option<Result<Vec<usize>>> {
-    Some(match (prim, rule) {
-        (Primitive::Full { .. }, Rule::Count { .. }) => Ok(Vec::new()),
-        (Primitive::Reshape, Rule::Squeeze(axes)) => match axes.iter().find(|&&a| x.get(a) != Some(&1)) {
-            Some(&a) if a < x.len() => {
-                Err(Error::shape("squeeze", format!("cannot squeeze axis {a} of size {} in shape {x:?}", x[a])))
+    // Each rule is noted for one primitive only; any other pairing is not this tape.
+    Some(match rule {
+        Rule::Count { .. } => {
+            let Primitive::Full { .. } = prim else { return None };
+            Ok(Vec::new())
+        }
+        Rule::Squeeze(axes) => {
+            let Primitive::Reshape = prim else { return None };
+            match axes.iter().find(|&&a| x.get(a) != Some(&1)) {
+                Some(&a) if a < x.len() => {
+                    Err(Error::shape("squeeze", format!("cannot squeeze axis {a} of size {} in shape {x:?}", x[a])))
+                }
+                Some(_) => return None,
+                None => Ok(x.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect()),
             }
-            Some(_) => return None,
-            None => Ok(x.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect()),
-        },
-        (Primitive::Reshape, Rule::Expand(axes)) => {
+        }
+        Rule::Expand(axes) => {
+            let Primitive::Reshape = prim else { return None };
             let rank = x.len() + axes.len();
             if axes.iter().any(|&a| a >= rank) {
                 return None;
@@ -118,7 +142,8 @@ fn derive_ruled(
             let mut dims = x.into_iter();
             Ok((0..rank).map(|i| if axes.contains(&i) { 1 } else { dims.next().unwrap_or(1) }).collect())
         }
-        (Primitive::BroadcastTo, Rule::Batch { other }) => {
+        Rule::Batch { other } => {
+            let Primitive::BroadcastTo = prim else { return None };
             let o = read(other);
             let (rx, ro) = (x.len(), o.len());
             if rx < 2 || ro < 2 {
@@ -129,13 +154,16 @@ fn derive_ruled(
                 s
             })
         }
-        _ => return None,
     })
 }
 
 /// True for a maximum or minimum over no elements.
 fn empty_extremum(op: ReduceOp, shape: &[usize], axes: &[usize]) -> bool {
-    matches!(op, ReduceOp::Max | ReduceOp::Min) && axes.iter().any(|&a| shape.get(a) == Some(&0))
+    let extremum = match op {
+        ReduceOp::Max | ReduceOp::Min => true,
+        ReduceOp::Sum | ReduceOp::Prod => false,
+    };
+    extremum && axes.iter().any(|&a| shape.get(a) == Some(&0))
 }
 
 /// `shape` with `axes` set to 1.
@@ -175,7 +203,34 @@ fn count(tape: &Tape, inputs: &[Vec<usize>], shapes: &[Vec<usize>], rule: &Rule)
     let (whole, axes) = match &red.prim {
         Primitive::Reduce { axes, .. } => (ins.first()?.to_vec(), axes),
         Primitive::FusedReduce { axes, .. } => (broadcast_all("fused_reduce", &ins).ok()?, axes),
-        _ => return None,
+        // A count rule names a reduction; anything else is not this tape.
+        Primitive::Constant
+        | Primitive::Full { .. }
+        | Primitive::Arange { .. }
+        | Primitive::Eye { .. }
+        | Primitive::Random { .. }
+        | Primitive::Cast
+        | Primitive::Unary(_)
+        | Primitive::Binary(_)
+        | Primitive::Where
+        | Primitive::ArgReduce { .. }
+        | Primitive::Softmax { .. }
+        | Primitive::LayerNorm { .. }
+        | Primitive::RmsNorm { .. }
+        | Primitive::Cumsum { .. }
+        | Primitive::Matmul
+        | Primitive::Reshape
+        | Primitive::Permute(_)
+        | Primitive::BroadcastTo
+        | Primitive::Slice { .. }
+        | Primitive::Contiguous
+        | Primitive::Take { .. }
+        | Primitive::Concatenate { .. }
+        | Primitive::Pad { .. }
+        | Primitive::ToDevice
+        | Primitive::Host { .. }
+        | Primitive::Placeholder { .. }
+        | Primitive::Fused(_) => return None,
     };
     let n = axes.iter().try_fold(1usize, |n, &a| n.checked_mul(*whole.get(a)?))?;
     Some(n.saturating_sub(ddof) as f64)

@@ -10,43 +10,54 @@ use crate::primitives::Primitive;
 
 /// True when two primitives compute the same function of the same inputs (parameters
 /// compared structurally, floats by bits). Host callbacks and constants are never
-/// merged; primitives this function does not know are never merged either.
+/// merged. The match on `a` names every primitive, so a new one is not merged (or
+/// merged) by accident: it does not compile until it is given a rule here.
 pub fn same_op(a: &Primitive, b: &Primitive) -> bool {
     use Primitive::*;
-    match (a, b) {
-        (Full { value: x }, Full { value: y }) => x.to_bits() == y.to_bits(),
-        (Arange { start: s1, step: t1 }, Arange { start: s2, step: t2 }) => {
-            s1.to_bits() == s2.to_bits() && t1.to_bits() == t2.to_bits()
+    match a {
+        // Constants are data, not a function of inputs; host callbacks may have effects.
+        Constant | Host { .. } => false,
+        Full { value: x } => matches!(b, Full { value: y } if x.to_bits() == y.to_bits()),
+        Arange { start: s1, step: t1 } => {
+            matches!(b, Arange { start: s2, step: t2 } if s1.to_bits() == s2.to_bits() && t1.to_bits() == t2.to_bits())
         }
-        (Eye { k: x }, Eye { k: y }) => x == y,
-        (Random { key: k1, dist: d1 }, Random { key: k2, dist: d2 }) => k1 == k2 && d1 == d2,
-        (Cast, Cast) | (Where, Where) | (Matmul, Matmul) | (Reshape, Reshape) | (BroadcastTo, BroadcastTo) => true,
-        (Contiguous, Contiguous) | (ToDevice, ToDevice) => true,
-        (Unary(x), Unary(y)) => x == y,
-        (Binary(x), Binary(y)) => x == y,
-        (Reduce { op: o1, axes: a1 }, Reduce { op: o2, axes: a2 }) => o1 == o2 && a1 == a2,
-        (ArgReduce { op: o1, axis: a1 }, ArgReduce { op: o2, axis: a2 }) => o1 == o2 && a1 == a2,
-        (Softmax { axis: a1, log: l1 }, Softmax { axis: a2, log: l2 }) => a1 == a2 && l1 == l2,
-        (LayerNorm { eps: e1, has_weight: w1, has_bias: b1 }, LayerNorm { eps: e2, has_weight: w2, has_bias: b2 }) => {
-            e1.to_bits() == e2.to_bits() && w1 == w2 && b1 == b2
+        Eye { k: x } => matches!(b, Eye { k: y } if x == y),
+        Random { key: k1, dist: d1 } => matches!(b, Random { key: k2, dist: d2 } if k1 == k2 && d1 == d2),
+        Cast => matches!(b, Cast),
+        Where => matches!(b, Where),
+        Matmul => matches!(b, Matmul),
+        Reshape => matches!(b, Reshape),
+        BroadcastTo => matches!(b, BroadcastTo),
+        Contiguous => matches!(b, Contiguous),
+        ToDevice => matches!(b, ToDevice),
+        Unary(x) => matches!(b, Unary(y) if x == y),
+        Binary(x) => matches!(b, Binary(y) if x == y),
+        Reduce { op: o1, axes: a1 } => matches!(b, Reduce { op: o2, axes: a2 } if o1 == o2 && a1 == a2),
+        ArgReduce { op: o1, axis: a1 } => matches!(b, ArgReduce { op: o2, axis: a2 } if o1 == o2 && a1 == a2),
+        Softmax { axis: a1, log: l1 } => matches!(b, Softmax { axis: a2, log: l2 } if a1 == a2 && l1 == l2),
+        LayerNorm { eps: e1, has_weight: w1, has_bias: b1 } => matches!(
+            b,
+            LayerNorm { eps: e2, has_weight: w2, has_bias: b2 } if e1.to_bits() == e2.to_bits() && w1 == w2 && b1 == b2
+        ),
+        RmsNorm { eps: e1, has_weight: w1 } => {
+            matches!(b, RmsNorm { eps: e2, has_weight: w2 } if e1.to_bits() == e2.to_bits() && w1 == w2)
         }
-        (RmsNorm { eps: e1, has_weight: w1 }, RmsNorm { eps: e2, has_weight: w2 }) => {
-            e1.to_bits() == e2.to_bits() && w1 == w2
+        Cumsum { axis: a1, reverse: r1, exclusive: x1 } => {
+            matches!(b, Cumsum { axis: a2, reverse: r2, exclusive: x2 } if a1 == a2 && r1 == r2 && x1 == x2)
         }
-        (Cumsum { axis: a1, reverse: r1, exclusive: x1 }, Cumsum { axis: a2, reverse: r2, exclusive: x2 }) => {
-            a1 == a2 && r1 == r2 && x1 == x2
+        Permute(p) => matches!(b, Permute(q) if p == q),
+        Slice { start: s1, step: t1 } => matches!(b, Slice { start: s2, step: t2 } if s1 == s2 && t1 == t2),
+        Take { axis: a1 } => matches!(b, Take { axis: a2 } if a1 == a2),
+        Concatenate { axis: a1 } => matches!(b, Concatenate { axis: a2 } if a1 == a2),
+        Pad { widths: w1, value: v1 } => {
+            matches!(b, Pad { widths: w2, value: v2 } if w1 == w2 && v1.to_bits() == v2.to_bits())
         }
-        (Permute(p), Permute(q)) => p == q,
-        (Slice { start: s1, step: t1 }, Slice { start: s2, step: t2 }) => s1 == s2 && t1 == t2,
-        (Take { axis: a1 }, Take { axis: a2 }) => a1 == a2,
-        (Concatenate { axis: a1 }, Concatenate { axis: a2 }) => a1 == a2,
-        (Pad { widths: w1, value: v1 }, Pad { widths: w2, value: v2 }) => w1 == w2 && v1.to_bits() == v2.to_bits(),
-        (Placeholder { index: i }, Placeholder { index: j }) => i == j,
-        (Fused(p), Fused(q)) => Arc::ptr_eq(p, q) || **p == **q,
-        (FusedReduce { program: p, op: o1, axes: a1 }, FusedReduce { program: q, op: o2, axes: a2 }) => {
-            (Arc::ptr_eq(p, q) || **p == **q) && o1 == o2 && a1 == a2
-        }
-        _ => false,
+        Placeholder { index: i } => matches!(b, Placeholder { index: j } if i == j),
+        Fused(p) => matches!(b, Fused(q) if Arc::ptr_eq(p, q) || **p == **q),
+        FusedReduce { program: p, op: o1, axes: a1 } => matches!(
+            b,
+            FusedReduce { program: q, op: o2, axes: a2 } if (Arc::ptr_eq(p, q) || **p == **q) && o1 == o2 && a1 == a2
+        ),
     }
 }
 

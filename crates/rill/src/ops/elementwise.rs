@@ -49,7 +49,7 @@ fn unary(x: &Array, op: UnaryOp) -> Result<Array> {
         DType::Bool
     } else if op.needs_float() {
         x.dtype().to_float()
-    } else if x.dtype() == DType::Bool && op != UnaryOp::Abs && op != UnaryOp::Relu && op != UnaryOp::Square {
+    } else if x.dtype() == DType::Bool && !op.keeps_bool() {
         // neg/sign/floor/ceil/round of bool: computed as i32, as NumPy does for neg.
         DType::I32
     } else {
@@ -83,7 +83,19 @@ fn binary(a: &Array, b: Operand, op: BinaryOp) -> Result<Array> {
             return Err(Error::dtype(name, dtype, "arithmetic on two bool operands; cast one to a number first"));
         }
         BinaryOp::Div if !dtype.is_float() => (op, DType::F32),
-        _ => (op, dtype),
+        BinaryOp::Add
+        | BinaryOp::Sub
+        | BinaryOp::Mul
+        | BinaryOp::Div
+        | BinaryOp::Pow
+        | BinaryOp::Maximum
+        | BinaryOp::Minimum
+        | BinaryOp::Equal
+        | BinaryOp::NotEqual
+        | BinaryOp::Less
+        | BinaryOp::LessEqual
+        | BinaryOp::Greater
+        | BinaryOp::GreaterEqual => (op, dtype),
     };
     let out_dtype = if op.is_predicate() { DType::Bool } else { compute };
     // The output, and the operands converted to the compute dtype (wider than a bool output).

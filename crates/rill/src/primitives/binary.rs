@@ -38,7 +38,10 @@ impl BinaryOp {
     /// True for the comparisons and logical ops, whose output is bool.
     pub fn is_predicate(self) -> bool {
         use BinaryOp::*;
-        matches!(self, Equal | NotEqual | Less | LessEqual | Greater | GreaterEqual | LogicalAnd | LogicalOr)
+        match self {
+            Equal | NotEqual | Less | LessEqual | Greater | GreaterEqual | LogicalAnd | LogicalOr => true,
+            Add | Sub | Mul | Div | Pow | Maximum | Minimum => false,
+        }
     }
 
     /// The CUDA C expression of `a op b`, for identifiers `a` and `b` holding values of

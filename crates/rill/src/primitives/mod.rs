@@ -1,10 +1,12 @@
 //! The closed set of primitives every array node is built from.
 //!
 //! Ops (`crate::ops`) validate their inputs, infer the output shape and dtype, and record
-//! one of these. Backends dispatch on this enum with an exhaustive `match`, so a new
-//! primitive does not compile until every backend handles it (or returns
-//! `Error::Unsupported` on purpose). Family predicates (`is_elementwise`, `is_view`)
-//! let passes such as fusion treat whole families at once.
+//! one of these. Backends and passes dispatch on this enum (and on the op enums) with
+//! exhaustive `match`es, never a `_` arm, so a new primitive or op does not compile
+//! until every backend and pass has decided what to do with it (or returns
+//! `Error::Unsupported` on purpose). Family predicates (`is_elementwise`, `is_view`,
+//! from the one table `Primitive::family`) let passes such as fusion treat whole
+//! families at once.
 //!
 //! The elementwise ops have one home each: [`UnaryOp`] (`unary.rs`) and [`BinaryOp`]
 //! (`binary.rs`) hold each op's CUDA formula, which the eager and the fused CUDA kernels
@@ -298,34 +300,66 @@ impl Primitive {
             FusedReduce { .. } => "fused_reduce",
         }
     }
+    /// The family the primitive belongs to (the section of the enum it is declared in).
+    /// The one place that sorts primitives into families: a new primitive does not
+    /// compile until it is given one.
+    pub(crate) fn family(&self) -> Family {
+        use Primitive::*;
+        match self {
+            Constant | Full { .. } | Arange { .. } | Eye { .. } | Random { .. } => Family::Source,
+            Cast | Unary(_) | Binary(_) | Where => Family::Elementwise,
+            Reduce { .. } | ArgReduce { .. } | Softmax { .. } | LayerNorm { .. } | RmsNorm { .. } | Cumsum { .. } => {
+                Family::Reduction
+            }
+            Matmul => Family::LinearAlgebra,
+            Reshape | Permute(_) | BroadcastTo | Slice { .. } => Family::View,
+            Contiguous | Take { .. } | Concatenate { .. } | Pad { .. } | ToDevice | Host { .. } => Family::Copy,
+            Placeholder { .. } => Family::Placeholder,
+            Fused(_) | FusedReduce { .. } => Family::Fused,
+        }
+    }
     /// Elementwise family: output element `i` depends only on input elements `i`
     /// (after broadcasting). These are what `compile` fuses.
     pub fn is_elementwise(&self) -> bool {
-        matches!(self, Primitive::Cast | Primitive::Unary(_) | Primitive::Binary(_) | Primitive::Where)
+        self.family() == Family::Elementwise
     }
     /// View family: the output shares the input's buffer.
     pub fn is_view(&self) -> bool {
-        matches!(self, Primitive::Reshape | Primitive::Permute(_) | Primitive::BroadcastTo | Primitive::Slice { .. })
+        self.family() == Family::View
     }
     /// A traced input of `crate::compile`.
     pub fn is_placeholder(&self) -> bool {
-        matches!(self, Primitive::Placeholder { .. })
+        self.family() == Family::Placeholder
     }
     /// A fused kernel made by `crate::compile` (elementwise, or elementwise then reduce).
     pub fn is_fused(&self) -> bool {
-        matches!(self, Primitive::Fused(_) | Primitive::FusedReduce { .. })
+        self.family() == Family::Fused
     }
     /// Source family: no inputs.
     pub fn is_source(&self) -> bool {
-        matches!(
-            self,
-            Primitive::Constant
-                | Primitive::Full { .. }
-                | Primitive::Arange { .. }
-                | Primitive::Eye { .. }
-                | Primitive::Random { .. }
-        )
+        self.family() == Family::Source
     }
+}
+
+/// The families of [`Primitive`] (see [`Primitive::family`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Family {
+    /// No inputs: constants, fills, ranges, random numbers.
+    Source,
+    /// Output element `i` depends only on input elements `i` (after broadcasting).
+    Elementwise,
+    /// Reductions, scans and the normalisations over an axis.
+    Reduction,
+    /// Matrix products.
+    LinearAlgebra,
+    /// Zero-copy: the output shares the input's buffer.
+    View,
+    /// New buffers from the inputs' elements (copies, gathers, transfers, host calls).
+    Copy,
+    /// A traced input of `crate::compile`.
+    Placeholder,
+    /// A kernel made by `crate::compile`.
+    Fused,
 }
 
 impl fmt::Debug for Primitive {

@@ -48,7 +48,11 @@ impl UnaryOp {
     /// True when integer inputs are first converted to a float dtype.
     pub fn needs_float(self) -> bool {
         use UnaryOp::*;
-        !matches!(self, Neg | Abs | Sign | Square | Relu | Floor | Ceil | Round | LogicalNot)
+        match self {
+            Neg | Abs | Sign | Square | Relu | Floor | Ceil | Round | LogicalNot => false,
+            Exp | Log | Log1p | Sqrt | Rsqrt | Reciprocal | Sin | Cos | Tanh | Sigmoid | Gelu | GeluTanh | Silu
+            | Erf => true,
+        }
     }
 
     /// True for the ops whose value on a bool is a bool: `abs`, `relu` and `square` (the

@@ -288,7 +288,10 @@ fn int_unary<T: Element + IntOps>(op: UnaryOp, x: &Storage, dtype: DType) -> Res
         Square => map1::<T, T, _>(x, &shape, dtype, |v| T::wmul(v, v)),
         Relu => map1::<T, T, _>(x, &shape, dtype, |v| if v > T::zero() { v } else { T::zero() }),
         Floor | Ceil | Round => map1::<T, T, _>(x, &shape, dtype, |v| v),
-        _ => Err(Error::dtype(op.name(), dtype, "integer inputs are converted to float by the op")),
+        LogicalNot => map1::<T, u8, _>(x, &shape, DType::Bool, |v| (v == T::zero()) as u8),
+        Exp | Log | Log1p | Sqrt | Rsqrt | Reciprocal | Sin | Cos | Tanh | Sigmoid | Gelu | GeluTanh | Silu | Erf => {
+            Err(Error::dtype(op.name(), dtype, "integer inputs are converted to float by the op"))
+        }
     }
 }
 
@@ -380,7 +383,7 @@ where
         LogicalOr => p!(|x: T, y: T| (x != T::zero() || y != T::zero()) as u8),
         Maximum => m!(|x: T, y: T| if x.to_f64().is_nan() || x > y { x } else { y }),
         Minimum => m!(|x: T, y: T| if x.to_f64().is_nan() || x < y { x } else { y }),
-        _ => unreachable!("arithmetic handled per type"),
+        Add | Sub | Mul | Div | Pow => unreachable!("arithmetic is computed per type (`arith!`, `int_binary`)"),
     }
 }
 
@@ -394,7 +397,8 @@ macro_rules! arith {
             Mul => map2::<$T, $T, $T, _>($a, $b, $shape, $dtype, |x, y| from(to(x) * to(y))),
             Div => map2::<$T, $T, $T, _>($a, $b, $shape, $dtype, |x, y| from(to(x) / to(y))),
             Pow => map2::<$T, $T, $T, _>($a, $b, $shape, $dtype, |x, y| from(<$C>::powf(to(x), to(y)))),
-            op => float_binary::<$T>(op, $a, $b, $shape, $dtype, |v| v.to_f64(), <$T as Element>::from_f64),
+            Maximum | Minimum | Equal | NotEqual | Less | LessEqual | Greater | GreaterEqual | LogicalAnd
+            | LogicalOr => float_binary::<$T>($op, $a, $b, $shape, $dtype, |v| v.to_f64(), <$T as Element>::from_f64),
         }
     }};
 }
@@ -407,7 +411,9 @@ fn int_binary<T: IntOps>(op: BinaryOp, a: &Storage, b: &Storage, shape: &[usize]
         Mul => map2::<T, T, T, _>(a, b, shape, dtype, T::wmul),
         Div => map2::<T, T, T, _>(a, b, shape, dtype, T::idiv),
         Pow => map2::<T, T, T, _>(a, b, shape, dtype, T::ipow),
-        op => float_binary::<T>(op, a, b, shape, dtype, |v| v.to_f64(), T::from_f64),
+        Maximum | Minimum | Equal | NotEqual | Less | LessEqual | Greater | GreaterEqual | LogicalAnd | LogicalOr => {
+            float_binary::<T>(op, a, b, shape, dtype, |v| v.to_f64(), T::from_f64)
+        }
     }
 }
 
