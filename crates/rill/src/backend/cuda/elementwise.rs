@@ -199,7 +199,89 @@ pub(crate) fn eye(cs: &CudaStreamHandle, shape: &[usize], dtype: DType, k: isize
 mod tests {
     use super::*;
     use crate::backend::cuda::nvrtc::check_compiles;
+    use crate::compile::FusedProgram;
+    use crate::compile::cuda_src::{Access, Plan, cuda_source};
+    use crate::compile::fuse::fusable;
+    use crate::compile::ir::{Builder, Inst};
     use crate::dtype::ALL_DTYPES;
+    use crate::primitives::Primitive;
+
+    /// The expression register `r` is defined by in generated source (`.. r = EXPR;`).
+    fn definition<'a>(src: &'a str, r: &str) -> &'a str {
+        let key = format!(" {r} = ");
+        let start = src.find(&key).unwrap_or_else(|| panic!("no {r} in\n{src}")) + key.len();
+        &src[start..start + src[start..].find(';').unwrap_or(0)]
+    }
+
+    /// The expression an eager `fop` returns (its last `return`).
+    fn returned(src: &str) -> &str {
+        let start = src.rfind("return ").unwrap_or_else(|| panic!("no return in\n{src}")) + "return ".len();
+        &src[start..start + src[start..].find(';').unwrap_or(0)]
+    }
+
+    /// The fused kernel of a program of loads of `ins`, then `inst` into `out`.
+    fn fused_source(ins: &[DType], inst: impl Fn(&[usize]) -> Inst, out: DType) -> String {
+        let mut b = Builder::default();
+        let regs: Vec<usize> = ins.iter().enumerate().map(|(k, &d)| b.load(k, d)).collect();
+        let r = b.push(inst(&regs), out);
+        let prog: FusedProgram = b.finish(r);
+        cuda_source(&prog, &Plan::Linear { access: vec![Access::Contig; ins.len()], vec: 1, wide: false }, "k")
+    }
+
+    /// For every unary and binary op and every dtype the fuser fuses it on, the fused
+    /// kernel and the eager kernel compute the op's value with the same expression text;
+    /// so do `where` and every fused cast. Every op is compared on at least one dtype.
+    #[test]
+    fn eager_and_fused_kernels_write_the_same_expressions() {
+        let mut compared: Vec<&str> = Vec::new();
+        for op in UnaryOp::ALL {
+            for d in ALL_DTYPES {
+                let out = if op == UnaryOp::LogicalNot { DType::Bool } else { d };
+                if !fusable(&Primitive::Unary(op), &[d], out) {
+                    continue;
+                }
+                let fused = fused_source(&[d], |r| Inst::Unary(op, r[0]), out);
+                let eager = unary_source(op, d);
+                let (f, e) = (definition(&fused, "r1"), definition(&eager, "r1"));
+                assert_eq!(f, e, "{} on {d}: fused and eager differ\nfused:\n{fused}\neager:\n{eager}", op.name());
+                compared.push(op.name());
+            }
+        }
+        for op in BinaryOp::ALL {
+            for d in ALL_DTYPES {
+                let out = if op.is_predicate() { DType::Bool } else { d };
+                if !fusable(&Primitive::Binary(op), &[d, d], out) {
+                    continue;
+                }
+                let fused = fused_source(&[d, d], |r| Inst::Binary(op, r[0], r[1]), out);
+                let eager = binary_source(op, d);
+                let (f, e) = (definition(&fused, "r2"), definition(&eager, "r2"));
+                assert_eq!(f, e, "{} on {d}: fused and eager differ\nfused:\n{fused}\neager:\n{eager}", op.name());
+                compared.push(op.name());
+            }
+        }
+        for d in ALL_DTYPES.into_iter().filter(|&d| fusable(&Primitive::Where, &[DType::Bool, d, d], d)) {
+            let fused = fused_source(&[DType::Bool, d, d], |r| Inst::Where(r[0], r[1], r[2]), d);
+            let eager = where_source(d);
+            assert_eq!(definition(&fused, "r3"), returned(&eager), "where on {d}\nfused:\n{fused}\neager:\n{eager}");
+            compared.push("where");
+        }
+        for from in ALL_DTYPES {
+            for to in ALL_DTYPES.into_iter().filter(|&to| to != from && fusable(&Primitive::Cast, &[from], to)) {
+                // The fused register holds the stored value read back into its lane.
+                let fused = fused_source(&[from], |r| Inst::Cast(r[0]), to);
+                let eager = cast_source(from, to);
+                let (f, e) = (definition(&fused, "r1"), returned(&eager));
+                assert!(f.contains(e), "cast {from} to {to}: fused {f} does not store {e}\n{fused}\n{eager}");
+                compared.push("astype");
+            }
+        }
+        for name in UnaryOp::ALL.map(|o| o.name()).into_iter().chain(BinaryOp::ALL.map(|o| o.name())) {
+            assert!(compared.contains(&name), "{name} is fused on no dtype: nothing compared");
+        }
+        assert!(compared.contains(&"where") && compared.contains(&"astype"));
+        println!("{} (op, dtype) pairs compared", compared.len());
+    }
 
     /// One `fop`, its output C type and its input C types.
     type Fop = (String, &'static str, Vec<&'static str>);
