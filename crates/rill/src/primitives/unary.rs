@@ -100,8 +100,14 @@ impl UnaryOp {
         let mul = |a: &str, b: &str| format!("{r}mul_rn({a}, {b})");
         let one = format!("1.0{l}");
         match self {
-            Neg => format!("(-{x})"),
-            Abs => format!("fabs{f}({x})"),
+            // IEEE 754's negate and abs change only the sign bit, as on the CPU, also of a
+            // NaN; PTX's `neg` and `abs` may return another NaN.
+            Neg if double => {
+                format!("__longlong_as_double(__double_as_longlong({x}) ^ (long long)0x8000000000000000ull)")
+            }
+            Neg => format!("__int_as_float(__float_as_int({x}) ^ (int)0x80000000u)"),
+            Abs if double => format!("__longlong_as_double(__double_as_longlong({x}) & 0x7fffffffffffffffll)"),
+            Abs => format!("__int_as_float(__float_as_int({x}) & 0x7fffffff)"),
             Sign => format!("({x} > 0 ? 1.0{l} : ({x} < 0 ? -1.0{l} : {x}))"),
             Exp => format!("exp{f}({x})"),
             Log => format!("log{f}({x})"),
