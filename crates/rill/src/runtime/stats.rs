@@ -8,7 +8,7 @@
 //! | `threads_started` | same | runtime threads ever started |
 //! | `in_flight` | the scheduler (claim +1, completion -1) | nodes submitted and not finished |
 //! | `nodes_computed` | the executor | nodes whose kernel ran |
-//! | `backend_calls_after_shutdown` | the CUDA backend's calls into its libraries (`lifecycle::note_backend_call`) | calls made without a pass of the closed gate: must stay 0 (a refused call is not counted) |
+//! | `backend_calls_after_shutdown` | the CUDA backend's driver tokens taken from nested passes (`lifecycle::note_backend_call`; a token from a gate pass is proven by its type) | calls made without a pass of the closed gate: must stay 0 (a refused call is not counted) |
 //! | `threads_in_backend` | the backend gate (`gate.rs`) | threads inside a backend library now; 0 after shutdown |
 //! | `memory_waits`, `queue_waits` | the scheduler | times a submitter waited (memory limit, full queue) |
 //! | `graphs_built`, `graph_launches` | the CUDA backend's launcher | CUDA graphs instantiated; batches sent as one graph launch |

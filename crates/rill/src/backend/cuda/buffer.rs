@@ -16,6 +16,7 @@ use crate::sync::OnceLock;
 use crate::sync::{Arc, Mutex};
 
 use super::cache::{self, BufferCache, Cached};
+use super::driver::{Driver, GpuStream};
 use super::handles::{CudaStreamHandle, Ev};
 
 /// Device memory of one array (or of several views of it).
@@ -49,7 +50,7 @@ enum Got {
 
 impl CudaBuffer {
     /// Allocates `bytes` (unspecified contents) in stream order on `cs`.
-    pub fn alloc(cs: &CudaStreamHandle, bytes: usize) -> Result<CudaBuffer> {
+    pub fn alloc(cs: &GpuStream<'_>, bytes: usize) -> Result<CudaBuffer> {
         match CudaBuffer::get(cs, bytes)? {
             Got::New(b) => Ok(b),
             Got::Whole(arc) => match Arc::try_unwrap(arc) {
@@ -61,12 +62,10 @@ impl CudaBuffer {
     }
     /// A buffer of `bytes` on `cs`: from the stream's cache (whole, when a storage gave it
     /// back) or from the driver's pool.
-    fn get(cs: &CudaStreamHandle, bytes: usize) -> Result<Got> {
-        let _pass = lifecycle::backend_pass()?;
+    fn get(cs: &GpuStream<'_>, bytes: usize) -> Result<Got> {
         let oom = || Error::OutOfMemory { device: format!("gpu:{}", cs.dev.ordinal), bytes };
         let class = cache::class(bytes);
         let fresh = |n: usize| {
-            lifecycle::note_backend_call();
             // SAFETY: the contents are written by the kernel that receives the buffer.
             // Not `stream()`: an allocation need not wait for recorded launches.
             let r = unsafe { cs.raw_stream().alloc::<u8>(n) };
@@ -143,19 +142,19 @@ impl Drop for CudaBuffer {
     fn drop(&mut self) {
         memory::on_free(self.bytes);
         // After shutdown began the memory (and the stream reference) are leaked on purpose.
-        let Some(_pass) = lifecycle::release_pass() else { return };
+        let Some(pass) = lifecycle::release_pass() else { return };
+        let d = pass.driver();
         let users = std::mem::take(self.users.get_mut());
-        lifecycle::note_backend_call();
         let _ = catch_unwind(AssertUnwindSafe(|| {
             // Kernels this thread recorded on the allocating stream (a temporary's) are
             // sent first, so that the free is ordered after them.
-            super::launch::flush_stream(self.alloc_stream_id);
+            super::launch::flush_stream(d, self.alloc_stream_id);
             // SAFETY: the slice is taken exactly once, here.
             let mut slice = unsafe { ManuallyDrop::take(&mut self.slice) };
             // No memory (an empty buffer): nothing to free, nothing to wait for.
             if let Some(s) = &slice {
                 for (_, ev) in &users {
-                    let _ = ev.wait_on(s.stream());
+                    let _ = ev.wait_on(d, s.stream());
                 }
             }
             // The free (or the reuse, on the same stream) is ordered on the allocating
@@ -170,7 +169,9 @@ impl Drop for CudaBuffer {
                     None => None,
                 };
             }
-            drop(slice);
+            if let Some(s) = slice {
+                d.free(s);
+            }
         }));
     }
 }
@@ -188,9 +189,10 @@ pub(crate) fn recycle(mut arc: Arc<Buffer>) {
     }
     let Some((cache, class)) = b.cache.clone() else { return };
     // After shutdown began the buffer's own drop leaks it.
-    let Some(_pass) = lifecycle::release_pass() else { return };
+    let Some(pass) = lifecycle::release_pass() else { return };
+    let d = pass.driver();
     let stream_id = b.alloc_stream_id;
-    if catch_unwind(|| super::launch::flush_stream(stream_id)).is_err() {
+    if catch_unwind(AssertUnwindSafe(|| super::launch::flush_stream(d, stream_id))).is_err() {
         return;
     }
     let (ptr, bytes) = (b.ptr, b.bytes);
@@ -232,7 +234,7 @@ pub(crate) struct ScalarCache {
 
 /// The device copy of a one-element host storage from the device's scalar slab, or `None`
 /// when `s` is not one element or the slab is full (the caller uploads as usual).
-pub(crate) fn scalar_on_device(cs: &CudaStreamHandle, s: &Storage) -> Result<Option<Storage>> {
+pub(crate) fn scalar_on_device(cs: &GpuStream<'_>, s: &Storage) -> Result<Option<Storage>> {
     let Some(cpu) = s.cpu() else { return Ok(None) };
     if s.layout.numel() != 1 || s.dtype.size() > 8 {
         return Ok(None);
@@ -248,15 +250,13 @@ pub(crate) fn scalar_on_device(cs: &CudaStreamHandle, s: &Storage) -> Result<Opt
 /// (`dtype` at most 8 bytes), as a view of the device's scalar slab; `None` when the slab
 /// is full. The view is complete when returned (readers need no event) and must never be
 /// written: the slab's buffer is marked [`CudaBuffer::constant`].
-pub(crate) fn slab_scalar(cs: &CudaStreamHandle, dtype: DType, bits: u64, shape: &[usize]) -> Result<Option<Storage>> {
+pub(crate) fn slab_scalar(cs: &GpuStream<'_>, dtype: DType, bits: u64, shape: &[usize]) -> Result<Option<Storage>> {
     let size = dtype.size();
     if size > 8 || shape.iter().product::<usize>() != 1 {
         return Ok(None);
     }
     let key = (dtype, bits);
     let bits = bits.to_le_bytes();
-    // Also reached while an op is built, outside any batch.
-    let _pass = lifecycle::backend_pass()?;
     let mut g = cs.dev.scalars.lock();
     if let Some(s) = g.view(dtype, key.1, shape) {
         return Ok(Some(s));
@@ -264,7 +264,7 @@ pub(crate) fn slab_scalar(cs: &CudaStreamHandle, dtype: DType, bits: u64, shape:
     if g.slots.len() >= SCALAR_SLOTS {
         return Ok(None);
     }
-    let _ = cs.dev.ctx.bind_to_thread();
+    let _ = cs.bind();
     if g.slab.is_none() {
         let mut buf = CudaBuffer::alloc(cs, SCALAR_SLOTS * 8)?;
         buf.constant = true;
@@ -275,10 +275,10 @@ pub(crate) fn slab_scalar(cs: &CudaStreamHandle, dtype: DType, bits: u64, shape:
     let slot = g.slots.len();
     let slab = g.slab.clone().ok_or_else(|| Error::invalid("to_device", "scalar slab missing"))?;
     let ptr = cuda_of(&slab).map(|b| b.ptr()).unwrap_or(0) + (slot * 8) as u64;
-    let t = &cs.dev.transfer;
+    let t = cs.dev.transfer(cs.driver());
     // SAFETY: the slot lies inside the slab; the copy has finished when `synchronize`
     // returns (so every stream may read it without an event), while `bits` is alive.
-    unsafe { cudarc::driver::result::memcpy_htod_async(ptr, &bits[..], t.cu_stream()) }
+    unsafe { cs.driver().memcpy_htod_async(ptr, &bits[..], t.cu_stream()) }
         .map_err(|e| super::backend_err("to_device", e))?;
     t.synchronize().map_err(|e| super::backend_err("to_device", e))?;
     g.slots.insert(key, slot);
@@ -308,7 +308,7 @@ pub(crate) fn ready_scalar(cs: &CudaStreamHandle, dtype: DType, value: f64) -> O
 }
 
 /// Copies a host storage to a new contiguous device storage on `cs`.
-pub(crate) fn upload(cs: &CudaStreamHandle, s: &Storage) -> Result<Storage> {
+pub(crate) fn upload(cs: &GpuStream<'_>, s: &Storage) -> Result<Storage> {
     let host;
     let s = if s.layout.is_contiguous() {
         s
@@ -321,13 +321,12 @@ pub(crate) fn upload(cs: &CudaStreamHandle, s: &Storage) -> Result<Storage> {
     let n = s.layout.numel();
     let start = s.layout.offset * size;
     let src = &cpu.bytes()[start..start + n * size];
-    let _pass = lifecycle::backend_pass()?;
     let buf = CudaBuffer::alloc(cs, n * size)?;
     if n > 0 {
-        let _ = cs.dev.ctx.bind_to_thread();
+        let _ = cs.bind();
         // SAFETY: `buf` holds `src.len()` bytes; a pageable source is staged by the driver
         // before this call returns, so `src` may be freed afterwards.
-        unsafe { cudarc::driver::result::memcpy_htod_async(buf.ptr(), src, cs.stream().cu_stream()) }
+        unsafe { cs.driver().memcpy_htod_async(buf.ptr(), src, cs.stream().cu_stream()) }
             .map_err(|e| super::backend_err("to_device", e))?;
     }
     Ok(Storage::contiguous(Buffer::Cuda(buf), s.dtype, &s.layout.shape))
@@ -335,20 +334,19 @@ pub(crate) fn upload(cs: &CudaStreamHandle, s: &Storage) -> Result<Storage> {
 
 /// Copies the elements of a device storage to the host (the data must be complete, or
 /// produced earlier on `stream`), returning a contiguous host storage.
-pub(crate) fn download(stream: &CudaStream, s: &Storage) -> Result<Storage> {
+pub(crate) fn download(d: Driver<'_>, stream: &CudaStream, s: &Storage) -> Result<Storage> {
     let b = cuda_of(s).ok_or_else(|| Error::invalid("to_host", "download of a host storage"))?;
     let size = s.dtype.size();
     let (lo, hi) = s.layout.span();
     let n = s.layout.numel();
     let mut host = CpuBuffer::alloc(s.dtype, hi - lo)?;
     if n > 0 {
-        lifecycle::note_backend_call();
         let _ = stream.context().bind_to_thread();
         let dst = host.bytes_mut();
         // SAFETY: the span lies inside the buffer; the copy finishes before `synchronize`
         // returns, while `dst` is alive.
         unsafe {
-            cudarc::driver::result::memcpy_dtoh_async(dst, b.ptr() + (lo * size) as u64, stream.cu_stream())
+            d.memcpy_dtoh_async(dst, b.ptr() + (lo * size) as u64, stream.cu_stream())
                 .map_err(|e| super::backend_err("to_host", e))?;
         }
         stream.synchronize().map_err(|e| super::backend_err("to_host", e))?;
@@ -363,7 +361,7 @@ pub(crate) fn download(stream: &CudaStream, s: &Storage) -> Result<Storage> {
 }
 
 /// A storage of `dtype`/`shape` over a new contiguous device buffer.
-pub(crate) fn new_storage(cs: &CudaStreamHandle, dtype: DType, shape: &[usize]) -> Result<Storage> {
+pub(crate) fn new_storage(cs: &GpuStream<'_>, dtype: DType, shape: &[usize]) -> Result<Storage> {
     let n: usize = shape.iter().product();
     let buffer = match CudaBuffer::get(cs, n * dtype.size())? {
         Got::New(b) => Arc::new(Buffer::Cuda(b)),

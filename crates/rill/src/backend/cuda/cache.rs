@@ -38,6 +38,8 @@ use crate::backend::Buffer;
 use crate::runtime::{lifecycle, memory};
 use crate::sync::{Arc, Mutex};
 
+use super::driver::Driver;
+
 /// A free buffer kept by a cache: the device memory alone (from a buffer freed the usual
 /// way), or the whole reference-counted buffer around it (from a storage that held its
 /// last reference: taking it back allocates nothing on the host; see `buffer::recycle`).
@@ -152,11 +154,12 @@ impl BufferCache {
         };
         memory::on_cache(-(lists.bytes as isize));
         match lifecycle::release_pass() {
-            Some(_pass) => {
+            Some(pass) => {
+                let d = pass.driver();
                 let _ = catch_unwind(AssertUnwindSafe(|| {
                     for class in lists.free {
                         for entry in class.places.into_iter().flatten() {
-                            free_entry(entry);
+                            free_entry(d, entry);
                         }
                     }
                 }));
@@ -173,9 +176,9 @@ impl BufferCache {
 
 /// Frees a cached buffer (in stream order on its stream): a whole buffer forgets its cache
 /// first, so that its own drop frees the memory instead of giving it back.
-fn free_entry(entry: Cached) {
+fn free_entry(d: Driver<'_>, entry: Cached) {
     match entry {
-        Cached::Slice(s) => drop(s),
+        Cached::Slice(s) => d.free(s),
         Cached::Whole(mut b) => {
             if let Some(Buffer::Cuda(c)) = Arc::get_mut(&mut b) {
                 c.forget_cache();

@@ -11,20 +11,20 @@ use crate::error::{Error, Result};
 use crate::shape::Layout;
 
 use super::buffer::{CudaBuffer, new_storage};
-use super::handles::CudaStreamHandle;
+use super::driver::GpuStream;
 use super::launch::Launch;
 use super::map::{Lay, merge_dims};
 use super::norm::elem_ptr;
 use super::nvrtc::{self, grid_for};
 use super::source::{MAX_DIMS, PRELUDE, bits_type, ctype};
 
-fn contiguous(cs: &CudaStreamHandle, s: &Storage) -> Result<Storage> {
+fn contiguous(cs: &GpuStream<'_>, s: &Storage) -> Result<Storage> {
     if s.layout.is_contiguous() { Ok(s.clone()) } else { super::elementwise::copy(cs, s) }
 }
 
 /// Copies the elements of `src` (any layout) into the view `dst` (a layout of the same
 /// shape over `dst_buf`'s buffer, which the caller just allocated).
-fn copy_into(cs: &CudaStreamHandle, dst_buf: &Storage, dst: &Layout, src: &Storage) -> Result<()> {
+fn copy_into(cs: &GpuStream<'_>, dst_buf: &Storage, dst: &Layout, src: &Storage) -> Result<()> {
     let n = src.layout.numel();
     if n == 0 {
         return Ok(());
@@ -43,7 +43,7 @@ fn copy_into(cs: &CudaStreamHandle, dst_buf: &Storage, dst: &Layout, src: &Stora
     lay.off[1] = src.layout.offset as i64;
     let b = bits_type(src.dtype.size());
     let key = format!("view_copy:{b}");
-    let f = nvrtc::function(&cs.dev, &key, "k_view", || {
+    let f = nvrtc::function(cs.driver(), &cs.dev, &key, "k_view", || {
         format!(
             r#"{PRELUDE}
 extern "C" __global__ void k_view({b}* dst, const {b}* src, Lay l, i64 n) {{
@@ -64,7 +64,7 @@ extern "C" __global__ void k_view({b}* dst, const {b}* src, Lay l, i64 n) {{
     let pd = super::buffer::cuda_of(dst_buf).map(|b| b.ptr()).unwrap_or(0);
     let ps = super::buffer::cuda_of(src).map(|b| b.ptr()).unwrap_or(0);
     let n64 = n as i64;
-    let _ = cs.dev.ctx.bind_to_thread();
+    let _ = cs.bind();
     let mut lb = Launch::new(&f);
     lb.arg(&pd).arg(&ps).arg(&lay).arg(&n64);
     // SAFETY: both views lie inside their buffers (the destination is a sub-view of a new
@@ -74,7 +74,7 @@ extern "C" __global__ void k_view({b}* dst, const {b}* src, Lay l, i64 n) {{
 }
 
 /// Joins `xs` (all of the node dtype) along `axis` into a new contiguous storage.
-pub(crate) fn concatenate(cs: &CudaStreamHandle, xs: &[Storage], axis: usize, shape: &[usize]) -> Result<Storage> {
+pub(crate) fn concatenate(cs: &GpuStream<'_>, xs: &[Storage], axis: usize, shape: &[usize]) -> Result<Storage> {
     let out = new_storage(cs, xs[0].dtype, shape)?;
     let full = Layout::contiguous(shape);
     let mut at = 0usize;
@@ -90,7 +90,7 @@ pub(crate) fn concatenate(cs: &CudaStreamHandle, xs: &[Storage], axis: usize, sh
 
 /// Constant padding: fills with `value`, then copies `x` into the interior.
 pub(crate) fn pad(
-    cs: &CudaStreamHandle,
+    cs: &GpuStream<'_>,
     x: &Storage,
     widths: &[(usize, usize)],
     value: f64,
@@ -106,7 +106,7 @@ pub(crate) fn pad(
 
 /// Gathers along `axis` of `x` at the indices `idx` (any integer dtype; negative ones
 /// count from the end) into a new contiguous storage of `shape`.
-pub(crate) fn take(cs: &CudaStreamHandle, x: &Storage, idx: &Storage, axis: usize, shape: &[usize]) -> Result<Storage> {
+pub(crate) fn take(cs: &GpuStream<'_>, x: &Storage, idx: &Storage, axis: usize, shape: &[usize]) -> Result<Storage> {
     let size = x.layout.shape[axis];
     let nidx = idx.layout.numel();
     let it = ctype(idx.dtype);
@@ -117,7 +117,7 @@ pub(crate) fn take(cs: &CudaStreamHandle, x: &Storage, idx: &Storage, axis: usiz
         // The first bad position, u64::MAX when every index is in range.
         let flag = CudaBuffer::alloc(cs, 8)?;
         let key = format!("take_check:{}", idx.dtype.name());
-        let f = nvrtc::function(dev, &key, "k_check", || {
+        let f = nvrtc::function(cs.driver(), dev, &key, "k_check", || {
             format!(
                 r#"{PRELUDE}
 extern "C" __global__ void k_check(u64* flag, const {it}* idx, i64 n, i64 size) {{
@@ -131,12 +131,12 @@ extern "C" __global__ void k_check(u64* flag, const {it}* idx, i64 n, i64 size) 
             )
         })?;
         let (pf, pi, n64, s64) = (flag.ptr(), elem_ptr(&idx), nidx as i64, size as i64);
-        let _ = dev.ctx.bind_to_thread();
+        let _ = cs.bind();
         // `cs.stream()` each time: it sends the launches recorded before (the check
         // kernel) so that each copy is ordered after them.
         let raw = || cs.stream().cu_stream();
         // SAFETY: `flag` holds 8 bytes.
-        unsafe { cudarc::driver::result::memset_d8_async(pf, 0xff, 8, raw()) }.map_err(launch_err)?;
+        unsafe { cs.driver().memset_d8_async(pf, 0xff, 8, raw()) }.map_err(launch_err)?;
         let mut lb = Launch::new(&f);
         lb.arg(&pf).arg(&pi).arg(&n64).arg(&s64);
         // SAFETY: `idx` holds `nidx` contiguous elements; `flag` one u64.
@@ -144,7 +144,7 @@ extern "C" __global__ void k_check(u64* flag, const {it}* idx, i64 n, i64 size) 
         // A host wait: the error must be known before the node completes.
         let mut first = [0u64; 1];
         // SAFETY: 8 bytes into `first`, finished by the synchronisation below.
-        unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut first, pf, raw()) }.map_err(launch_err)?;
+        unsafe { cs.driver().memcpy_dtoh_async(&mut first, pf, raw()) }.map_err(launch_err)?;
         cs.synchronize()?;
         if first[0] != u64::MAX {
             let k = first[0] as usize;
@@ -152,8 +152,7 @@ extern "C" __global__ void k_check(u64* flag, const {it}* idx, i64 n, i64 size) 
             let sz = idx.dtype.size();
             // SAFETY: element `k` of `idx` lies inside its buffer (k < nidx).
             unsafe {
-                cudarc::driver::result::memcpy_dtoh_async(&mut bytes[..sz], pi + (k * sz) as u64, raw())
-                    .map_err(launch_err)?;
+                cs.driver().memcpy_dtoh_async(&mut bytes[..sz], pi + (k * sz) as u64, raw()).map_err(launch_err)?;
             }
             cs.synchronize()?;
             let index = match idx.dtype {
@@ -174,7 +173,7 @@ extern "C" __global__ void k_check(u64* flag, const {it}* idx, i64 n, i64 size) 
     let inner: usize = x.layout.shape[axis + 1..].iter().product();
     let b = bits_type(x.dtype.size());
     let key = format!("take:{b}:{}", idx.dtype.name());
-    let f = nvrtc::function(dev, &key, "k_take", || {
+    let f = nvrtc::function(cs.driver(), dev, &key, "k_take", || {
         format!(
             r#"{PRELUDE}
 extern "C" __global__ void k_take({b}* out, const {b}* x, const {it}* idx, i64 n, i64 nidx, i64 size, i64 inner) {{
@@ -191,7 +190,7 @@ extern "C" __global__ void k_take({b}* out, const {b}* x, const {it}* idx, i64 n
     })?;
     let (po, px, pi) = (elem_ptr(&out), elem_ptr(&xs), elem_ptr(&idx));
     let (n64, ni64, s64, in64) = (n as i64, nidx as i64, size as i64, inner as i64);
-    let _ = dev.ctx.bind_to_thread();
+    let _ = cs.bind();
     let mut lb = Launch::new(&f);
     lb.arg(&po).arg(&px).arg(&pi).arg(&n64).arg(&ni64).arg(&s64).arg(&in64);
     // SAFETY: every index was checked in range above; `x` is contiguous.

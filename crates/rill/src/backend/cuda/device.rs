@@ -18,19 +18,22 @@ use crate::sync::OnceLock;
 use crate::sync::atomic::Ordering::SeqCst;
 use crate::sync::{Arc, Deadline, Mutex, Weak};
 
+use super::driver::Driver;
 use super::handles::Ev;
 use super::handoff::Handoff;
 
 /// One initialised GPU.
 pub(crate) struct DeviceState {
     pub ordinal: usize,
-    pub ctx: Arc<CudaContext>,
+    /// The primary context (reached through [`Self::ctx`], under a pass).
+    ctx: Arc<CudaContext>,
     /// `sm_XY` for NVRTC.
     pub arch: String,
     /// Number of streaming multiprocessors (for grid sizes).
     pub sms: u32,
-    /// A stream for host↔device copies made outside of batches (`to_host`).
-    pub transfer: Arc<CudaStream>,
+    /// A stream for host↔device copies made outside of batches (`to_host`; reached
+    /// through [`Self::transfer`], under a pass).
+    transfer: Arc<CudaStream>,
     /// Device copies of one-element host values (see `buffer::scalar_on_device`).
     pub scalars: Mutex<super::buffer::ScalarCache>,
     /// Elementwise kernels already loaded, by what they compute (see `map::map`).
@@ -43,6 +46,14 @@ pub(crate) struct DeviceState {
 }
 
 impl DeviceState {
+    /// The device's primary context.
+    pub fn ctx(&self, _d: Driver<'_>) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+    /// The stream for host↔device copies made outside of batches.
+    pub fn transfer(&self, _d: Driver<'_>) -> &Arc<CudaStream> {
+        &self.transfer
+    }
     /// Lists a stream's buffer cache so that `clear_cache` can empty it.
     pub fn register_cache(&self, cache: &Arc<super::cache::BufferCache>) {
         let mut g = self.caches.lock();
@@ -70,18 +81,18 @@ fn probe() -> std::result::Result<usize, String> {
     super::libs::keep_preload();
     PROBE
         .get_or_init(|| {
-            let Some(_pass) = lifecycle::enter_backend() else {
+            let Some(pass) = lifecycle::enter_backend() else {
                 return Err("the rill runtime is shut down".to_string());
             };
+            let d = pass.driver();
             let r = catch_unwind(|| {
                 if !super::libs::load(super::libs::Lib::Driver) {
                     return Err("the CUDA driver library (libcuda) was not found".to_string());
                 }
                 // NVRTC, cuBLAS and cuBLASLt too, unless loaded before `main` (`libs.rs`).
                 super::libs::load_all();
-                cudarc::driver::result::init().map_err(|e| format!("cuInit failed: {e:?}"))?;
-                let n = cudarc::driver::result::device::get_count()
-                    .map_err(|e| format!("cuDeviceGetCount failed: {e:?}"))?;
+                d.init().map_err(|e| format!("cuInit failed: {e:?}"))?;
+                let n = d.device_count().map_err(|e| format!("cuDeviceGetCount failed: {e:?}"))?;
                 Ok(n.max(0) as usize)
             });
             match r {
@@ -117,8 +128,9 @@ pub(crate) fn device(ordinal: usize) -> Result<Arc<DeviceState>> {
         return Ok(d);
     }
     lifecycle::check_running()?;
-    let _pass = lifecycle::enter_backend().ok_or(Error::ShutDown)?;
-    let d = catch_unwind(AssertUnwindSafe(|| init(ordinal))).unwrap_or_else(|p| {
+    let pass = lifecycle::enter_backend().ok_or(Error::ShutDown)?;
+    let drv = pass.driver();
+    let d = catch_unwind(AssertUnwindSafe(|| init(drv, ordinal))).unwrap_or_else(|p| {
         Err(unavailable(ordinal, format!("initialisation panicked: {}", crate::error::panic_message(&*p))))
     })?;
     pool::ensure_started();
@@ -127,7 +139,7 @@ pub(crate) fn device(ordinal: usize) -> Result<Arc<DeviceState>> {
     // teardown of every static they constructed (`libs.rs`). A later first compile or
     // matmul of the program then initialises nothing.
     super::nvrtc::warm_up(&d.arch);
-    super::matmul::warm_up(&d);
+    super::matmul::warm_up(drv, &d);
     lifecycle::register_exit_hook();
     let mut table = DEVICES.lock();
     if table.len() <= ordinal {
@@ -142,9 +154,9 @@ fn initialised(ordinal: usize) -> Option<Arc<DeviceState>> {
     DEVICES.lock().get(ordinal).cloned().flatten()
 }
 
-fn init(ordinal: usize) -> Result<Arc<DeviceState>> {
+fn init(d: Driver<'_>, ordinal: usize) -> Result<Arc<DeviceState>> {
     let err = |what: &str, e: cudarc::driver::DriverError| unavailable(ordinal, format!("{what}: {e:?}"));
-    let ctx = CudaContext::new(ordinal).map_err(|e| err("cannot retain the primary context", e))?;
+    let ctx = d.primary_context(ordinal).map_err(|e| err("cannot retain the primary context", e))?;
     // rill orders streams itself (events per buffer); cudarc's per-slice tracking is off.
     // SAFETY: no slice exists yet in this context.
     unsafe { ctx.disable_event_tracking() };
@@ -153,7 +165,9 @@ fn init(ordinal: usize) -> Result<Arc<DeviceState>> {
         .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .map_err(|e| err("multiprocessor count", e))?
         .max(1) as u32;
-    keep_pool_memory(&ctx);
+    // Stream-ordered allocations are cheap when the default pool keeps freed memory for
+    // reuse; `clear_cache` trims it. Failures only disable the caching.
+    d.keep_freed_memory(ctx.cu_device());
     let transfer = ctx.new_stream().map_err(|e| err("cannot create a stream", e))?;
     let q = Arc::new(WorkerShared::new());
     let q2 = q.clone();
@@ -177,24 +191,6 @@ fn init(ordinal: usize) -> Result<Arc<DeviceState>> {
     }))
 }
 
-/// Lets the device's default memory pool keep freed memory for reuse (stream-ordered
-/// allocations are then cheap); `clear_cache` trims it.
-fn keep_pool_memory(ctx: &CudaContext) {
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: plain driver queries on a valid device; failures only disable caching.
-    unsafe {
-        if sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) != sys::CUresult::CUDA_SUCCESS {
-            return;
-        }
-        let mut threshold: u64 = u64::MAX;
-        let _ = sys::cuMemPoolSetAttribute(
-            pool,
-            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-            (&mut threshold as *mut u64).cast(),
-        );
-    }
-}
-
 /// How long the completion worker polls a batch's event (yielding the CPU every 16 polls,
 /// see `poll_until`) before it naps between queries (`Ev::wait_low_latency`): a sleeping
 /// thread wakes tens of microseconds late, which is most of the cost of a short
@@ -215,7 +211,10 @@ fn worker_main(ctx: Arc<CudaContext>, q: Arc<WorkerShared>) {
     unsafe {
         libc::prctl(libc::PR_SET_TIMERSLACK, 5_000 as libc::c_ulong);
     }
-    let _ = ctx.bind_to_thread();
+    // The context current on this thread for its whole life (each wait binds it again).
+    if let Some(_pass) = lifecycle::enter_backend() {
+        let _ = ctx.bind_to_thread();
+    }
     // Without a job: linger (polling the flag, not the lock), then sleep.
     let linger = |q: &WorkerShared| {
         crate::backend::poll_until(|| q.poked(), LINGER);
@@ -224,7 +223,7 @@ fn worker_main(ctx: Arc<CudaContext>, q: Arc<WorkerShared>) {
         // Once shutdown has closed the backend gate, pending batches report ShutDown.
         let r = match lifecycle::enter_backend() {
             None => Err(Error::ShutDown),
-            Some(_pass) => match catch_unwind(AssertUnwindSafe(|| ev.wait_low_latency(UNTIL))) {
+            Some(pass) => match catch_unwind(AssertUnwindSafe(|| ev.wait_low_latency(pass.driver(), UNTIL))) {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(e)) => Err(Error::backend("cuda", format!("device work failed: {e:?}"))),
                 Err(p) => Err(Error::Panic { op: "cuda", msg: crate::error::panic_message(&*p).into() }),
@@ -240,9 +239,9 @@ fn worker_main(ctx: Arc<CudaContext>, q: Arc<WorkerShared>) {
 impl DeviceState {
     /// Hands a batch's event and fence to the completion worker. When the worker is
     /// stopped (shutdown), waits for the event here instead.
-    pub(crate) fn complete_later(&self, ev: Arc<Ev>, fence: Arc<Fence>) {
+    pub(crate) fn complete_later(&self, d: Driver<'_>, ev: Arc<Ev>, fence: Arc<Fence>) {
         let Err((ev, fence)) = self.worker.q.push((ev, fence)) else { return };
-        let r = ev.synchronize().map_err(|e| Error::backend("cuda", format!("device work failed: {e:?}")));
+        let r = ev.synchronize(d).map_err(|e| Error::backend("cuda", format!("device work failed: {e:?}")));
         fence.signal(r);
     }
 }
@@ -270,7 +269,8 @@ pub(crate) fn shutdown(bound: Duration) -> bool {
 
 /// Returns the memory cached by every device's memory pool to the driver.
 pub(crate) fn clear_cache() {
-    let Some(_pass) = lifecycle::release_pass() else { return };
+    let Some(pass) = lifecycle::release_pass() else { return };
+    let drv = pass.driver();
     let devices: Vec<Arc<DeviceState>> = DEVICES.lock().iter().flatten().cloned().collect();
     for d in devices {
         let caches: Vec<_> = d.caches.lock().iter().filter_map(Weak::upgrade).collect();
@@ -278,15 +278,9 @@ pub(crate) fn clear_cache() {
             c.trim();
         }
         let _ = catch_unwind(AssertUnwindSafe(|| {
-            let _ = d.ctx.bind_to_thread();
-            let _ = d.transfer.synchronize();
-            let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-            // SAFETY: driver calls on a live context.
-            unsafe {
-                if sys::cuDeviceGetDefaultMemPool(&mut pool, d.ctx.cu_device()) == sys::CUresult::CUDA_SUCCESS {
-                    let _ = sys::cuMemPoolTrimTo(pool, 0);
-                }
-            }
+            let _ = d.ctx(drv).bind_to_thread();
+            let _ = d.transfer(drv).synchronize();
+            drv.trim_freed_memory(d.ctx(drv).cu_device());
         }));
     }
 }

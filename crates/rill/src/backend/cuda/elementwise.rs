@@ -15,13 +15,13 @@ use crate::primitives::cuda::{cast as cast_expr, compute_type, select};
 use crate::primitives::{BinaryOp, UnaryOp};
 
 use super::buffer::{cuda_of, new_storage};
-use super::handles::CudaStreamHandle;
+use super::driver::GpuStream;
 use super::launch::Launch;
 use super::map::{In, MapFn, map};
 use super::nvrtc::{self, grid_for};
 use super::source::{PRELUDE, bits_type, ctype, load, store_float};
 
-pub(crate) fn unary(cs: &CudaStreamHandle, op: UnaryOp, x: &Storage, dtype: DType) -> Result<Storage> {
+pub(crate) fn unary(cs: &GpuStream<'_>, op: UnaryOp, x: &Storage, dtype: DType) -> Result<Storage> {
     let shape = x.layout.shape.clone();
     let d = x.dtype;
     if op.cuda(d, "r0").is_none() {
@@ -48,7 +48,7 @@ pub(crate) fn unary_source(op: UnaryOp, d: DType) -> String {
 }
 
 pub(crate) fn binary(
-    cs: &CudaStreamHandle,
+    cs: &GpuStream<'_>,
     op: BinaryOp,
     a: &Storage,
     b: &Storage,
@@ -84,7 +84,7 @@ pub(crate) fn binary_source(op: BinaryOp, d: DType) -> String {
 }
 
 pub(crate) fn where_(
-    cs: &CudaStreamHandle,
+    cs: &GpuStream<'_>,
     c: &Storage,
     x: &Storage,
     y: &Storage,
@@ -105,7 +105,7 @@ pub(crate) fn where_source(d: DType) -> String {
 }
 
 /// A row-major copy of any layout (bits only).
-pub(crate) fn copy(cs: &CudaStreamHandle, x: &Storage) -> Result<Storage> {
+pub(crate) fn copy(cs: &GpuStream<'_>, x: &Storage) -> Result<Storage> {
     // The storage's own C type on both sides: map writes `out` as ctype(x.dtype), so a
     // raw-bits type here would convert bits to numbers.
     let t = ctype(x.dtype);
@@ -114,7 +114,7 @@ pub(crate) fn copy(cs: &CudaStreamHandle, x: &Storage) -> Result<Storage> {
     map(cs, MapFn::Copy, fsrc, x.dtype, &[In::new(x, t)], &shape)
 }
 
-pub(crate) fn cast(cs: &CudaStreamHandle, x: &Storage, to: DType) -> Result<Storage> {
+pub(crate) fn cast(cs: &GpuStream<'_>, x: &Storage, to: DType) -> Result<Storage> {
     let from = x.dtype;
     if from == to {
         return copy(cs, x);
@@ -136,7 +136,7 @@ pub(crate) fn cast_source(from: DType, to: DType) -> String {
 
 #[allow(clippy::too_many_arguments)]
 fn index_kernel(
-    cs: &CudaStreamHandle,
+    cs: &GpuStream<'_>,
     key: &str,
     dtype: DType,
     shape: &[usize],
@@ -153,7 +153,7 @@ fn index_kernel(
     let t = ctype(dtype);
     // Keyed by dtype, not C type: f16/bf16 (and bool/u8) share a C type but not code.
     let full_key = format!("{key}|{}", dtype.name());
-    let f = nvrtc::function(&cs.dev, &full_key, "k_index", || {
+    let f = nvrtc::function(cs.driver(), &cs.dev, &full_key, "k_index", || {
         format!(
             "{PRELUDE}\nextern \"C\" __global__ void k_index({t}* __restrict__ out, i64 n, double a, double b, i64 m, u64 bits) {{\n\
              for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {{ {body} }}\n}}"
@@ -162,7 +162,7 @@ fn index_kernel(
     let ptr = cuda_of(&out).map(|b| b.ptr()).unwrap_or(0);
     let n64 = n as i64;
     let bits = super::source::host_bits(dtype, a);
-    let _ = cs.dev.ctx.bind_to_thread();
+    let _ = cs.bind();
     let mut lb = Launch::new(&f);
     lb.arg(&ptr).arg(&n64).arg(&a).arg(&b).arg(&m).arg(&bits);
     // SAFETY: the arguments match the generated signature; `out` holds n elements.
@@ -170,14 +170,14 @@ fn index_kernel(
     Ok(out)
 }
 
-pub(crate) fn full(cs: &CudaStreamHandle, shape: &[usize], dtype: DType, value: f64) -> Result<Storage> {
+pub(crate) fn full(cs: &GpuStream<'_>, shape: &[usize], dtype: DType, value: f64) -> Result<Storage> {
     let bt = bits_type(dtype.size());
     let t = ctype(dtype);
     let body = format!("{bt} v = ({bt})bits; out[i] = *({t}*)&v;");
     index_kernel(cs, "full", dtype, shape, body, value, 0.0, 0)
 }
 
-pub(crate) fn arange(cs: &CudaStreamHandle, shape: &[usize], dtype: DType, start: f64, step: f64) -> Result<Storage> {
+pub(crate) fn arange(cs: &GpuStream<'_>, shape: &[usize], dtype: DType, start: f64, step: f64) -> Result<Storage> {
     // No contraction into an FMA: the CPU computes `start + i * step` with two roundings.
     let v = "__dadd_rn(a, __dmul_rn((double)i, b))";
     let e = if dtype == DType::Bool { format!("sat_u8({v})") } else { store_float(dtype, v, true) };
@@ -185,7 +185,7 @@ pub(crate) fn arange(cs: &CudaStreamHandle, shape: &[usize], dtype: DType, start
     index_kernel(cs, "arange", dtype, shape, body, start, step, 0)
 }
 
-pub(crate) fn eye(cs: &CudaStreamHandle, shape: &[usize], dtype: DType, k: isize) -> Result<Storage> {
+pub(crate) fn eye(cs: &GpuStream<'_>, shape: &[usize], dtype: DType, k: isize) -> Result<Storage> {
     let bt = bits_type(dtype.size());
     let t = ctype(dtype);
     // `a` carries 1 (its bits are `bits`); zero is all-zero bits for every dtype.

@@ -26,7 +26,8 @@ use crate::sync::Arc;
 use crate::sync::atomic::Ordering::SeqCst;
 
 use super::buffer::{cuda_of, download, scalar_on_device, slab_scalar, upload};
-use super::handles::{CudaStreamHandle, Ev};
+use super::driver::GpuStream;
+use super::handles::Ev;
 use super::{copy, elementwise as ew, fused, launch, matmul, norm, random, reduce, scan};
 use cudarc::driver::DriverError;
 use rustc_hash::FxHashMap as HashMap;
@@ -34,14 +35,15 @@ use smallvec::SmallVec;
 
 /// Runs one batch of nodes (all on the GPU stream `stream`) in order.
 pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
-    let Some(cs) = stream.inner.cuda.as_ref() else {
+    let Some(handle) = stream.inner.cuda.as_ref() else {
         return fail_all(nodes, Error::backend("cuda", "a GPU stream without a CUDA stream"));
     };
     // The whole batch runs inside the backend gate: shutdown waits for it to finish
     // before the process may tear the driver down.
-    let Some(_pass) = lifecycle::enter_backend() else {
+    let Some(pass) = lifecycle::enter_backend() else {
         return fail_all(nodes, Error::ShutDown);
     };
+    let cs = &GpuStream::new(pass.driver(), handle);
     // The batch's results, in batch order, and where each node id's value is: a position
     // in `results` (a node of this batch, completed only at the end) or in `outside` (an
     // input made before the batch: read from its node once per batch, not once per use).
@@ -57,7 +59,7 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
     let mut any_ok = false;
     // Kernel launches are recorded and sent at the end (as one CUDA graph when the
     // sequence repeats), or earlier when something else needs the stream (`launch.rs`).
-    let rec = launch::Recording::begin(cs, nodes.len());
+    let rec = launch::Recording::begin(*cs, nodes.len());
     for a in nodes {
         let node = &a.node;
         if let Some(r) = &rec {
@@ -102,7 +104,7 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
     }
     let fence = Fence::new();
     let ev = if any_ok {
-        match Ev::record(cs.stream(), &cs.dev.events) {
+        match Ev::record(cs.driver(), cs.stream(), &cs.dev.events) {
             Ok(ev) => Some(Arc::new(ev)),
             Err(e) => {
                 let err = super::backend_err("cuda", format!("recording the batch event: {e:?}"));
@@ -142,7 +144,7 @@ pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
     // Once, after every node of the batch is complete (a shutdown drain waits for zero).
     stats::IN_FLIGHT.fetch_sub(nodes.len(), SeqCst);
     match ev {
-        Some(ev) => cs.dev.complete_later(ev, fence),
+        Some(ev) => cs.dev.complete_later(cs.driver(), ev, fence),
         None => fence.signal(Ok(())),
     }
 }
@@ -194,7 +196,7 @@ fn fail_launched(nodes: &[Array], results: &mut [Result<Storage>], failed: &[(u6
 /// event handles already waited for in this batch; a handle cannot be reused for another
 /// event meanwhile (pooled handles return only when the event is dropped, and the batch
 /// keeps every other stream's input storage, and with it the event, until it ends).
-fn prepare_inputs(cs: &CudaStreamHandle, inputs: &[&Storage], waited: &mut Vec<usize>) -> Result<()> {
+fn prepare_inputs(cs: &GpuStream<'_>, inputs: &[&Storage], waited: &mut Vec<usize>) -> Result<()> {
     for &s in inputs {
         let Some(b) = cuda_of(s) else { continue };
         if b.ordinal != cs.dev.ordinal {
@@ -204,7 +206,7 @@ fn prepare_inputs(cs: &CudaStreamHandle, inputs: &[&Storage], waited: &mut Vec<u
         if *producer == cs.id || waited.contains(&ev.raw()) {
             continue;
         }
-        ev.wait_on(cs.stream()).map_err(|e| super::backend_err("cuda", e))?;
+        ev.wait_on(cs.driver(), cs.stream()).map_err(|e| super::backend_err("cuda", e))?;
         waited.push(ev.raw());
     }
     Ok(())
@@ -212,7 +214,7 @@ fn prepare_inputs(cs: &CudaStreamHandle, inputs: &[&Storage], waited: &mut Vec<u
 
 /// A device copy of an input that is not on `cs`'s device (uploaded from the host, or
 /// through the host from another device); `None` when it already is.
-fn copy_to_gpu(cs: &CudaStreamHandle, s: &Storage) -> Result<Option<Storage>> {
+fn copy_to_gpu(cs: &GpuStream<'_>, s: &Storage) -> Result<Option<Storage>> {
     match &**s.buffer {
         Buffer::Cpu(_) => match scalar_on_device(cs, s)? {
             Some(d) => Ok(Some(d)),
@@ -228,7 +230,7 @@ fn copy_to_gpu(cs: &CudaStreamHandle, s: &Storage) -> Result<Option<Storage>> {
 /// another stream that the kernels read is added to `read` (kept until the batch's event
 /// is its last use; constants of the scalar slab record no users).
 fn eval(
-    cs: &CudaStreamHandle,
+    cs: &GpuStream<'_>,
     prim: &Primitive,
     shape: &[usize],
     dtype: DType,
@@ -333,13 +335,14 @@ pub(crate) fn to_host(s: &Storage) -> Result<Storage> {
         f.wait()?; // signalled by the completion worker; not a driver call
     }
     // The wait and the copy run inside the backend gate (after shutdown: Error::ShutDown).
-    let _pass = lifecycle::enter_backend().ok_or(Error::ShutDown)?;
+    let pass = lifecycle::enter_backend().ok_or(Error::ShutDown)?;
+    let d = pass.driver();
     if s.fence.is_none() {
         if let Some(ev) = b.event() {
-            ev.synchronize().map_err(|e| super::backend_err("to_host", e))?;
+            ev.synchronize(d).map_err(|e| super::backend_err("to_host", e))?;
         }
     }
     let dev = super::device::device(b.ordinal)?;
-    catch_unwind(AssertUnwindSafe(|| download(&dev.transfer, s)))
+    catch_unwind(AssertUnwindSafe(|| download(d, dev.transfer(d), s)))
         .unwrap_or_else(|p| Err(Error::Panic { op: "to_host", msg: crate::error::panic_message(&*p).into() }))
 }

@@ -34,7 +34,7 @@ use crate::shape::{Layout, Strides, broadcast_shapes, numel};
 use crate::sync::atomic::Ordering::Relaxed;
 
 use super::buffer::{cuda_of, new_storage};
-use super::handles::CudaStreamHandle;
+use super::driver::GpuStream;
 use super::launch::Launch;
 use super::map::merge_dims;
 use super::nvrtc;
@@ -57,13 +57,13 @@ fn source(p: &FusedProgram, plan: &Plan) -> String {
 }
 
 /// The compiled kernel of `p` for `plan` on this stream's device: memoised in `p`.
-fn kernel(cs: &CudaStreamHandle, p: &FusedProgram, plan: &Plan) -> Result<CudaFunction> {
+fn kernel(cs: &GpuStream<'_>, p: &FusedProgram, plan: &Plan) -> Result<CudaFunction> {
     let mut key = Vec::with_capacity(8 + p.input_dtypes().len());
     key.extend((cs.dev.ordinal as u32).to_le_bytes());
     plan.key_bytes(&mut key);
     p.kernels.get_or_try_insert(&key, || {
         let src = source(p, plan);
-        nvrtc::function(&cs.dev, &format!("fused:{src}"), KERNEL, || src)
+        nvrtc::function(cs.driver(), &cs.dev, &format!("fused:{src}"), KERNEL, || src)
     })
 }
 
@@ -96,7 +96,7 @@ fn check(p: &FusedProgram, inputs: &[Storage], shape: &[usize], dtype: DType) ->
 /// Runs the fused program `p` over `inputs` (broadcast to `shape`) into a new contiguous
 /// storage of `dtype`.
 pub(crate) fn fused(
-    cs: &CudaStreamHandle,
+    cs: &GpuStream<'_>,
     p: &FusedProgram,
     inputs: &[Storage],
     shape: &[usize],
@@ -154,7 +154,7 @@ pub(crate) fn fused(
         }
         Plan::Linear { .. } => (Vec::new(), Vec::new()),
     };
-    let _ = cs.dev.ctx.bind_to_thread();
+    let _ = cs.bind();
     let mut b = Launch::new(&f);
     b.arg(&out_ptr);
     for ptr in &ptrs {
@@ -222,7 +222,7 @@ fn rows_of(shape: &[usize], axes: &[usize], strides: &[Strides]) -> Option<Rows>
 /// not mergeable strides, or no elements) the values are stored by [`fused`] and reduced
 /// by [`reduce::reduce`].
 pub(crate) fn fused_reduce(
-    cs: &CudaStreamHandle,
+    cs: &GpuStream<'_>,
     p: &FusedProgram,
     op: ReduceOp,
     axes: &[usize],
@@ -257,7 +257,7 @@ pub(crate) fn fused_reduce(
     let fs: [CudaFunction; 2] = p.kernels.get_or_try_insert(&key, || {
         let mut src = Some(reduce::source(op, d, &Elems::Computed(&reduce_read(p, &g.along))));
         let nkey = format!("fused_reduce:{}", src.as_deref().unwrap_or_default());
-        let mut load = |name| nvrtc::function(&cs.dev, &nkey, name, || src.take().unwrap_or_default());
+        let mut load = |name| nvrtc::function(cs.driver(), &cs.dev, &nkey, name, || src.take().unwrap_or_default());
         Ok::<_, Error>([load(reduce::KERNELS[0])?, load(reduce::KERNELS[1])?])
     })?;
     let mut get = |name: &str| match reduce::KERNELS.iter().position(|&k| k == name) {

@@ -13,6 +13,7 @@ use crate::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use crate::sync::{Arc, Mutex};
 
 use super::device::{self, DeviceState};
+use super::driver::Driver;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -53,12 +54,13 @@ impl EventPool {
 impl Drop for EventPool {
     fn drop(&mut self) {
         let free = std::mem::take(self.free.get_mut());
-        let Some(_pass) = lifecycle::release_pass() else { return }; // leaked on purpose
+        let Some(pass) = lifecycle::release_pass() else { return }; // leaked on purpose
+        let d = pass.driver();
         let _ = catch_unwind(AssertUnwindSafe(|| {
             let _ = self.ctx.bind_to_thread();
             for ev in free {
                 // SAFETY: an idle handle of this context, destroyed exactly once, here.
-                let _ = unsafe { sys::cuEventDestroy_v2(ev) };
+                unsafe { d.event_destroy(ev) };
             }
         }));
     }
@@ -81,30 +83,28 @@ const NAP_MIN: std::time::Duration = std::time::Duration::from_micros(5);
 impl Ev {
     /// Records the current end of `stream` (of `pool`'s device) into an event: an idle one
     /// of `pool`, else a new one.
-    pub fn record(stream: &CudaStream, pool: &Arc<EventPool>) -> std::result::Result<Ev, DriverError> {
-        lifecycle::note_backend_call();
+    pub fn record(d: Driver<'_>, stream: &CudaStream, pool: &Arc<EventPool>) -> std::result::Result<Ev, DriverError> {
         pool.ctx.bind_to_thread()?;
         let idle = pool.free.lock().pop();
         let ev = match idle {
             Some(ev) => ev,
             None => {
-                let mut ev: sys::CUevent = std::ptr::null_mut();
-                // SAFETY: valid flags, a live context bound to this thread.
-                unsafe { sys::cuEventCreate(&mut ev, EVENT_FLAGS).result()? };
+                // Valid flags, a live context bound to this thread.
+                let ev = d.event_create(EVENT_FLAGS)?;
                 crate::runtime::stats::EVENTS_CREATED.fetch_add(1, Relaxed);
                 ev
             }
         };
         // From here the handle is owned by `e`: a failed record returns it to the pool.
         let e = Ev { ev, pool: pool.clone() };
-        // SAFETY: both handles are live.
-        unsafe { sys::cuEventRecord(e.ev, stream.cu_stream()).result()? };
+        // SAFETY: both handles are live, of the bound context.
+        unsafe { d.event_record(e.ev, stream.cu_stream())? };
         Ok(e)
     }
     /// Blocks the calling thread until the recorded work has finished (polling first,
     /// as [`Ev::wait_low_latency`] with [`crate::backend::WAIT_YIELD`]).
-    pub fn synchronize(&self) -> std::result::Result<(), DriverError> {
-        self.wait_low_latency(crate::backend::WAIT_YIELD)
+    pub fn synchronize(&self, d: Driver<'_>) -> std::result::Result<(), DriverError> {
+        self.wait_low_latency(d, crate::backend::WAIT_YIELD)
     }
     /// Waits for the recorded work with low latency: polls (yielding the CPU between
     /// rounds of polls) until `until`, then queries with naps in between (growing from
@@ -115,12 +115,11 @@ impl Ev {
     /// shares its cache line with its `Arc`'s count, which the stream job changes once per
     /// buffer while it publishes and frees a batch, often the one being waited for here
     /// (a poll that read the line could pull it away from the job each time).
-    pub fn wait_low_latency(&self, until: std::time::Duration) -> std::result::Result<(), DriverError> {
-        lifecycle::note_backend_call();
+    pub fn wait_low_latency(&self, d: Driver<'_>, until: std::time::Duration) -> std::result::Result<(), DriverError> {
         self.pool.ctx.bind_to_thread()?;
         let raw = self.ev;
         let mut err = None;
-        let query = || match query_raw(raw) {
+        let query = || match query_raw(d, raw) {
             Ok(done) => done,
             Err(e) => {
                 err = Some(e);
@@ -131,18 +130,17 @@ impl Ev {
             return err.map_or(Ok(()), Err);
         }
         let mut nap = NAP_MIN;
-        while !query_raw(raw)? {
+        while !query_raw(d, raw)? {
             std::thread::sleep(nap);
             nap = (nap * 2).min(NAP_MAX);
         }
         Ok(())
     }
     /// Makes `stream` wait (on the GPU) for the recorded work.
-    pub fn wait_on(&self, stream: &CudaStream) -> std::result::Result<(), DriverError> {
-        lifecycle::note_backend_call();
+    pub fn wait_on(&self, d: Driver<'_>, stream: &CudaStream) -> std::result::Result<(), DriverError> {
         self.pool.ctx.bind_to_thread()?;
-        // SAFETY: live handles of the same context.
-        unsafe { sys::cuStreamWaitEvent(stream.cu_stream(), self.ev, 0).result() }
+        // SAFETY: live handles of the same context, bound to this thread.
+        unsafe { d.stream_wait_event(stream.cu_stream(), self.ev) }
     }
     /// The raw handle (identity only).
     pub fn raw(&self) -> usize {
@@ -152,7 +150,8 @@ impl Ev {
 
 impl Drop for Ev {
     fn drop(&mut self) {
-        let Some(_pass) = lifecycle::release_pass() else { return }; // leaked on purpose
+        let Some(pass) = lifecycle::release_pass() else { return }; // leaked on purpose
+        let d = pass.driver();
         {
             let mut free = self.pool.free.lock();
             if free.len() < EVENT_POOL {
@@ -163,19 +162,15 @@ impl Drop for Ev {
         let _ = catch_unwind(AssertUnwindSafe(|| {
             let _ = self.pool.ctx.bind_to_thread();
             // SAFETY: destroyed exactly once, here.
-            let _ = unsafe { sys::cuEventDestroy_v2(self.ev) };
+            unsafe { d.event_destroy(self.ev) };
         }));
     }
 }
 
 /// Queries a live event of the context bound to this thread.
-fn query_raw(ev: sys::CUevent) -> std::result::Result<bool, DriverError> {
+fn query_raw(d: Driver<'_>, ev: sys::CUevent) -> std::result::Result<bool, DriverError> {
     // SAFETY: the caller's event is live (its `Ev` is borrowed) and its context is bound.
-    match unsafe { sys::cuEventQuery(ev) } {
-        sys::CUresult::CUDA_SUCCESS => Ok(true),
-        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-        e => Err(DriverError(e)),
-    }
+    unsafe { d.event_query(ev) }
 }
 
 /// A cuBLAS handle bound to one stream, with its own workspace, destroyed by hand (the
@@ -196,8 +191,8 @@ pub(crate) struct CudaStreamHandle {
     pub id: u64,
     pub dev: Arc<DeviceState>,
     stream: ManuallyDrop<Arc<CudaStream>>,
-    /// Created on the first matmul on this stream.
-    pub blas: Mutex<Option<Blas>>,
+    /// Created on the first matmul on this stream (reached through [`Self::blas`]).
+    blas: Mutex<Option<Blas>>,
     /// The CUDA graphs of this stream's batches (see `launch.rs`).
     pub graphs: Mutex<super::launch::GraphCache>,
     /// Small buffers freed on this stream, kept for its next allocations (`cache.rs`).
@@ -213,9 +208,8 @@ pub(crate) fn new_stream(ordinal: usize) -> Result<CudaStreamHandle> {
 
 /// [`new_stream`] on an initialised device (also one being initialised: `matmul::warm_up`).
 pub(crate) fn new_stream_on(dev: Arc<DeviceState>) -> Result<CudaStreamHandle> {
-    let _pass = lifecycle::enter_backend().ok_or(crate::error::Error::ShutDown)?;
-    lifecycle::note_backend_call();
-    let s = dev.ctx.new_stream().map_err(|e| super::backend_err("new_stream", e))?;
+    let pass = lifecycle::enter_backend().ok_or(crate::error::Error::ShutDown)?;
+    let s = dev.ctx(pass.driver()).new_stream().map_err(|e| super::backend_err("new_stream", e))?;
     let cache = Arc::new(super::cache::BufferCache::default());
     dev.register_cache(&cache);
     Ok(CudaStreamHandle {
@@ -233,20 +227,24 @@ impl CudaStreamHandle {
     /// The cudarc stream, for any use other than a kernel launch or an allocation: the
     /// kernel launches this thread has recorded for the stream are sent first, so that
     /// the use is ordered after them (see `launch.rs`).
-    pub fn stream(&self) -> &Arc<CudaStream> {
-        super::launch::flush(self);
+    pub fn stream(&self, d: Driver<'_>) -> &Arc<CudaStream> {
+        super::launch::flush(d, self);
         &self.stream
     }
     /// The cudarc stream without sending recorded launches: for allocations (ordered
     /// before the kernels that will use them) and the launcher itself.
-    pub fn raw_stream(&self) -> &Arc<CudaStream> {
+    pub fn raw_stream(&self, _d: Driver<'_>) -> &Arc<CudaStream> {
         &self.stream
+    }
+    /// The stream's cuBLAS state (its handles hold cuBLAS objects: under a pass only).
+    pub fn blas(&self, _d: Driver<'_>) -> &Mutex<Option<Blas>> {
+        &self.blas
     }
     /// Blocks until all work enqueued on this stream has finished.
     pub fn synchronize(&self) -> Result<()> {
         // After shutdown every batch has finished or been cancelled: nothing to wait for.
-        let Some(_pass) = lifecycle::enter_backend() else { return Ok(()) };
-        self.stream().synchronize().map_err(|e| super::backend_err("synchronize", e))
+        let Some(pass) = lifecycle::enter_backend() else { return Ok(()) };
+        self.stream(pass.driver()).synchronize().map_err(|e| super::backend_err("synchronize", e))
     }
 }
 
@@ -255,15 +253,16 @@ impl Drop for CudaStreamHandle {
         let blas = self.blas.get_mut().take();
         let graphs = std::mem::take(self.graphs.get_mut());
         // After shutdown began the stream and the cuBLAS handle are leaked on purpose.
-        let Some(_pass) = lifecycle::release_pass() else { return };
+        let Some(pass) = lifecycle::release_pass() else { return };
+        let d = pass.driver();
         let _ = catch_unwind(AssertUnwindSafe(|| {
             if let Some(mut b) = blas {
-                let _ = self.dev.ctx.bind_to_thread();
+                let _ = self.dev.ctx(d).bind_to_thread();
                 // SAFETY: the handle was created by us and is destroyed once; then its
                 // workspace is freed (in stream order, after the handle's last use).
                 unsafe {
-                    b.lt.destroy();
-                    let _ = cudarc::cublas::result::destroy_handle(b.handle);
+                    b.lt.destroy(d);
+                    d.cublas_destroy_handle(b.handle);
                     ManuallyDrop::drop(&mut b.workspace);
                 }
             }

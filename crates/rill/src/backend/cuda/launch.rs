@@ -53,6 +53,7 @@ use crate::runtime::{lifecycle, stats};
 use crate::sync::OnceLock;
 use crate::sync::atomic::Ordering::Relaxed;
 
+use super::driver::{Driver, GpuStream};
 use super::handles::CudaStreamHandle;
 
 /// Flushes with fewer launches than this go out one by one.
@@ -137,7 +138,7 @@ impl Launch {
     /// # Safety
     /// The arguments must match the kernel's signature and every address it touches must
     /// stay valid until the kernel has run (buffers are freed in stream order after it).
-    pub unsafe fn launch(self, cs: &CudaStreamHandle, cfg: LaunchConfig) -> Result<(), DriverError> {
+    pub unsafe fn launch(self, cs: &GpuStream<'_>, cfg: LaunchConfig) -> Result<(), DriverError> {
         let mut p = Some(Pending { launch: self, cfg, node: 0 });
         // The recorder is gone while this thread's thread-locals are destroyed (a
         // thread-local's destructor evaluating GPU work): no batch can be recording then
@@ -150,9 +151,9 @@ impl Launch {
             }
         });
         let Some(p) = p else { return Ok(()) }; // recorded
-        cs.dev.ctx.bind_to_thread()?;
+        cs.bind()?;
         // SAFETY: forwarded from the caller.
-        unsafe { p.send(cs.raw_stream().cu_stream()) }
+        unsafe { p.send(cs.driver(), cs.raw_stream().cu_stream()) }
     }
 }
 
@@ -170,21 +171,11 @@ impl Pending {
         // SAFETY: every start lies inside `words`.
         self.launch.starts.iter().map(|&s| unsafe { base.add(s as usize) }.cast()).collect()
     }
-    unsafe fn send(mut self, stream: sys::CUstream) -> Result<(), DriverError> {
-        lifecycle::note_backend_call();
+    unsafe fn send(mut self, d: Driver<'_>, stream: sys::CUstream) -> Result<(), DriverError> {
         let mut params = self.params();
         let c = self.cfg;
         // SAFETY: forwarded from `Launch::launch`.
-        unsafe {
-            cudarc::driver::result::launch_kernel(
-                self.launch.func,
-                c.grid_dim,
-                c.block_dim,
-                c.shared_mem_bytes,
-                stream,
-                &mut params,
-            )
-        }
+        unsafe { d.launch_kernel(self.launch.func, c.grid_dim, c.block_dim, c.shared_mem_bytes, stream, &mut params) }
     }
     fn key(&self) -> Key {
         let c = &self.cfg;
@@ -240,14 +231,14 @@ thread_local! {
 
 /// Records the kernel launches of one batch on `cs` (see the module docs).
 pub(crate) struct Recording<'a> {
-    cs: &'a CudaStreamHandle,
+    cs: GpuStream<'a>,
 }
 
 impl<'a> Recording<'a> {
     /// Starts recording on this thread, with room for `launches` launches (a batch's node
     /// count: most nodes launch one kernel); `None` when graphs are off or this thread
     /// already records (a nested batch launches directly).
-    pub fn begin(cs: &'a CudaStreamHandle, launches: usize) -> Option<Recording<'a>> {
+    pub fn begin(cs: GpuStream<'a>, launches: usize) -> Option<Recording<'a>> {
         if !graphs_enabled() {
             return None;
         }
@@ -257,7 +248,7 @@ impl<'a> Recording<'a> {
                 return None;
             }
             let pending = Vec::with_capacity(launches);
-            *r = Some(Recorder { stream_id: cs.id, cs, pending, node: 0, failed: Vec::new() });
+            *r = Some(Recorder { stream_id: cs.id, cs: cs.handle(), pending, node: 0, failed: Vec::new() });
             Some(Recording { cs })
         })
         .ok()
@@ -276,7 +267,7 @@ impl<'a> Recording<'a> {
     /// Sends what is recorded and stops recording; returns the nodes whose launches
     /// failed, with the error.
     pub fn finish(self) -> Vec<(u64, DriverError)> {
-        flush(self.cs);
+        flush(self.cs.driver(), &self.cs);
         let failed = REC
             .try_with(|r| r.try_borrow_mut().ok().and_then(|mut r| r.take()).map(|r| r.failed).unwrap_or_default())
             .unwrap_or_default();
@@ -288,13 +279,13 @@ impl<'a> Recording<'a> {
 impl Drop for Recording<'_> {
     fn drop(&mut self) {
         // Reached only when `finish` was not (a panic unwinding through the batch).
-        flush(self.cs);
+        flush(self.cs.driver(), &self.cs);
         let _ = REC.try_with(|r| r.try_borrow_mut().map(|mut r| r.take()));
     }
 }
 
 /// Sends the launches recorded for `cs` on this thread, if any.
-pub(crate) fn flush(cs: &CudaStreamHandle) {
+pub(crate) fn flush(d: Driver<'_>, cs: &CudaStreamHandle) {
     let pending = REC
         .try_with(|r| match r.try_borrow_mut() {
             Ok(mut r) => match r.as_mut() {
@@ -307,7 +298,7 @@ pub(crate) fn flush(cs: &CudaStreamHandle) {
     if pending.is_empty() {
         return;
     }
-    let failed = catch_unwind(AssertUnwindSafe(|| send_all(cs, pending)))
+    let failed = catch_unwind(AssertUnwindSafe(|| send_all(&GpuStream::new(d, cs), pending)))
         .unwrap_or_else(|_| vec![(0, DriverError(sys::CUresult::CUDA_ERROR_UNKNOWN))]);
     if !failed.is_empty() {
         let _ = REC.try_with(|r| {
@@ -322,7 +313,7 @@ pub(crate) fn flush(cs: &CudaStreamHandle) {
 
 /// Flushes the recording of the stream `stream_id` on this thread, if it is recording:
 /// called before memory allocated on that stream is freed.
-pub(crate) fn flush_stream(stream_id: u64) {
+pub(crate) fn flush_stream(d: Driver<'_>, stream_id: u64) {
     let cs = REC
         .try_with(|r| match r.try_borrow() {
             Ok(r) => r.as_ref().filter(|r| r.stream_id == stream_id && !r.pending.is_empty()).map(|r| r.cs),
@@ -333,19 +324,19 @@ pub(crate) fn flush_stream(stream_id: u64) {
     if let Some(cs) = cs {
         // SAFETY: the recorder (and so this pointer) exists only while its `Recording`
         // guard, which borrows the stream handle, is alive on this thread.
-        flush(unsafe { &*cs });
+        flush(d, unsafe { &*cs });
     }
 }
 
 /// Sends `pending` in order: as a graph when it qualifies, else one by one. Returns the
 /// failed launches' nodes.
-fn send_all(cs: &CudaStreamHandle, mut pending: Vec<Pending>) -> Vec<(u64, DriverError)> {
-    lifecycle::note_backend_call();
-    if let Err(e) = cs.dev.ctx.bind_to_thread() {
+fn send_all(cs: &GpuStream<'_>, mut pending: Vec<Pending>) -> Vec<(u64, DriverError)> {
+    let d = cs.driver();
+    if let Err(e) = cs.bind() {
         return pending.iter().map(|p| (p.node, e)).collect();
     }
     let stream = cs.raw_stream().cu_stream();
-    if pending.len() >= GRAPH_MIN && cs.graphs.lock().replay(stream, &mut pending, programmatic_edges(cs)) {
+    if pending.len() >= GRAPH_MIN && cs.graphs.lock().replay(d, stream, &mut pending, programmatic_edges(cs)) {
         stats::GRAPH_LAUNCHES.fetch_add(1, Relaxed);
         return Vec::new();
     }
@@ -353,7 +344,7 @@ fn send_all(cs: &CudaStreamHandle, mut pending: Vec<Pending>) -> Vec<(u64, Drive
     for p in pending {
         let node = p.node;
         // SAFETY: recorded by `Launch::launch`, whose caller vouched for the arguments.
-        if let Err(e) = unsafe { p.send(stream) } {
+        if let Err(e) = unsafe { p.send(d, stream) } {
             failed.push((node, e));
         }
     }
@@ -411,7 +402,7 @@ impl GraphCache {
     /// of `pending`; otherwise, when these arguments were seen before (they repeat), it
     /// instantiates a graph for them; otherwise it updates the arguments of the sequence's
     /// least recently used graph.
-    fn replay(&mut self, stream: sys::CUstream, pending: &mut [Pending], programmatic: bool) -> bool {
+    fn replay(&mut self, d: Driver<'_>, stream: sys::CUstream, pending: &mut [Pending], programmatic: bool) -> bool {
         let keys: Vec<Key> = pending.iter().map(Pending::key).collect();
         let hash = hash_keys(&keys);
         let args = hash_args(pending);
@@ -431,7 +422,7 @@ impl GraphCache {
                         self.remember(hash);
                         return false;
                     }
-                    return self.instantiate(stream, pending, keys, hash, args, clock, programmatic);
+                    return self.instantiate(d, stream, pending, keys, hash, args, clock, programmatic);
                 }
                 if !repeats {
                     self.remember(hash ^ args);
@@ -457,13 +448,13 @@ impl GraphCache {
                 stats::GRAPH_NODE_UPDATES.fetch_add(1, Relaxed);
                 // SAFETY: `node` belongs to the graph `exec` was made from, with the same
                 // function and argument size; the arguments are copied by the call.
-                let ok = unsafe { sys::cuGraphExecKernelNodeSetParams_v2(g.exec, node, &np) }.result().is_ok();
+                let ok = unsafe { d.graph_exec_set_kernel(g.exec, node, &np) }.is_ok();
                 // A copy, not a swap: on failure `pending` is sent directly, as recorded.
                 last.clone_from(&p.launch.words);
                 ok
             });
         // SAFETY: a live executable graph and stream of the current context.
-        if ok && unsafe { sys::cuGraphLaunch(g.exec, stream) }.result().is_ok() {
+        if ok && unsafe { d.graph_launch(g.exec, stream) }.is_ok() {
             return true;
         }
         self.graphs.swap_remove(i); // partly updated or unusable: rebuilt next time
@@ -474,6 +465,7 @@ impl GraphCache {
     #[allow(clippy::too_many_arguments)]
     fn instantiate(
         &mut self,
+        d: Driver<'_>,
         stream: sys::CUstream,
         pending: &mut [Pending],
         keys: Vec<Key>,
@@ -482,9 +474,9 @@ impl GraphCache {
         clock: u64,
         programmatic: bool,
     ) -> bool {
-        let Some(g) = build(pending, keys, hash, args, clock, programmatic) else { return false };
+        let Some(g) = build(d, pending, keys, hash, args, clock, programmatic) else { return false };
         // SAFETY: a live executable graph and stream of the current context.
-        if unsafe { sys::cuGraphLaunch(g.exec, stream) }.result().is_err() {
+        if unsafe { d.graph_launch(g.exec, stream) }.is_err() {
             return false;
         }
         stats::GRAPHS_BUILT.fetch_add(1, Relaxed);
@@ -514,6 +506,7 @@ impl GraphCache {
 /// kernel, see `nvrtc::with_grid_waits`) until its writes are visible. That saves most of
 /// the gap between dependent kernels; an edge the driver refuses is added as a plain one.
 fn build(
+    d: Driver<'_>,
     pending: &mut [Pending],
     key: Vec<Key>,
     hash: u64,
@@ -521,23 +514,20 @@ fn build(
     used: u64,
     programmatic: bool,
 ) -> Option<Graph> {
-    let mut graph: sys::CUgraph = std::ptr::null_mut();
-    // SAFETY: creates an empty graph.
-    unsafe { sys::cuGraphCreate(&mut graph, 0) }.result().ok()?;
+    let graph = d.graph_create().ok()?;
     let nodes = Vec::with_capacity(pending.len());
     let args = pending.iter().map(|p| p.launch.words.clone()).collect();
     let mut g = Graph { key, hash, graph, exec: std::ptr::null_mut(), nodes, args, args_hash, used };
     for p in pending.iter_mut() {
         let mut params = p.params();
         let np = p.node_params(&mut params);
-        let mut node: sys::CUgraphNode = std::ptr::null_mut();
         let prev = g.nodes.last().copied();
-        let (deps, n) = match (&prev, programmatic) {
-            (Some(prev), false) => (prev as *const sys::CUgraphNode, 1),
-            _ => (std::ptr::null(), 0),
+        let deps = match (&prev, programmatic) {
+            (Some(prev), false) => std::slice::from_ref(prev),
+            _ => &[],
         };
         // SAFETY: a live graph, at most one dependency from it; the arguments are copied.
-        unsafe { sys::cuGraphAddKernelNode_v2(&mut node, g.graph, deps, n, &np) }.result().ok()?;
+        let node = unsafe { d.graph_add_kernel_node(g.graph, deps, &np) }.ok()?;
         if let (Some(prev), true) = (prev, programmatic) {
             let edge = sys::CUgraphEdgeData {
                 from_port: sys::CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER as u8,
@@ -546,31 +536,32 @@ fn build(
                 reserved: [0; 5],
             };
             // SAFETY: two kernel nodes of this graph; the edge data is read by the call.
-            let ok = unsafe { sys::cuGraphAddDependencies_v2(g.graph, &prev, &node, &edge, 1) }.result().is_ok();
+            let ok = unsafe { d.graph_add_dependency(g.graph, prev, node, Some(&edge)) }.is_ok();
             if !ok {
                 // SAFETY: as above; no edge data: a plain edge.
-                unsafe { sys::cuGraphAddDependencies_v2(g.graph, &prev, &node, std::ptr::null(), 1) }.result().ok()?;
+                unsafe { d.graph_add_dependency(g.graph, prev, node, None) }.ok()?;
             }
         }
         g.nodes.push(node);
     }
     // SAFETY: a complete graph; dropped with `g` on failure.
-    unsafe { sys::cuGraphInstantiateWithFlags(&mut g.exec, g.graph, 0) }.result().ok()?;
+    g.exec = unsafe { d.graph_instantiate(g.graph) }.ok()?;
     Some(g)
 }
 
 impl Drop for Graph {
     fn drop(&mut self) {
         // Leaked on purpose once shutdown began (like every CUDA handle).
-        let Some(_pass) = lifecycle::release_pass() else { return };
+        let Some(pass) = lifecycle::release_pass() else { return };
+        let d = pass.driver();
         let _ = catch_unwind(AssertUnwindSafe(|| {
             // SAFETY: destroyed once, here; an executable graph still running is freed by
             // the driver when it completes.
             unsafe {
                 if !self.exec.is_null() {
-                    let _ = sys::cuGraphExecDestroy(self.exec);
+                    d.graph_exec_destroy(self.exec);
                 }
-                let _ = sys::cuGraphDestroy(self.graph);
+                d.graph_destroy(self.graph);
             }
         }));
     }

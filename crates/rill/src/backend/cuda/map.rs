@@ -19,7 +19,7 @@ use crate::shape::{Dims, Layout, Strides};
 use smallvec::SmallVec;
 
 use super::buffer::{cuda_of, new_storage};
-use super::handles::CudaStreamHandle;
+use super::driver::GpuStream;
 use super::launch::Launch;
 use super::nvrtc::{self, BLOCK, grid_for};
 use super::source::{MAX_DIMS, PRELUDE};
@@ -189,7 +189,7 @@ extern "C" __global__ void k_vec({out_t}* __restrict__ out{params}, i64 n) {{
 /// dtypes identify the kernel: `fsrc` runs (and a key is formatted) only the first time a
 /// device needs it.
 pub(crate) fn map(
-    cs: &CudaStreamHandle,
+    cs: &GpuStream<'_>,
     what: MapFn,
     fsrc: impl FnOnce() -> String,
     out_dtype: DType,
@@ -234,7 +234,7 @@ pub(crate) fn map(
         // Keyed by dtype, not C type: f16/bf16 (and bool/u8) share a C type but not code.
         let dtypes: Vec<&str> = ins.iter().map(|i| i.s.dtype.name()).collect();
         let full_key = format!("{}|{}|{}|{}", what.name(), out_dtype.name(), types.join(","), dtypes.join(","));
-        let f = nvrtc::function(dev, &full_key, name, || {
+        let f = nvrtc::function(cs.driver(), dev, &full_key, name, || {
             let f = fsrc.take().map(|f| f()).unwrap_or_default();
             kernel_source(&f, out_t, &types, vec)
         })?;

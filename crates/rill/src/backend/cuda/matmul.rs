@@ -18,8 +18,8 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use cudarc::cublas::{result as cb, sys as cbsys};
-use cudarc::cublaslt::{result as ltr, sys as lt};
+use cudarc::cublas::sys as cbsys;
+use cudarc::cublaslt::sys as lt;
 
 use crate::backend::Storage;
 use crate::dtype::DType;
@@ -28,7 +28,8 @@ use crate::sync::OnceLock;
 use crate::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use super::buffer::{cuda_of, new_storage};
-use super::handles::{Blas, CudaStreamHandle};
+use super::driver::{Driver, GpuStream};
+use super::handles::Blas;
 
 static TF32: AtomicBool = AtomicBool::new(false);
 
@@ -46,13 +47,7 @@ fn tf32() -> bool {
     TF32.load(Relaxed) || std::env::var("RILL_CUDA_TF32").as_deref() == Ok("1")
 }
 
-pub(crate) fn matmul(
-    cs: &CudaStreamHandle,
-    a: &Storage,
-    b: &Storage,
-    shape: &[usize],
-    dtype: DType,
-) -> Result<Storage> {
+pub(crate) fn matmul(cs: &GpuStream<'_>, a: &Storage, b: &Storage, shape: &[usize], dtype: DType) -> Result<Storage> {
     use cbsys::cublasComputeType_t as C;
     use cbsys::cudaDataType_t as T;
     let (ty, compute) = match dtype {
@@ -100,12 +95,11 @@ pub(crate) fn matmul(
         if !super::libs::loaded(super::libs::Lib::Cublas) {
             return Err(super::unsupported("matmul", "cuBLAS (libcublas) was not found"));
         }
-        crate::runtime::lifecycle::note_backend_call();
-        let _ = cs.dev.ctx.bind_to_thread();
-        let mut g = cs.blas.lock();
+        let _ = cs.bind();
+        let mut g = cs.blas(cs.driver()).lock();
         let fresh = g.is_none();
         if fresh {
-            let h = cb::create_handle().map_err(|e| super::backend_err("matmul", e))?;
+            let h = cs.driver().cublas_create_handle().map_err(|e| super::backend_err("matmul", e))?;
             // A workspace of its own lets cuBLAS pick its fastest Hopper kernels (the
             // default one is small); without memory for it, cuBLAS runs without.
             // SAFETY: scratch memory, written by cuBLAS before it is read.
@@ -114,7 +108,7 @@ pub(crate) fn matmul(
             if let Some(w) = &ws {
                 ws_ptr = cudarc::driver::DevicePtr::device_ptr(w, cs.stream()).0;
                 // SAFETY: the workspace outlives the handle (both freed together).
-                unsafe { cbsys::cublasSetWorkspace_v2(h, ws_ptr as *mut c_void, WORKSPACE) };
+                unsafe { cs.driver().cublas_set_workspace(h, ws_ptr, WORKSPACE) };
             }
             let workspace = std::mem::ManuallyDrop::new(ws);
             *g = Some(Blas { handle: h, workspace, ws_ptr, lt: Default::default() });
@@ -127,7 +121,7 @@ pub(crate) fn matmul(
         // SAFETY: a plan is made for this problem and used with the stream's workspace;
         // the addresses cover the contiguous [batch, m, k], [batch, k, n] and [batch, m, n]
         // operands.
-        let res = match lt_plan(blas, &p) {
+        let res = match lt_plan(cs.driver(), blas, &p) {
             Some((h, plan)) => unsafe { lt_matmul(cs, h, blas.ws_ptr, &plan, &p) },
             None => unsafe { gemm_ex(cs, blas.handle, &p, ty, compute) },
         };
@@ -147,15 +141,16 @@ pub(crate) fn matmul(
 /// handle's first calls are built now, before the exit hook is registered again, never by
 /// the program's first matmul (see `libs.rs`). Failures are ignored: the first real
 /// product reports them.
-pub(crate) fn warm_up(dev: &crate::sync::Arc<super::device::DeviceState>) {
+pub(crate) fn warm_up(d: Driver<'_>, dev: &crate::sync::Arc<super::device::DeviceState>) {
     let _ = catch_unwind(AssertUnwindSafe(|| -> Result<()> {
-        let cs = super::handles::new_stream_on(dev.clone())?;
+        let handle = super::handles::new_stream_on(dev.clone())?;
+        let cs = &GpuStream::new(d, &handle);
         for dtype in [DType::F32, DType::BF16, DType::F16, DType::F64] {
             for shape in [&[16usize, 16][..], &[2, 16, 16]] {
                 // The operands' values do not matter (never read back).
-                let a = new_storage(&cs, dtype, shape)?;
-                let b = new_storage(&cs, dtype, shape)?;
-                matmul(&cs, &a, &b, shape, dtype)?;
+                let a = new_storage(cs, dtype, shape)?;
+                let b = new_storage(cs, dtype, shape)?;
+                matmul(cs, &a, &b, shape, dtype)?;
             }
         }
         cs.synchronize()
@@ -207,7 +202,7 @@ static SCALES: Scales = Scales { one32: 1.0, zero32: 0.0, one64: 1.0, zero64: 0.
 /// # Safety
 /// `h` is the stream's cuBLAS handle; the addresses cover the problem's operands.
 unsafe fn gemm_ex(
-    cs: &CudaStreamHandle,
+    cs: &GpuStream<'_>,
     h: cbsys::cublasHandle_t,
     p: &Problem,
     ty: cbsys::cudaDataType_t,
@@ -222,36 +217,27 @@ unsafe fn gemm_ex(
     let algo = cbsys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT;
     // SAFETY: forwarded from the caller; row-major C = A @ B is column-major Cᵀ = Bᵀ Aᵀ.
     unsafe {
-        cb::set_stream(h, cs.stream().cu_stream() as cbsys::cudaStream_t)
-            .map_err(|e| super::backend_err("matmul", e))?;
+        let d = cs.driver();
+        d.cublas_set_stream(h, cs.stream().cu_stream()).map_err(|e| super::backend_err("matmul", e))?;
         if batch == 1 {
             // One product: cuBLAS picks faster kernels through this entry point than
             // through the strided-batched one with a batch of one (`bench/kernel_lab.py
             // blas` times both).
-            cb::gemm_ex(h, op, op, n, m, k, alpha, pb, ty, n, pa, ty, k, beta, pc, ty, n, compute, algo)
+            d.cublas_gemm_ex(h, op, n, m, k, alpha, (pb, n), (pa, k), beta, (pc, n), ty, compute, algo)
         } else {
-            cb::gemm_strided_batched_ex(
+            d.cublas_gemm_strided_batched_ex(
                 h,
-                op,
                 op,
                 n,
                 m,
                 k,
                 alpha,
-                pb,
-                ty,
-                n,
-                sb,
-                pa,
-                ty,
-                k,
-                sa,
+                (pb, n, sb),
+                (pa, k, sa),
                 beta,
-                pc,
-                ty,
-                n,
-                sc,
+                (pc, n, sc),
                 batch as i32,
+                ty,
                 compute,
                 algo,
             )
@@ -295,24 +281,24 @@ impl LtState {
     ///
     /// # Safety
     /// Called once, before shutdown began, with no product of this stream left to enqueue.
-    pub unsafe fn destroy(&mut self) {
+    pub unsafe fn destroy(&mut self, d: Driver<'_>) {
         for plan in self.plans.drain().filter_map(|(_, p)| p) {
             // SAFETY: forwarded; each descriptor is destroyed once.
-            unsafe { destroy_plan(plan) };
+            unsafe { destroy_plan(d, plan) };
         }
         if let Some(h) = self.handle.take().filter(|h| !h.is_null()) {
             // SAFETY: forwarded.
-            let _ = unsafe { ltr::destroy_handle(h) };
+            unsafe { d.lt_destroy_handle(h) };
         }
     }
 }
 
-unsafe fn destroy_plan(p: LtPlan) {
+unsafe fn destroy_plan(d: Driver<'_>, p: LtPlan) {
     // SAFETY: the caller's: each descriptor is destroyed once.
     unsafe {
-        let _ = ltr::destroy_matmul_desc(p.desc);
+        d.lt_destroy_matmul_desc(p.desc);
         for l in p.layouts.into_iter().filter(|l| !l.is_null()) {
-            let _ = ltr::destroy_matrix_layout(l);
+            d.lt_destroy_matrix_layout(l);
         }
     }
 }
@@ -330,7 +316,7 @@ fn alignment(addr: u64) -> u32 {
 
 /// The cuBLASLt plan for `p` on `cs`, made on first use; `None` when cuBLASLt is off,
 /// missing, or has no algorithm for `p` (then `cublasGemmEx` computes it).
-fn lt_plan(blas: &mut Blas, p: &Problem) -> Option<(lt::cublasLtHandle_t, LtPlan)> {
+fn lt_plan(d: Driver<'_>, blas: &mut Blas, p: &Problem) -> Option<(lt::cublasLtHandle_t, LtPlan)> {
     if !lt_enabled() {
         return None;
     }
@@ -339,7 +325,7 @@ fn lt_plan(blas: &mut Blas, p: &Problem) -> Option<(lt::cublasLtHandle_t, LtPlan
         if !super::libs::loaded(super::libs::Lib::CublasLt) {
             return std::ptr::null_mut();
         }
-        let h = ltr::create_handle().unwrap_or(std::ptr::null_mut());
+        let h = d.lt_create_handle().unwrap_or(std::ptr::null_mut());
         // cuBLASLt constructed statics for the handle (see `libs::after_first_use`).
         super::libs::after_first_use(super::libs::Lib::CublasLt);
         h
@@ -353,12 +339,12 @@ fn lt_plan(blas: &mut Blas, p: &Problem) -> Option<(lt::cublasLtHandle_t, LtPlan
             for plan in st.plans.drain().filter_map(|(_, p)| p) {
                 // SAFETY: the plans are this stream's, and no enqueued product needs its
                 // descriptors after `cublasLtMatmul` returned.
-                unsafe { destroy_plan(plan) };
+                unsafe { destroy_plan(d, plan) };
             }
         }
         let ws = if blas.workspace.is_some() { WORKSPACE } else { 0 };
         // SAFETY: `h` is a live cuBLASLt handle.
-        let plan = unsafe { make_plan(h, &key, ws) };
+        let plan = unsafe { make_plan(d, h, &key, ws) };
         st.plans.insert(key, plan);
     }
     st.plans.get(&key).copied().flatten().map(|plan| (h, plan))
@@ -370,7 +356,7 @@ fn lt_plan(blas: &mut Blas, p: &Problem) -> Option<(lt::cublasLtHandle_t, LtPlan
 ///
 /// # Safety
 /// `h` is a live cuBLASLt handle.
-unsafe fn make_plan(h: lt::cublasLtHandle_t, key: &LtKey, workspace: usize) -> Option<LtPlan> {
+unsafe fn make_plan(drv: Driver<'_>, h: lt::cublasLtHandle_t, key: &LtKey, workspace: usize) -> Option<LtPlan> {
     use lt::cublasComputeType_t as C;
     use lt::cudaDataType_t as T;
     let d = key.sizes;
@@ -384,13 +370,13 @@ unsafe fn make_plan(h: lt::cublasLtHandle_t, key: &LtKey, workspace: usize) -> O
         _ => return None,
     };
     let (m, n, k) = (d.m as u64, d.n as u64, d.k as u64);
-    let desc = ltr::create_matmul_desc(compute, scale).ok()?;
+    let desc = drv.lt_create_matmul_desc(compute, scale).ok()?;
     // Column-major: Cᵀ (n x m) = Bᵀ (n x k) Aᵀ (k x m); cuBLASLt's A is our B.
     let dims = [(n, k, (k * n) as i64), (k, m, (m * k) as i64), (n, m, (m * n) as i64)];
     let mut layouts = [std::ptr::null_mut(); 3];
     let mut ok = true;
     for (slot, &(rows, cols, stride)) in layouts.iter_mut().zip(&dims) {
-        match ltr::create_matrix_layout(ty, rows, cols, rows as i64) {
+        match drv.lt_create_matrix_layout(ty, rows, cols, rows as i64) {
             Ok(l) => {
                 *slot = l;
                 if d.batch > 1 {
@@ -398,20 +384,22 @@ unsafe fn make_plan(h: lt::cublasLtHandle_t, key: &LtKey, workspace: usize) -> O
                     use lt::cublasLtMatrixLayoutAttribute_t as L;
                     // SAFETY: live layout; the buffers are the attributes' types.
                     unsafe {
-                        ok &= ltr::set_matrix_layout_attribute(
-                            l,
-                            L::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
-                            (&count as *const i32).cast(),
-                            4,
-                        )
-                        .is_ok();
-                        ok &= ltr::set_matrix_layout_attribute(
-                            l,
-                            L::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                            (&stride as *const i64).cast(),
-                            8,
-                        )
-                        .is_ok();
+                        ok &= drv
+                            .lt_set_matrix_layout_attribute(
+                                l,
+                                L::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                (&count as *const i32).cast(),
+                                4,
+                            )
+                            .is_ok();
+                        ok &= drv
+                            .lt_set_matrix_layout_attribute(
+                                l,
+                                L::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                (&stride as *const i64).cast(),
+                                8,
+                            )
+                            .is_ok();
                     }
                 }
             }
@@ -420,12 +408,12 @@ unsafe fn make_plan(h: lt::cublasLtHandle_t, key: &LtKey, workspace: usize) -> O
     }
     let plan = LtPlan { desc, layouts, algo: lt::cublasLtMatmulAlgo_t { data: [0; 8] }, workspace: 0 };
     // SAFETY: `h` is live (the caller's) and so are the descriptors just made.
-    let chosen = if ok { unsafe { heuristic(h, &plan, key, workspace) } } else { None };
+    let chosen = if ok { unsafe { heuristic(drv, h, &plan, key, workspace) } } else { None };
     match chosen {
         Some((algo, ws)) => Some(LtPlan { algo, workspace: ws, ..plan }),
         None => {
             // SAFETY: the descriptors were made above and are not used again.
-            unsafe { destroy_plan(plan) };
+            unsafe { destroy_plan(drv, plan) };
             None
         }
     }
@@ -439,13 +427,14 @@ const LT_CANDIDATES: usize = 8;
 /// # Safety
 /// `h` and the plan's descriptors are live.
 unsafe fn heuristic(
+    d: Driver<'_>,
     h: lt::cublasLtHandle_t,
     plan: &LtPlan,
     key: &LtKey,
     workspace: usize,
 ) -> Option<(lt::cublasLtMatmulAlgo_t, usize)> {
     use lt::cublasLtMatmulPreferenceAttributes_t as P;
-    let pref = ltr::create_matmul_pref().ok()?;
+    let pref = d.lt_create_matmul_pref().ok()?;
     let ws = workspace as u64;
     // cuBLASLt's A, B and C/D: our B, A and C.
     let [aa, ab, ac] = key.align;
@@ -461,7 +450,7 @@ unsafe fn heuristic(
         let v32 = v as u32;
         let ptr: *const c_void = if size == 8 { (&v as *const u64).cast() } else { (&v32 as *const u32).cast() };
         // SAFETY: live preference; the value has the attribute's size.
-        ok &= unsafe { ltr::set_matmul_pref_attribute(pref, attr, ptr, size) }.is_ok();
+        ok &= unsafe { d.lt_set_matmul_pref_attribute(pref, attr, ptr, size) }.is_ok();
     }
     let mut results = [lt::cublasLtMatmulHeuristicResult_t {
         algo: lt::cublasLtMatmulAlgo_t { data: [0; 8] },
@@ -470,30 +459,12 @@ unsafe fn heuristic(
         wavesCount: 0.0,
         reserved: [0; 4],
     }; LT_CANDIDATES];
-    let mut count = 0i32;
-    let [la, lb, lc] = plan.layouts;
-    // SAFETY: live descriptors; `results` has room for `LT_CANDIDATES` entries.
-    let got = ok
-        && unsafe {
-            lt::cublasLtMatmulAlgoGetHeuristic(
-                h,
-                plan.desc,
-                la,
-                lb,
-                lc,
-                lc,
-                pref,
-                LT_CANDIDATES as i32,
-                results.as_mut_ptr(),
-                &mut count,
-            )
-        } == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS;
+    // SAFETY: live descriptors.
+    let got = if ok { unsafe { d.lt_heuristic(h, plan.desc, plan.layouts, pref, &mut results) } } else { None };
     // SAFETY: made above, destroyed once.
-    let _ = unsafe { ltr::destroy_matmul_pref(pref) };
-    if !got {
-        return None;
-    }
-    let usable: Vec<_> = results[..count.clamp(0, LT_CANDIDATES as i32) as usize]
+    unsafe { d.lt_destroy_matmul_pref(pref) };
+    let count = got?;
+    let usable: Vec<_> = results[..count]
         .iter()
         .filter(|r| r.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS && r.workspaceSize <= workspace)
         .collect();
@@ -507,28 +478,22 @@ unsafe fn heuristic(
 /// # Safety
 /// `h` and `plan` are the stream's, made for `p`; `ws` is the stream's workspace (or 0
 /// when the plan needs none); the addresses cover the operands.
-unsafe fn lt_matmul(cs: &CudaStreamHandle, h: lt::cublasLtHandle_t, ws: u64, plan: &LtPlan, p: &Problem) -> Result<()> {
+unsafe fn lt_matmul(cs: &GpuStream<'_>, h: lt::cublasLtHandle_t, ws: u64, plan: &LtPlan, p: &Problem) -> Result<()> {
     let (alpha, beta) = p.scales(&SCALES);
     let [la, lb, lc] = plan.layouts;
-    let stream = cs.stream().cu_stream() as lt::cudaStream_t;
+    let stream = cs.stream().cu_stream();
     // SAFETY: forwarded from the caller; C and D are the same buffer, beta is zero.
     unsafe {
-        ltr::matmul(
+        cs.driver().lt_matmul(
             h,
             plan.desc,
             alpha,
             beta,
-            p.pb as *const c_void,
-            la,
-            p.pa as *const c_void,
-            lb,
-            p.pc as *const c_void,
-            lc,
-            p.pc as *mut c_void,
-            lc,
+            (p.pb as *const c_void, la),
+            (p.pa as *const c_void, lb),
+            (p.pc as *mut c_void, lc),
             &plan.algo,
-            ws as *mut c_void,
-            plan.workspace,
+            (ws, plan.workspace),
             stream,
         )
     }

@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | when the driver, NVRTC, cuBLAS and cuBLASLt are loaded and first initialised | `libs.rs` | the libraries' loaded state (never unloaded) |
 //! | driver probe, per-device state, completion workers, shutdown | `device.rs` | one context and one worker thread per device |
+//! | the driver token: the only way to call the backend libraries, while holding a gate pass | `driver.rs` | nothing |
 //! | events, streams, cuBLAS handles (Drop never panics) | `handles.rs` | CUDA events, streams, cuBLAS handles |
 //! | device buffers, host↔device copies, the scalar slab | `buffer.rs` | device allocations |
 //! | small buffers kept for reuse by their stream | `cache.rs` | cached device memory, per stream |
@@ -39,6 +40,8 @@ mod buffer;
 mod cache;
 mod copy;
 mod device;
+#[allow(clippy::disallowed_methods)] // the one file that calls the backend libraries
+mod driver;
 mod elementwise;
 mod exec;
 mod fused;

@@ -12,7 +12,7 @@ use crate::dtype::DType;
 use crate::error::Result;
 
 use super::buffer::{cuda_of, new_storage};
-use super::handles::CudaStreamHandle;
+use super::driver::GpuStream;
 use super::launch::Launch;
 use super::nvrtc::{self, BLOCK};
 use super::source::{PRELUDE, ctype, ftype, load, store_float};
@@ -45,7 +45,7 @@ __device__ __forceinline__ void block_sum2({f}& a, {f}& b) {{
 }
 
 /// A contiguous device copy of `s` (itself when already contiguous).
-fn contiguous(cs: &CudaStreamHandle, s: &Storage) -> Result<Storage> {
+fn contiguous(cs: &GpuStream<'_>, s: &Storage) -> Result<Storage> {
     if s.layout.is_contiguous() { Ok(s.clone()) } else { super::elementwise::copy(cs, s) }
 }
 
@@ -55,16 +55,16 @@ pub(crate) fn elem_ptr(s: &Storage) -> u64 {
 }
 
 /// Layer normalisation; inputs `x[, weight][, bias]`.
-pub(crate) fn layer_norm(cs: &CudaStreamHandle, inputs: &[Storage], eps: f64, w: bool, b: bool) -> Result<Storage> {
+pub(crate) fn layer_norm(cs: &GpuStream<'_>, inputs: &[Storage], eps: f64, w: bool, b: bool) -> Result<Storage> {
     norm(cs, inputs, eps, w, b, false)
 }
 
 /// RMS normalisation; inputs `x[, weight]`.
-pub(crate) fn rms_norm(cs: &CudaStreamHandle, inputs: &[Storage], eps: f64, w: bool) -> Result<Storage> {
+pub(crate) fn rms_norm(cs: &GpuStream<'_>, inputs: &[Storage], eps: f64, w: bool) -> Result<Storage> {
     norm(cs, inputs, eps, w, false, true)
 }
 
-fn norm(cs: &CudaStreamHandle, inputs: &[Storage], eps: f64, has_w: bool, has_b: bool, rms: bool) -> Result<Storage> {
+fn norm(cs: &GpuStream<'_>, inputs: &[Storage], eps: f64, has_w: bool, has_b: bool, rms: bool) -> Result<Storage> {
     let name = if rms { "rms_norm" } else { "layer_norm" };
     let x = &inputs[0];
     let d = x.dtype;
@@ -128,7 +128,7 @@ extern "C" __global__ void k_norm({t}* out, const {t}* x, const {t}* w, const {t
 "#
         )
     };
-    let func = nvrtc::function(&cs.dev, &key, "k_norm", src)?;
+    let func = nvrtc::function(cs.driver(), &cs.dev, &key, "k_norm", src)?;
     let po = elem_ptr(&out);
     let px = elem_ptr(&xs);
     let pw = ws.as_ref().map(elem_ptr).unwrap_or(0);
@@ -136,7 +136,7 @@ extern "C" __global__ void k_norm({t}* out, const {t}* x, const {t}* w, const {t
     let (r64, c64) = (rows as i64, cols as i64);
     let grid = rows.min(cs.dev.sms as usize * 32).max(1) as u32;
     let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
-    let _ = cs.dev.ctx.bind_to_thread();
+    let _ = cs.bind();
     let mut lb = Launch::new(&func);
     lb.arg(&po).arg(&px).arg(&pw).arg(&pb).arg(&r64).arg(&c64).arg(&eps);
     // SAFETY: `out` and `x` hold rows*cols contiguous elements, `w`/`b` (read only when

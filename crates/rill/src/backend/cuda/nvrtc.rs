@@ -7,12 +7,13 @@ use std::ffi::{CStr, CString};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig};
-use cudarc::nvrtc::{Ptx, result as nv, sys as nvsys};
+use cudarc::nvrtc::Ptx;
 
 use crate::error::{Error, Result};
 use crate::sync::{Arc, Mutex};
 
 use super::device::DeviceState;
+use super::driver::Driver;
 
 /// A loaded module and the functions already looked up in it.
 struct Entry {
@@ -48,7 +49,13 @@ pub(crate) fn grid_1d(n: usize, block: u32) -> LaunchConfig {
 /// cache's lock is not held while compiling, so a compile waiting for a pool thread never
 /// blocks the pool threads that look up kernels; two threads missing the same key at once
 /// both compile it, and the first module stored is the one kept.
-pub(crate) fn function(dev: &DeviceState, key: &str, name: &str, src: impl FnOnce() -> String) -> Result<CudaFunction> {
+pub(crate) fn function(
+    d: Driver<'_>,
+    dev: &DeviceState,
+    key: &str,
+    name: &str,
+    src: impl FnOnce() -> String,
+) -> Result<CudaFunction> {
     let cached = |g: &mut Vec<HashMap<String, Entry>>| -> Option<Result<CudaFunction>> {
         let entry = g.get_mut(dev.ordinal)?.get_mut(key)?;
         if let Some((_, f)) = entry.funcs.iter().find(|(n, _)| n == name) {
@@ -57,7 +64,7 @@ pub(crate) fn function(dev: &DeviceState, key: &str, name: &str, src: impl FnOnc
         // The module's context current on this thread for the lookup (a miss only:
         // launchers do not bind, see `map.rs`).
         let loaded = dev
-            .ctx
+            .ctx(d)
             .bind_to_thread()
             .and_then(|()| entry.module.load_function(name))
             .map_err(|e| Error::backend("cuda", format!("kernel {key}::{name}: {e:?}")));
@@ -74,8 +81,10 @@ pub(crate) fn function(dev: &DeviceState, key: &str, name: &str, src: impl FnOnc
         g.resize_with(dev.ordinal + 1, HashMap::new);
     }
     if !g[dev.ordinal].contains_key(key) {
-        let module =
-            dev.ctx.load_module(image).map_err(|e| Error::backend("cuda", format!("loading kernel {key}: {e:?}")))?;
+        let module = dev
+            .ctx(d)
+            .load_module(image)
+            .map_err(|e| Error::backend("cuda", format!("loading kernel {key}: {e:?}")))?;
         g[dev.ordinal].insert(key.to_string(), Entry { module, funcs: Vec::new() });
     }
     cached(&mut g).unwrap_or_else(|| Err(Error::backend("cuda", format!("kernel {key} missing"))))
@@ -163,27 +172,31 @@ fn compile_program(arch: &str, key: &str, src: &str) -> Result<Ptx> {
         return Err(super::unsupported("compile", "NVRTC (libnvrtc) was not found"));
     }
     // Compiles run on pool threads, which hold no pass of their own.
-    let _pass = crate::runtime::lifecycle::backend_pass()?;
+    let pass = crate::runtime::lifecycle::backend_pass()?;
+    let d = pass.driver();
     let csrc = CString::new(with_grid_waits(src)?).map_err(|e| Error::backend("compile", e))?;
     // The program name only appears in NVRTC's messages: a short, printable prefix of the key.
     let short: String = key.chars().filter(|c| c.is_ascii_alphanumeric() || ":_|,".contains(*c)).take(48).collect();
     let cname = CString::new(format!("{short}.cu")).map_err(|e| Error::backend("compile", e))?;
-    let prog = nv::create_program(&csrc, Some(&cname)).map_err(|e| Error::backend("compile", format!("{e:?}")))?;
+    let prog = d.nvrtc_create_program(&csrc, Some(&cname)).map_err(|e| Error::backend("compile", format!("{e:?}")))?;
     let mut opts = vec![format!("--gpu-architecture={arch}"), "--std=c++17".to_string(), "-default-device".to_string()];
     opts.extend(include_dirs().into_iter().map(|d| format!("--include-path={d}")));
     // SAFETY: `prog` is live until destroyed at the end of this function.
     let out = unsafe {
-        match nv::compile_program(prog, &opts) {
-            Ok(()) => cubin(prog).or_else(|_| nv::get_ptx(prog).map(|p| Ptx::from_src(c_chars_to_string(&p)))),
+        match d.nvrtc_compile_program(prog, &opts) {
+            Ok(()) => d
+                .nvrtc_cubin(prog)
+                .map(Ptx::from_binary)
+                .or_else(|_| d.nvrtc_ptx(prog).map(|p| Ptx::from_src(c_chars_to_string(&p)))),
             Err(e) => {
-                let log = nv::get_program_log(prog).map(|l| c_chars_to_string(&l)).unwrap_or_default();
-                let _ = nv::destroy_program(prog);
+                let log = d.nvrtc_log(prog).map(|l| c_chars_to_string(&l)).unwrap_or_default();
+                d.nvrtc_destroy_program(prog);
                 return Err(Error::backend("compile", format!("NVRTC failed on kernel {key} ({e:?}): {log}")));
             }
         }
     };
     // SAFETY: destroyed once.
-    let _ = unsafe { nv::destroy_program(prog) };
+    unsafe { d.nvrtc_destroy_program(prog) };
     out.map_err(|e| Error::backend("compile", format!("{e:?}")))
 }
 
@@ -209,18 +222,6 @@ fn include_dirs() -> Vec<String> {
         }
     }
     dirs
-}
-
-/// The CUBIN of a program compiled for a real architecture.
-unsafe fn cubin(prog: nvsys::nvrtcProgram) -> std::result::Result<Ptx, nv::NvrtcError> {
-    let mut size = 0usize;
-    // SAFETY: `prog` is a compiled program (caller).
-    unsafe {
-        nvsys::nvrtcGetCUBINSize(prog, &mut size).result()?;
-        let mut buf = vec![0 as std::ffi::c_char; size];
-        nvsys::nvrtcGetCUBIN(prog, buf.as_mut_ptr()).result()?;
-        Ok(Ptx::from_binary(buf.into_iter().map(|c| c as u8).collect()))
-    }
 }
 
 fn c_chars_to_string(v: &[std::ffi::c_char]) -> String {

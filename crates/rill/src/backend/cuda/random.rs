@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::primitives::Distribution;
 
 use super::buffer::{cuda_of, new_storage};
-use super::handles::CudaStreamHandle;
+use super::driver::GpuStream;
 use super::launch::Launch;
 use super::nvrtc::{self, grid_for};
 use super::source::{PRELUDE, ctype, load, store_float};
@@ -44,7 +44,7 @@ __device__ __forceinline__ double u53(u32 x0, u32 x1) {
 
 /// A new contiguous storage of random values (see the module docs).
 pub(crate) fn random(
-    cs: &CudaStreamHandle,
+    cs: &GpuStream<'_>,
     shape: &[usize],
     dtype: DType,
     key: [u32; 2],
@@ -108,10 +108,10 @@ extern "C" __global__ void k_random({t}* out, i64 n, u32 k0, u32 k1, double a, d
 "#
         )
     };
-    let f = nvrtc::function(&cs.dev, &kname, "k_random", src)?;
+    let f = nvrtc::function(cs.driver(), &cs.dev, &kname, "k_random", src)?;
     let po = cuda_of(&out).map(|b| b.ptr()).unwrap_or(0);
     let n64 = n as i64;
-    let _ = cs.dev.ctx.bind_to_thread();
+    let _ = cs.bind();
     let mut lb = Launch::new(&f);
     lb.arg(&po).arg(&n64).arg(&key[0]).arg(&key[1]).arg(&a).arg(&b).arg(&c);
     // SAFETY: `out` holds n elements; the arguments match the kernel's signature.

@@ -37,7 +37,7 @@ use crate::primitives::ReduceOp;
 use crate::shape::Layout;
 
 use super::buffer::{CudaBuffer, cuda_of, new_storage};
-use super::handles::CudaStreamHandle;
+use super::driver::GpuStream;
 use super::launch::Launch;
 use super::nvrtc::{self, BLOCK};
 use super::source::{PRELUDE, ctype, ftype, load, store_float, utype};
@@ -63,7 +63,7 @@ const COMPUTED_BOUND: u32 = 1024;
 const SOFTMAX_REG_ELEMS: usize = 32;
 
 /// `x` with `axes` moved last, as a contiguous storage: (storage, rows, cols).
-pub(crate) fn rows_last(cs: &CudaStreamHandle, x: &Storage, axes: &[usize]) -> Result<(Storage, usize, usize)> {
+pub(crate) fn rows_last(cs: &GpuStream<'_>, x: &Storage, axes: &[usize]) -> Result<(Storage, usize, usize)> {
     let nd = x.layout.shape.len();
     let mut perm: Vec<usize> = (0..nd).filter(|a| !axes.contains(a)).collect();
     perm.extend_from_slice(axes);
@@ -81,7 +81,7 @@ fn elem_ptr(x: &Storage) -> u64 {
 
 /// Launches `k_rows(out, x, rows, cols)` of the module `key` with one block per row.
 pub(crate) fn launch_rows(
-    cs: &CudaStreamHandle,
+    cs: &GpuStream<'_>,
     key: &str,
     src: impl FnOnce() -> String,
     out: u64,
@@ -92,12 +92,12 @@ pub(crate) fn launch_rows(
     if rows == 0 {
         return Ok(());
     }
-    let f = nvrtc::function(&cs.dev, key, "k_rows", src)?;
+    let f = nvrtc::function(cs.driver(), &cs.dev, key, "k_rows", src)?;
     let px = elem_ptr(x);
     let (r64, c64) = (rows as i64, cols as i64);
     let grid = rows.min(cs.dev.sms as usize * 32).max(1) as u32;
     let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
-    let _ = cs.dev.ctx.bind_to_thread();
+    let _ = cs.bind();
     let mut b = Launch::new(&f);
     b.arg(&out).arg(&px).arg(&r64).arg(&c64);
     // SAFETY: `out` holds `rows` (or rows*cols) elements and `x` rows*cols contiguous ones.
@@ -399,7 +399,7 @@ fn plan(rows: usize, cols: usize, vn: usize, sms: usize, split: u32) -> Plan {
 
 /// The device address of `cs`'s row counters for split reductions ([`split_rows`]
 /// zeros; allocated and zeroed in stream order on first use; each launch leaves them zero).
-fn row_counters(cs: &CudaStreamHandle) -> Result<u64> {
+fn row_counters(cs: &GpuStream<'_>) -> Result<u64> {
     if let Some(b) = cs.reduce_counters.get() {
         return Ok(b.ptr());
     }
@@ -409,8 +409,7 @@ fn row_counters(cs: &CudaStreamHandle) -> Result<u64> {
     let stream = cs.stream().cu_stream();
     // SAFETY: `b` holds `bytes` bytes; the memset is ordered on this stream before every
     // later kernel of the stream.
-    unsafe { cudarc::driver::result::memset_d8_async(b.ptr(), 0, bytes, stream) }
-        .map_err(|e| super::backend_err("reduce", e))?;
+    unsafe { cs.driver().memset_d8_async(b.ptr(), 0, bytes, stream) }.map_err(|e| super::backend_err("reduce", e))?;
     // Batches of one stream run one at a time, so no other thread sets it meanwhile.
     Ok(cs.reduce_counters.get_or_init(|| b).ptr())
 }
@@ -421,7 +420,7 @@ fn blocks(n: usize, cap: usize) -> u32 {
 }
 
 pub(crate) fn reduce(
-    cs: &CudaStreamHandle,
+    cs: &GpuStream<'_>,
     op: ReduceOp,
     x: &Storage,
     axes: &[usize],
@@ -437,7 +436,8 @@ pub(crate) fn reduce(
     let key = format!("reduce2:{op:?}:{}", d.name());
     let dev = &cs.dev;
     let mut src = Some(move || reduce_source(&reduce_spec(op, d), vn, &Elems::Array));
-    let mut get = |name: &str| nvrtc::function(dev, &key, name, || src.take().map(|f| f()).unwrap_or_default());
+    let mut get =
+        |name: &str| nvrtc::function(cs.driver(), dev, &key, name, || src.take().map(|f| f()).unwrap_or_default());
     let po = cuda_of(&out).map(|b| b.ptr()).unwrap_or(0);
     let how = plan(rows, cols, vn, dev.sms as usize, SPLIT_BLOCK);
     launch(cs, &mut get, d, how, po, &[elem_ptr(&xs)], &[], rows, cols)?;
@@ -466,7 +466,7 @@ pub(crate) fn source(op: ReduceOp, d: DType, e: &Elems<'_>) -> String {
 /// for computed elements).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch(
-    cs: &CudaStreamHandle,
+    cs: &GpuStream<'_>,
     get: &mut dyn FnMut(&str) -> Result<CudaFunction>,
     d: DType,
     how: Plan,
@@ -486,7 +486,7 @@ pub(crate) fn launch(
         shared_mem_bytes: 0,
     };
     let warps = RBLOCK as usize / 32;
-    let _ = dev.ctx.bind_to_thread();
+    let _ = cs.bind();
     match how {
         Plan::Warp => {
             let f = get("k_warp")?;
@@ -703,7 +703,7 @@ extern "C" __global__ void k_rows({t}* out, const {t}* x, i64 rows, i64 cols) {{
     )
 }
 
-pub(crate) fn softmax(cs: &CudaStreamHandle, x: &Storage, axis: usize, log: bool) -> Result<Storage> {
+pub(crate) fn softmax(cs: &GpuStream<'_>, x: &Storage, axis: usize, log: bool) -> Result<Storage> {
     let d = x.dtype;
     if !d.is_float() {
         return Err(super::unsupported("softmax", format!("dtype {d}")));
@@ -715,7 +715,7 @@ pub(crate) fn softmax(cs: &CudaStreamHandle, x: &Storage, axis: usize, log: bool
     match softmax_reg_plan(cols, vn) {
         Some((threads, nv)) if rows > 0 && cols > 0 => {
             let key = format!("softmax_reg:{log}:{}:{nv}", d.name());
-            let f = nvrtc::function(&cs.dev, &key, "k_reg", || softmax_reg_source(d, log, nv))?;
+            let f = nvrtc::function(cs.driver(), &cs.dev, &key, "k_reg", || softmax_reg_source(d, log, nv))?;
             let px = elem_ptr(&xs);
             let vec = i32::from(px % 16 == 0 && (cols * d.size()) % 16 == 0);
             let (r64, c64) = (rows as i64, cols as i64);
@@ -724,7 +724,7 @@ pub(crate) fn softmax(cs: &CudaStreamHandle, x: &Storage, axis: usize, log: bool
                 block_dim: (threads, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let _ = cs.dev.ctx.bind_to_thread();
+            let _ = cs.bind();
             let mut b = Launch::new(&f);
             b.arg(&po).arg(&px).arg(&r64).arg(&c64).arg(&vec);
             // SAFETY: `out` and `x` hold rows*cols contiguous elements; `vec` is set only

@@ -16,7 +16,7 @@ use crate::error::Result;
 use crate::primitives::ArgReduceOp;
 
 use super::buffer::new_storage;
-use super::handles::CudaStreamHandle;
+use super::driver::GpuStream;
 use super::launch::Launch;
 use super::norm::elem_ptr;
 use super::nvrtc::{self, BLOCK, grid_for};
@@ -25,7 +25,7 @@ use super::source::{PRELUDE, ctype, ftype, load, store_float, utype};
 
 /// Argmax/argmin over `axis` into a new i64 storage of `shape` (`axis` set to 1).
 pub(crate) fn arg_reduce(
-    cs: &CudaStreamHandle,
+    cs: &GpuStream<'_>,
     op: ArgReduceOp,
     x: &Storage,
     axis: usize,
@@ -89,13 +89,7 @@ extern "C" __global__ void k_rows(i64* out, const {t}* x, i64 rows, i64 cols) {{
 }
 
 /// Cumulative sum along `axis` into a new contiguous storage of the input's shape and dtype.
-pub(crate) fn cumsum(
-    cs: &CudaStreamHandle,
-    x: &Storage,
-    axis: usize,
-    reverse: bool,
-    exclusive: bool,
-) -> Result<Storage> {
+pub(crate) fn cumsum(cs: &GpuStream<'_>, x: &Storage, axis: usize, reverse: bool, exclusive: bool) -> Result<Storage> {
     let d = x.dtype;
     let shape = x.layout.shape.clone();
     let out = new_storage(cs, d, &shape)?;
@@ -138,11 +132,11 @@ extern "C" __global__ void k_scan({t}* out, const {t}* x, i64 outer, i64 len, i6
 "#
         )
     };
-    let f = nvrtc::function(&cs.dev, &key, "k_scan", src)?;
+    let f = nvrtc::function(cs.driver(), &cs.dev, &key, "k_scan", src)?;
     let (po, px) = (elem_ptr(&out), elem_ptr(&xs));
     let (o64, l64, i64_) = (outer as i64, len as i64, inner as i64);
     let (rv, ex) = (reverse as i32, exclusive as i32);
-    let _ = cs.dev.ctx.bind_to_thread();
+    let _ = cs.bind();
     let mut b = Launch::new(&f);
     b.arg(&po).arg(&px).arg(&o64).arg(&l64).arg(&i64_).arg(&rv).arg(&ex);
     // SAFETY: `out` and `x` hold outer*len*inner contiguous elements; the arguments match
