@@ -46,12 +46,12 @@ pub(crate) struct DeviceState {
 }
 
 impl DeviceState {
-    /// The device's primary context.
-    pub fn ctx(&self, _d: Driver<'_>) -> &Arc<CudaContext> {
+    /// The device's primary context (borrowed for no longer than the token's pass).
+    pub fn ctx<'s>(&'s self, _d: Driver<'s>) -> &'s Arc<CudaContext> {
         &self.ctx
     }
     /// The stream for host↔device copies made outside of batches.
-    pub fn transfer(&self, _d: Driver<'_>) -> &Arc<CudaStream> {
+    pub fn transfer<'s>(&'s self, _d: Driver<'s>) -> &'s Arc<CudaStream> {
         &self.transfer
     }
     /// Lists a stream's buffer cache so that `clear_cache` can empty it.

@@ -223,21 +223,23 @@ pub(crate) fn new_stream_on(dev: Arc<DeviceState>) -> Result<CudaStreamHandle> {
     })
 }
 
+/// The accessors below borrow the result for no longer than the token's pass as well as
+/// the handle: a raw handle cannot be kept past the pass without an explicit clone.
 impl CudaStreamHandle {
     /// The cudarc stream, for any use other than a kernel launch or an allocation: the
     /// kernel launches this thread has recorded for the stream are sent first, so that
     /// the use is ordered after them (see `launch.rs`).
-    pub fn stream(&self, d: Driver<'_>) -> &Arc<CudaStream> {
+    pub fn stream<'s>(&'s self, d: Driver<'s>) -> &'s Arc<CudaStream> {
         super::launch::flush(d, self);
         &self.stream
     }
     /// The cudarc stream without sending recorded launches: for allocations (ordered
     /// before the kernels that will use them) and the launcher itself.
-    pub fn raw_stream(&self, _d: Driver<'_>) -> &Arc<CudaStream> {
+    pub fn raw_stream<'s>(&'s self, _d: Driver<'s>) -> &'s Arc<CudaStream> {
         &self.stream
     }
     /// The stream's cuBLAS state (its handles hold cuBLAS objects: under a pass only).
-    pub fn blas(&self, _d: Driver<'_>) -> &Mutex<Option<Blas>> {
+    pub fn blas<'s>(&'s self, _d: Driver<'s>) -> &'s Mutex<Option<Blas>> {
         &self.blas
     }
     /// Blocks until all work enqueued on this stream has finished.
