@@ -52,6 +52,38 @@ fn gpu_unsupported_op_poisons_only_its_dependants() {
     common_free(g);
 }
 
+/// The GPU nodes computed on the host are counted, one per node; a float product is not
+/// one of them. (No other test of this binary makes one, so the counts are exact.)
+#[test]
+fn gpu_host_round_trips_are_counted() {
+    let Some(g) = gpu() else { return };
+    let trips = || rill::runtime::stats().host_round_trips;
+    let s = Stream::new(&g).unwrap();
+    rill::with_stream(&s, || {
+        let v: Vec<i32> = (0..16).map(|i| i % 5 - 2).collect();
+        let a = Array::from_slice(&v, &[4, 4]).unwrap();
+        let before = trips();
+        let p = a.matmul(&a).unwrap();
+        let got = p.to_vec::<i32>().unwrap();
+        assert_eq!(trips() - before, 1, "an integer product goes through the host");
+        for i in 0..4 {
+            for j in 0..4 {
+                let want: i32 = (0..4).map(|k| v[i * 4 + k] * v[k * 4 + j]).sum();
+                assert_eq!(got[i * 4 + j], want, "element ({i}, {j})");
+            }
+        }
+        let before = trips();
+        let c = rill::custom("twice", &[&a], &[4, 4], rill::DType::F32, |x| Ok(x[0].iter().map(|v| 2.0 * v).collect()))
+            .unwrap();
+        assert_eq!(c.to_vec::<f32>().unwrap(), v.iter().map(|&x| 2.0 * x as f32).collect::<Vec<_>>());
+        assert_eq!(trips() - before, 1, "a host callback on a GPU stream goes through the host");
+        let before = trips();
+        let f = a.astype(rill::DType::F32).unwrap();
+        f.matmul(&f).unwrap().eval().unwrap();
+        assert_eq!(trips() - before, 0, "a float product runs on the GPU");
+    });
+}
+
 fn common_free(g: Device) {
     let s = Stream::new(&g).unwrap();
     rill::with_stream(&s, || {

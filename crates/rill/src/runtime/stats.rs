@@ -42,6 +42,8 @@ pub(crate) static FUSED_REDUCE_KERNELS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static LINGER_HANDOFFS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static INLINE_BATCHES: AtomicU64 = AtomicU64::new(0);
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) static HOST_ROUND_TRIPS: AtomicU64 = AtomicU64::new(0);
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) static KERNELS_COMPILED: AtomicU64 = AtomicU64::new(0);
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) static KERNELS_COMPILED_ON_USER_THREADS: AtomicU64 = AtomicU64::new(0);
@@ -100,6 +102,12 @@ pub struct Stats {
     /// Batches a blocking `eval` ran on its own thread (it found the stream idle; see the
     /// scheduler's `Runner::Caller`) instead of on the pool.
     pub inline_batches: u64,
+    /// GPU nodes computed on the host: the stream waits for the inputs, they are copied
+    /// to the host, computed there and the result uploaded. These are integer (and bool)
+    /// matmuls (cuBLAS has no integer product), `custom` host callbacks on a GPU stream,
+    /// and copies between two GPUs (through the host). Every other GPU node runs a GPU
+    /// kernel; none falls back to the host silently.
+    pub host_round_trips: u64,
     /// Kernels compiled with NVRTC (each distinct kernel once per process, unless two
     /// threads needed it at the same moment; the small kernel compiled while a GPU
     /// initialises is not counted).
@@ -132,6 +140,7 @@ pub fn stats() -> Stats {
         fused_reduce_kernels: FUSED_REDUCE_KERNELS.load(Relaxed),
         linger_handoffs: LINGER_HANDOFFS.load(Relaxed),
         inline_batches: INLINE_BATCHES.load(Relaxed),
+        host_round_trips: HOST_ROUND_TRIPS.load(Relaxed),
         kernels_compiled: KERNELS_COMPILED.load(Relaxed),
         kernels_compiled_on_user_threads: KERNELS_COMPILED_ON_USER_THREADS.load(Relaxed),
     }

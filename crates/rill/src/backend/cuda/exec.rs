@@ -220,7 +220,10 @@ fn copy_to_gpu(cs: &GpuStream<'_>, s: &Storage) -> Result<Option<Storage>> {
             Some(d) => Ok(Some(d)),
             None => upload(cs, s).map(Some),
         },
-        Buffer::Cuda(b) if b.ordinal != cs.dev.ordinal => upload(cs, &to_host(s)?).map(Some),
+        Buffer::Cuda(b) if b.ordinal != cs.dev.ordinal => {
+            crate::runtime::stats::HOST_ROUND_TRIPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            upload(cs, &to_host(s)?).map(Some)
+        }
         Buffer::Cuda(_) => Ok(None),
     }
 }
@@ -249,7 +252,8 @@ fn eval(
     }
     if matches!(prim, Matmul) && !dtype.is_float() {
         // cuBLAS has no integer GEMM here: integer (and bool-as-i32) matmul runs on the
-        // host, after the stream has produced its inputs (a host wait, documented).
+        // host, after the stream has produced its inputs (a host wait, counted).
+        crate::runtime::stats::HOST_ROUND_TRIPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         cs.synchronize()?;
         let host: Vec<Storage> = raw.iter().map(|s| host_copy(s)).collect::<Result<_>>()?;
         let out = crate::backend::cpu::eval(prim, shape, dtype, &host)?;
@@ -257,6 +261,7 @@ fn eval(
     }
     if let Host { f, name } = prim {
         // The inputs may be produced earlier in this batch: finish the stream first.
+        crate::runtime::stats::HOST_ROUND_TRIPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         cs.synchronize()?;
         let host: Vec<Storage> = raw.iter().map(|s| host_copy(s)).collect::<Result<_>>()?;
         let out = crate::backend::cpu::eval(&Host { f: f.clone(), name }, shape, dtype, &host)?;
