@@ -36,8 +36,7 @@ use crate::backend::cpu::random::{round_to, threefry2x32};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::target_stream;
-use crate::primitives::{Distribution, Primitive};
-use crate::shape::checked_size;
+use crate::primitives::{Distribution, Primitive, creation};
 use crate::sync::Mutex;
 
 /// A random key: the state a draw is a pure function of.
@@ -89,12 +88,9 @@ pub fn next_key() -> Key {
 }
 
 fn draw(op: &'static str, key: Key, shape: &[usize], dist: Distribution, dtype: DType) -> Result<Array> {
-    checked_size(op, shape, dtype)?;
-    if shape.iter().product::<usize>() > (1usize << 62) {
-        return Err(Error::shape(op, format!("shape {shape:?} has too many elements")));
-    }
+    let shape = creation::random(op, shape, dtype)?;
     let stream = target_stream(&[])?;
-    Ok(Array::from_op(Primitive::Random { key: key.0, dist }, Vec::new(), shape.to_vec(), dtype, stream))
+    Ok(Array::from_op(Primitive::Random { key: key.0, dist }, Vec::new(), shape, dtype, stream))
 }
 
 fn check_float(op: &'static str, dtype: DType) -> Result<()> {

@@ -4,19 +4,10 @@ use crate::array::Array;
 use crate::backend::cpu::CpuBuffer;
 use crate::backend::{Buffer, Storage};
 use crate::dtype::{DType, Element, Scalar};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ops::{on_device, target_stream};
-use crate::primitives::Primitive;
+use crate::primitives::{Primitive, creation as rule};
 use crate::runtime::device::Device;
-use crate::shape::checked_size;
-
-fn check_len(op: &'static str, len: usize, shape: &[usize], dtype: DType) -> Result<()> {
-    let n = checked_size(op, shape, dtype)?;
-    if n != len {
-        return Err(Error::shape(op, format!("{len} values do not fill shape {shape:?} ({n} elements)")));
-    }
-    Ok(())
-}
 
 /// Wraps host data, placing it on the target stream's device (a lazy copy when that is
 /// a GPU).
@@ -30,7 +21,7 @@ fn from_host(storage: Storage) -> Result<Array> {
 impl Array {
     /// An array holding a copy of `data` with `shape` (row-major).
     pub fn from_slice<T: Element>(data: &[T], shape: &[usize]) -> Result<Array> {
-        check_len("from_slice", data.len(), shape, T::DTYPE)?;
+        rule::constant("from_slice", data.len(), shape, T::DTYPE)?;
         let buf = CpuBuffer::from_slice(data)?;
         from_host(Storage::contiguous(Buffer::Cpu(buf), T::DTYPE, shape))
     }
@@ -40,7 +31,7 @@ impl Array {
     }
     /// A bool array from Rust bools.
     pub fn from_bools(data: &[bool], shape: &[usize]) -> Result<Array> {
-        check_len("from_bools", data.len(), shape, DType::Bool)?;
+        rule::constant("from_bools", data.len(), shape, DType::Bool)?;
         let bytes: Vec<u8> = data.iter().map(|&b| b as u8).collect();
         let buf = CpuBuffer::from_slice(&bytes)?;
         from_host(Storage::contiguous(Buffer::Cpu(buf), DType::Bool, shape))
@@ -52,10 +43,10 @@ impl Array {
     }
     /// An array of `shape` filled with `value`, of `dtype`.
     pub fn full(shape: &[usize], value: impl Into<Scalar>, dtype: DType) -> Result<Array> {
-        checked_size("full", shape, dtype)?;
+        let shape = rule::full("full", shape, dtype)?;
         let stream = target_stream(&[])?;
         let value = value.into().as_f64();
-        Ok(Array::from_op(Primitive::Full { value }, Vec::new(), shape.to_vec(), dtype, stream))
+        Ok(Array::from_op(Primitive::Full { value }, Vec::new(), shape, dtype, stream))
     }
     /// Zeros of `shape` and `dtype`.
     pub fn zeros(shape: &[usize], dtype: DType) -> Result<Array> {
@@ -91,23 +82,9 @@ impl Array {
         dtype: DType,
     ) -> Result<Array> {
         let (start, stop, step) = (start.into().as_f64(), stop.into().as_f64(), step.into().as_f64());
-        if dtype == DType::Bool {
-            return Err(Error::dtype("arange", dtype, "arange needs a numeric dtype"));
-        }
-        if step == 0.0 {
-            return Err(Error::invalid("arange", "step cannot be 0"));
-        }
-        let len = ((stop - start) / step).ceil();
-        if !len.is_finite() {
-            return Err(Error::invalid("arange", format!("start {start}, stop {stop} and step {step} must be finite")));
-        }
-        if len >= (1u64 << 53) as f64 {
-            return Err(Error::invalid("arange", format!("arange({start}, {stop}, {step}) is too long")));
-        }
-        let n = len.max(0.0) as usize;
-        checked_size("arange", &[n], dtype)?;
+        let shape = rule::arange(start, stop, step, dtype)?;
         let stream = target_stream(&[])?;
-        Ok(Array::from_op(Primitive::Arange { start, step }, Vec::new(), vec![n], dtype, stream))
+        Ok(Array::from_op(Primitive::Arange { start, step }, Vec::new(), shape, dtype, stream))
     }
 
     /// `num` evenly spaced values from `start` to `stop`, both included (NumPy's
@@ -116,26 +93,21 @@ impl Array {
     /// toward zero).
     pub fn linspace(start: impl Into<Scalar>, stop: impl Into<Scalar>, num: usize, dtype: DType) -> Result<Array> {
         let (start, stop) = (start.into().as_f64(), stop.into().as_f64());
-        if !(start.is_finite() && stop.is_finite()) {
-            return Err(Error::invalid("linspace", format!("start {start} and stop {stop} must be finite")));
-        }
-        checked_size("linspace", &[num], dtype)?;
+        let shape = rule::linspace(start, stop, num, dtype)?;
         let stream = target_stream(&[])?;
         if num <= 1 {
-            return Ok(Array::from_op(Primitive::Full { value: start }, Vec::new(), vec![num], dtype, stream));
+            return Ok(Array::from_op(Primitive::Full { value: start }, Vec::new(), shape, dtype, stream));
         }
         let step = (stop - start) / (num - 1) as f64;
         let body = Array::from_op(Primitive::Arange { start, step }, Vec::new(), vec![num - 1], dtype, stream.clone());
         let last = Array::from_op(Primitive::Full { value: stop }, Vec::new(), vec![1], dtype, stream.clone());
-        Ok(Array::from_op(Primitive::Concatenate { axis: 0 }, vec![body, last], vec![num], dtype, stream))
+        Ok(Array::from_op(Primitive::Concatenate { axis: 0 }, vec![body, last], shape, dtype, stream))
     }
 
     /// An `n x m` matrix (`m` defaults to `n`) with ones on the `k`-th diagonal (`k > 0`
     /// above the main diagonal, `k < 0` below) and zeros elsewhere.
     pub fn eye(n: usize, m: Option<usize>, k: isize, dtype: DType) -> Result<Array> {
-        let m = m.unwrap_or(n);
-        let shape = vec![n, m];
-        checked_size("eye", &shape, dtype)?;
+        let shape = rule::eye(n, m.unwrap_or(n), dtype)?;
         let stream = target_stream(&[])?;
         Ok(Array::from_op(Primitive::Eye { k }, Vec::new(), shape, dtype, stream))
     }

@@ -15,13 +15,12 @@
 
 use crate::array::Array;
 use crate::compile::rules::{self, Note};
-use crate::dtype::{DType, promote};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ops::reduce::reshape_node;
 use crate::ops::{prepare, target_stream};
-use crate::primitives::Primitive;
+use crate::primitives::{Primitive, linalg as rule};
 use crate::runtime::stream::Stream;
-use crate::shape::{broadcast_shapes, checked_size};
+use crate::shape::checked_size;
 
 /// A reshape of `x` to `shape` noted with `note` (when it is a new node).
 fn reshape_noted(x: Array, shape: Vec<usize>, note: Note, stream: &Stream) -> Array {
@@ -38,42 +37,11 @@ impl Array {
     /// `[.., M, K] @ [.., K, N] -> [.., M, N]`, 1-D operands promoted to matrices, batch
     /// dimensions broadcast. Bool operands give an i32 result.
     pub fn matmul(&self, other: &Array) -> Result<Array> {
-        let (sa, sb) = (self.shape(), other.shape());
-        if sa.is_empty() || sb.is_empty() {
-            return Err(Error::shape(
-                "matmul",
-                format!("operands need at least one axis, got shapes {sa:?} and {sb:?}"),
-            ));
-        }
-        let a_shape: Vec<usize> = if sa.len() == 1 { vec![1, sa[0]] } else { sa.to_vec() };
-        let b_shape: Vec<usize> = if sb.len() == 1 { vec![sb[0], 1] } else { sb.to_vec() };
-        let (na, nb) = (a_shape.len(), b_shape.len());
-        let (m, k) = (a_shape[na - 2], a_shape[na - 1]);
-        let (k2, n) = (b_shape[nb - 2], b_shape[nb - 1]);
-        if k != k2 {
-            return Err(Error::shape(
-                "matmul",
-                format!(
-                    "inner dimensions differ: shapes {sa:?} and {sb:?} ({k} vs {k2}); \
-                     the last axis of the first must equal the second-to-last of the second"
-                ),
-            ));
-        }
-        let batch = broadcast_shapes("matmul", &a_shape[..na - 2], &b_shape[..nb - 2]).map_err(|e| match e {
-            // Batch axes that do not broadcast, or whose broadcast is too large.
-            Error::Shape { msg, .. } => {
-                Error::shape("matmul", format!("batch dimensions of shapes {sa:?} and {sb:?}: {msg}"))
-            }
-            e => e,
-        })?;
+        let shapes = rule::matmul(self.shape(), other.shape())?;
         let stream = target_stream(&[self, other])?;
-        let dtype = match promote(self.dtype(), other.dtype()) {
-            DType::Bool => DType::I32,
-            d => d,
-        };
-        let with = |mat: [usize; 2]| [batch.as_slice(), &mat].concat();
-        let (a_full, b_full, out_shape) = (with([m, k]), with([k, n]), with([m, n]));
-        for s in [&a_full, &b_full, &out_shape] {
+        let dtype = rule::dtype(self.dtype(), other.dtype());
+        let rule::Matmul { a: a_shape, b: b_shape, a_full, b_full, out, gone, result } = shapes;
+        for s in [&a_full, &b_full, &out] {
             checked_size("matmul", s, dtype)?;
         }
         // 1-D operands become matrices: `[K]` is `[1, K]` on the left, `[K, 1]` on the right.
@@ -88,16 +56,8 @@ impl Array {
             y
         };
         let (a2, b2) = (fit(&a, a_full, &b), fit(&b, b_full, &a));
-        let r = Array::from_op(Primitive::Matmul, vec![a2, b2], out_shape, dtype, stream.clone());
+        let r = Array::from_op(Primitive::Matmul, vec![a2, b2], out, dtype, stream.clone());
         // The axes the 1-D operands added are removed from the result.
-        let (nb, mut gone) = (batch.len(), Vec::new());
-        if sa.len() == 1 {
-            gone.push(nb);
-        }
-        if sb.len() == 1 {
-            gone.push(nb + 1);
-        }
-        let final_shape = r.shape().iter().enumerate().filter(|(i, _)| !gone.contains(i)).map(|(_, &d)| d).collect();
-        Ok(reshape_noted(r, final_shape, Note::Squeeze(gone), &stream))
+        Ok(reshape_noted(r, result, Note::Squeeze(gone), &stream))
     }
 }

@@ -8,104 +8,14 @@
 
 pub(crate) mod copies;
 
-use std::ops::{Range, RangeFrom, RangeFull, RangeTo};
-
 use crate::array::Array;
 use crate::compile::rules::{self, Note};
 use crate::error::{Error, Result};
 use crate::ops::{on_device, target_stream};
 use crate::primitives::Primitive;
-use crate::shape::{checked_size, normalize_axes, normalize_axis, numel};
-
-/// One axis of [`Array::slice`]: NumPy's `start:stop:step`.
-///
-/// `None` bounds take NumPy's defaults (the whole axis in the direction of `step`);
-/// negative bounds count from the end; out-of-range bounds are clamped; a negative `step`
-/// walks backwards; a zero `step` is an error. Ranges convert: `(1..3).into()`,
-/// `(..2).into()`, `(1..).into()`, `(..).into()`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct SliceArg {
-    /// First index (inclusive); `None` is the start of the walk.
-    pub start: Option<isize>,
-    /// Last index (exclusive); `None` walks to the end.
-    pub stop: Option<isize>,
-    /// The step (never zero).
-    pub step: isize,
-}
-
-impl SliceArg {
-    /// `start:stop:step`.
-    pub const fn new(start: Option<isize>, stop: Option<isize>, step: isize) -> Self {
-        SliceArg { start, stop, step }
-    }
-    /// The whole axis, `:`.
-    pub const fn full() -> Self {
-        SliceArg { start: None, stop: None, step: 1 }
-    }
-    /// `start:stop`.
-    pub const fn range(start: isize, stop: isize) -> Self {
-        SliceArg { start: Some(start), stop: Some(stop), step: 1 }
-    }
-    /// The whole axis reversed, `::-1`.
-    pub const fn reversed() -> Self {
-        SliceArg { start: None, stop: None, step: -1 }
-    }
-    /// The same bounds with another step.
-    pub const fn step_by(self, step: isize) -> Self {
-        SliceArg { step, ..self }
-    }
-    /// Resolves against an axis of size `n`: the first index taken and the length, as
-    /// NumPy's `slice.indices` does. A step of zero is an error naming `axis`.
-    pub fn resolve(&self, n: usize, axis: usize) -> Result<(usize, usize)> {
-        let step = self.step;
-        if step == 0 {
-            return Err(Error::invalid("slice", format!("slice step cannot be 0 (axis {axis})")));
-        }
-        let n = n as isize;
-        let wrap = |v: isize| if v < 0 { v + n } else { v };
-        let (start, stop) = if step > 0 {
-            let clamp = |v: isize| wrap(v).clamp(0, n);
-            (self.start.map_or(0, clamp), self.stop.map_or(n, clamp))
-        } else {
-            let clamp = |v: isize| wrap(v).clamp(-1, n - 1);
-            (self.start.map_or(n - 1, clamp), self.stop.map_or(-1, clamp))
-        };
-        let len = if step > 0 && stop > start {
-            (stop - start - 1) as usize / step.unsigned_abs() + 1
-        } else if step < 0 && start > stop {
-            (start - stop - 1) as usize / step.unsigned_abs() + 1
-        } else {
-            0
-        };
-        Ok((if len > 0 { start as usize } else { 0 }, len))
-    }
-}
-
-impl Default for SliceArg {
-    fn default() -> Self {
-        SliceArg::full()
-    }
-}
-impl From<Range<isize>> for SliceArg {
-    fn from(r: Range<isize>) -> Self {
-        SliceArg::range(r.start, r.end)
-    }
-}
-impl From<RangeFrom<isize>> for SliceArg {
-    fn from(r: RangeFrom<isize>) -> Self {
-        SliceArg::new(Some(r.start), None, 1)
-    }
-}
-impl From<RangeTo<isize>> for SliceArg {
-    fn from(r: RangeTo<isize>) -> Self {
-        SliceArg::new(None, Some(r.end), 1)
-    }
-}
-impl From<RangeFull> for SliceArg {
-    fn from(_: RangeFull) -> Self {
-        SliceArg::full()
-    }
-}
+use crate::primitives::movement as rule;
+pub use crate::primitives::movement::SliceArg;
+use crate::shape::{normalize_axes, normalize_axis};
 
 /// Records a view node of `x` with `shape`.
 fn view(x: &Array, prim: Primitive, shape: Vec<usize>) -> Result<Array> {
@@ -115,39 +25,6 @@ fn view(x: &Array, prim: Primitive, shape: Vec<usize>) -> Result<Array> {
     Ok(Array::from_op(prim, vec![input], shape, dtype, stream))
 }
 
-/// The shape `spec` (with at most one `-1`) resolved for `n` elements.
-fn infer_shape(old: &[usize], spec: &[isize]) -> Result<Vec<usize>> {
-    let n = numel(old);
-    let bad = |why: &str| {
-        Error::shape("reshape", format!("cannot reshape an array of shape {old:?} into shape {spec:?}{why}"))
-    };
-    let mut infer = None;
-    let mut known = 1usize;
-    for (i, &d) in spec.iter().enumerate() {
-        if d == -1 {
-            if infer.replace(i).is_some() {
-                return Err(bad(": only one dimension may be -1"));
-            }
-        } else if d < 0 {
-            return Err(bad(": dimensions must be non-negative or -1"));
-        } else {
-            known = known.checked_mul(d as usize).ok_or_else(|| bad(": too many elements"))?;
-        }
-    }
-    let mut out: Vec<usize> = spec.iter().map(|&d| d.max(0) as usize).collect();
-    match infer {
-        Some(i) => {
-            if known == 0 || n % known != 0 {
-                return Err(bad(&format!(" ({n} elements)")));
-            }
-            out[i] = n / known;
-        }
-        None if known != n => return Err(bad(&format!(" ({n} elements vs {known})"))),
-        None => {}
-    }
-    Ok(out)
-}
-
 impl Array {
     /// The same elements (row-major) with a new shape. One dimension may be `-1`, inferred
     /// from the others. Zero-copy when the layout allows it.
@@ -155,9 +32,7 @@ impl Array {
     /// Errors (`Error::Shape`, naming both shapes) when the element counts differ, a
     /// dimension is negative other than `-1`, or `-1` appears twice or cannot be inferred.
     pub fn reshape(&self, shape: &[isize]) -> Result<Array> {
-        let new = infer_shape(self.shape(), shape)?;
-        // Same count, but an empty array's other axes may still be too large.
-        checked_size("reshape", &new, self.dtype())?;
+        let new = rule::reshape(self.shape(), shape, self.dtype())?;
         view(self, Primitive::Reshape, new)
     }
     /// A 1-d view of all the elements in row-major order (a 0-d array becomes shape `[1]`).
@@ -169,15 +44,7 @@ impl Array {
     pub fn transpose(&self, perm: &[usize]) -> Result<Array> {
         let nd = self.ndim();
         let perm: Vec<usize> = if perm.is_empty() { (0..nd).rev().collect() } else { perm.to_vec() };
-        let mut seen = vec![false; nd];
-        let ok = perm.len() == nd && perm.iter().all(|&p| p < nd && !std::mem::replace(&mut seen[p], true));
-        if !ok {
-            return Err(Error::invalid(
-                "transpose",
-                format!("axes {perm:?} are not a permutation of the axes of an array of shape {:?}", self.shape()),
-            ));
-        }
-        let shape = perm.iter().map(|&p| self.shape()[p]).collect();
+        let shape = rule::permute(self.shape(), &perm)?;
         view(self, Primitive::Permute(perm), shape)
     }
     /// The axes reversed (`transpose(&[])`); a matrix transpose for 2-d arrays.
@@ -195,8 +62,7 @@ impl Array {
     /// Inserts an axis of size 1 at position `axis` of the result (`-1` appends).
     pub fn expand_dims(&self, axis: isize) -> Result<Array> {
         let ax = normalize_axis("expand_dims", axis, self.ndim() + 1)?;
-        let mut shape = self.shape().to_vec();
-        shape.insert(ax, 1);
+        let shape = rule::expand(self.shape(), &[ax])?;
         let y = view(self, Primitive::Reshape, shape)?;
         rules::note(&y, Note::Expand(vec![ax]));
         Ok(y)
@@ -211,13 +77,7 @@ impl Array {
         } else {
             normalize_axes("squeeze", axes, self.ndim())?
         };
-        if let Some(&bad) = axes.iter().find(|&&a| self.shape()[a] != 1) {
-            return Err(Error::shape(
-                "squeeze",
-                format!("cannot squeeze axis {bad} of size {} in shape {:?}", self.shape()[bad], self.shape()),
-            ));
-        }
-        let shape = (0..self.ndim()).filter(|i| !axes.contains(i)).map(|i| self.shape()[i]).collect();
+        let shape = rule::squeeze(self.shape(), &axes)?;
         let y = view(self, Primitive::Reshape, shape)?;
         if named {
             rules::note(&y, Note::Squeeze(axes));
@@ -227,35 +87,15 @@ impl Array {
     /// A zero-copy view with `shape` under NumPy broadcasting: `shape` has at least as many
     /// axes, and each trailing axis of `self` equals the target's or is 1.
     pub fn broadcast_to(&self, shape: &[usize]) -> Result<Array> {
-        let src = self.shape();
-        let off = shape.len().checked_sub(src.len());
-        let ok = off.is_some_and(|off| src.iter().enumerate().all(|(i, &d)| d == 1 || d == shape[off + i]));
-        if !ok {
-            return Err(Error::shape("broadcast_to", format!("cannot broadcast shape {src:?} to shape {shape:?}")));
-        }
-        checked_size("broadcast_to", shape, self.dtype())?;
-        view(self, Primitive::BroadcastTo, shape.to_vec())
+        let shape = rule::broadcast_to(self.shape(), shape, self.dtype())?;
+        view(self, Primitive::BroadcastTo, shape)
     }
     /// A strided view, NumPy's `x[a:b:c, ...]`: one [`SliceArg`] per leading axis (axes
     /// without one are taken whole). Zero-copy; negative steps walk backwards.
     ///
     /// Errors on more arguments than axes or a step of zero.
     pub fn slice(&self, args: &[SliceArg]) -> Result<Array> {
-        let nd = self.ndim();
-        if args.len() > nd {
-            return Err(Error::shape(
-                "slice",
-                format!("{} slice arguments given for an array of shape {:?}", args.len(), self.shape()),
-            ));
-        }
-        let (mut start, mut step, mut shape) = (vec![0; nd], vec![1; nd], self.shape().to_vec());
-        for (i, a) in args.iter().enumerate() {
-            let (first, len) = a.resolve(shape[i], i)?;
-            start[i] = first;
-            shape[i] = len;
-            // A step only matters between two elements, where it is below the axis size.
-            step[i] = if len > 1 { a.step } else { 1 };
-        }
+        let rule::Slice { start, step, shape } = rule::slice(self.shape(), args)?;
         view(self, Primitive::Slice { start, step }, shape)
     }
     /// Slices one axis: `start:stop:step` on `axis`, the others whole.
@@ -275,8 +115,7 @@ impl Array {
             return Err(Error::Index { op: "index", index: i as i64, axis: ax, size });
         }
         let one = self.slice_axis(ax as isize, Some(j), Some(j + 1), 1)?;
-        let mut shape = self.shape().to_vec();
-        shape.remove(ax);
+        let shape = rule::squeeze(one.shape(), &[ax])?;
         view(&one, Primitive::Reshape, shape)
     }
 }

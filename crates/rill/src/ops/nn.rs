@@ -6,10 +6,10 @@
 //! input's (float) dtype and must have shape `[last dimension]`.
 
 use crate::array::Array;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ops::{prepare, target_stream};
-use crate::primitives::Primitive;
-use crate::shape::{checked_size, normalize_axis};
+use crate::primitives::{Primitive, nn as rule};
+use crate::shape::checked_size;
 
 impl Array {
     /// `exp(x) / sum(exp(x))` along `axis`, computed stably (the row maximum is
@@ -25,7 +25,7 @@ impl Array {
     /// multiplied by `weight` and shifted by `bias` when given (both of shape
     /// `[last dimension]`). The variance is the biased one (divided by the count).
     pub fn layer_norm(&self, weight: Option<&Array>, bias: Option<&Array>, eps: f64) -> Result<Array> {
-        let (stream, dtype, mut inputs) = norm_inputs("layer_norm", self, &[weight, bias])?;
+        let (stream, dtype, mut inputs) = norm_inputs("layer_norm", self, weight, bias)?;
         let x = prepare(self, dtype, &stream);
         inputs.insert(0, x);
         let prim = Primitive::LayerNorm { eps, has_weight: weight.is_some(), has_bias: bias.is_some() };
@@ -34,7 +34,7 @@ impl Array {
     /// RMS normalisation over the last axis: `x / sqrt(mean(x^2) + eps)`, then multiplied
     /// by `weight` (shape `[last dimension]`) when given.
     pub fn rms_norm(&self, weight: Option<&Array>, eps: f64) -> Result<Array> {
-        let (stream, dtype, mut inputs) = norm_inputs("rms_norm", self, &[weight])?;
+        let (stream, dtype, mut inputs) = norm_inputs("rms_norm", self, weight, None)?;
         let x = prepare(self, dtype, &stream);
         inputs.insert(0, x);
         let prim = Primitive::RmsNorm { eps, has_weight: weight.is_some() };
@@ -43,43 +43,27 @@ impl Array {
 }
 
 fn softmax(x: &Array, axis: isize, log: bool, name: &'static str) -> Result<Array> {
-    let ax = normalize_axis(name, axis, x.ndim())?;
+    let (ax, shape) = rule::softmax(name, x.shape(), axis)?;
     let stream = target_stream(&[x])?;
     let dtype = x.dtype().to_float();
-    checked_size(name, x.shape(), dtype)?;
+    checked_size(name, &shape, dtype)?;
     let input = prepare(x, dtype, &stream);
-    Ok(Array::from_op(Primitive::Softmax { axis: ax, log }, vec![input], x.shape().to_vec(), dtype, stream))
+    Ok(Array::from_op(Primitive::Softmax { axis: ax, log }, vec![input], shape, dtype, stream))
 }
 
-/// Validates a normalisation's input and its per-column arrays; returns the stream, the
-/// compute dtype, and the given per-column arrays prepared for the kernel.
+/// Validates a normalisation's input and its per-column arrays (`weight`, `bias`);
+/// returns the stream, the compute dtype, and the given per-column arrays prepared for the
+/// kernel.
 fn norm_inputs(
     name: &'static str,
     x: &Array,
-    cols: &[Option<&Array>],
+    weight: Option<&Array>,
+    bias: Option<&Array>,
 ) -> Result<(crate::runtime::stream::Stream, crate::dtype::DType, Vec<Array>)> {
-    let Some(&d) = x.shape().last() else {
-        return Err(Error::shape(name, format!("needs an input with at least one axis, got shape {:?}", x.shape())));
-    };
-    let what = ["weight", "bias"];
-    for (i, c) in cols.iter().enumerate() {
-        if let Some(c) = c {
-            if c.shape() != [d] {
-                return Err(Error::shape(
-                    name,
-                    format!(
-                        "{} of shape {:?} does not match the last dimension of input shape {:?} (expected [{d}])",
-                        what[i],
-                        c.shape(),
-                        x.shape()
-                    ),
-                ));
-            }
-        }
-    }
+    rule::norm(name, x.shape(), weight.map(|w| w.shape()), bias.map(|b| b.shape()))?;
     let stream = target_stream(&[x])?;
     let dtype = x.dtype().to_float();
     checked_size(name, x.shape(), dtype)?;
-    let inputs = cols.iter().flatten().map(|c| prepare(c, dtype, &stream)).collect();
+    let inputs = [weight, bias].into_iter().flatten().map(|c| prepare(c, dtype, &stream)).collect();
     Ok((stream, dtype, inputs))
 }

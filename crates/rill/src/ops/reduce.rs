@@ -23,9 +23,10 @@ use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
 use crate::ops::elementwise::where_;
 use crate::ops::{on_device, prepare, scalar_on, target_stream};
-use crate::primitives::{ArgReduceOp, Primitive, ReduceOp};
+use crate::primitives::reduce::{self as rule, float_dtypes, sum_dtype};
+use crate::primitives::{ArgReduceOp, Primitive, ReduceOp, movement};
 use crate::runtime::stream::Stream;
-use crate::shape::{checked_size, normalize_axes, normalize_axis};
+use crate::shape::{checked_size, normalize_axes};
 
 /// Resolves the axes of a reduction (empty = all).
 fn resolve_axes(op: &'static str, x: &Array, axes: &[isize]) -> Result<Vec<usize>> {
@@ -39,24 +40,6 @@ fn resolve_axes(op: &'static str, x: &Array, axes: &[isize]) -> Result<Vec<usize
     })
 }
 
-/// Number of elements reduced over `axes`.
-fn reduced_count(shape: &[usize], axes: &[usize]) -> usize {
-    axes.iter().map(|&a| shape[a]).product()
-}
-
-/// The shape with `axes` set to 1 (`keep`) or removed.
-fn reduced_shape(shape: &[usize], axes: &[usize], keep: bool) -> Vec<usize> {
-    let mut out = Vec::with_capacity(shape.len());
-    for (i, &d) in shape.iter().enumerate() {
-        if !axes.contains(&i) {
-            out.push(d);
-        } else if keep {
-            out.push(1);
-        }
-    }
-    out
-}
-
 /// A reshape view of `x` to `shape` (same number of elements).
 pub(crate) fn reshape_node(x: Array, shape: Vec<usize>, stream: &Stream) -> Array {
     if x.shape() == shape.as_slice() {
@@ -68,21 +51,24 @@ pub(crate) fn reshape_node(x: Array, shape: Vec<usize>, stream: &Stream) -> Arra
 
 /// `r` (with `axes` of size 1) without those axes unless `keepdims` (a reshape view,
 /// noted as removing them).
-fn drop_reduced(r: Array, axes: &[usize], keepdims: bool, stream: &Stream) -> Array {
-    let out = reshape_node(r.clone(), reduced_shape(r.shape(), axes, keepdims), stream);
+fn drop_reduced(r: Array, axes: &[usize], keepdims: bool, stream: &Stream) -> Result<Array> {
+    if keepdims {
+        return Ok(r);
+    }
+    let out = reshape_node(r.clone(), movement::squeeze(r.shape(), axes)?, stream);
     if out.id() != r.id() {
         rules::note(&out, Note::Squeeze(axes.to_vec()));
     }
-    out
+    Ok(out)
 }
 
 /// Records `Reduce` of `x` converted to `dtype`, keeping the reduced axes with size 1.
 fn reduce_kept(x: &Array, op: ReduceOp, axes: Vec<usize>, dtype: DType) -> Result<Array> {
+    let kept = rule::reduce(op, x.shape(), &axes)?;
     // The converted input is the largest node recorded.
-    checked_size(reduce_name(op), x.shape(), dtype)?;
+    checked_size(rule::name(op), x.shape(), dtype)?;
     let stream = target_stream(&[x])?;
     let input = prepare(x, dtype, &stream);
-    let kept = reduced_shape(x.shape(), &axes, true);
     Ok(Array::from_op(Primitive::Reduce { op, axes }, vec![input], kept, dtype, stream))
 }
 
@@ -91,16 +77,7 @@ fn reduce_kept(x: &Array, op: ReduceOp, axes: Vec<usize>, dtype: DType) -> Resul
 fn reduce_node(x: &Array, op: ReduceOp, axes: Vec<usize>, keepdims: bool, dtype: DType) -> Result<Array> {
     let r = reduce_kept(x, op, axes.clone(), dtype)?;
     let stream = r.stream();
-    Ok(drop_reduced(r, &axes, keepdims, &stream))
-}
-
-fn reduce_name(op: ReduceOp) -> &'static str {
-    match op {
-        ReduceOp::Sum => "sum",
-        ReduceOp::Prod => "prod",
-        ReduceOp::Max => "max",
-        ReduceOp::Min => "min",
-    }
+    drop_reduced(r, &axes, keepdims, &stream)
 }
 
 /// The number of elements `r` (a `Reduce` node) combines, less `ddof` (at least 0), as a
@@ -108,31 +85,13 @@ fn reduce_name(op: ReduceOp) -> &'static str {
 /// that count, so a replay on other shapes recomputes it instead of dividing by the
 /// traced count.
 fn count_of(r: &Array, n: usize, ddof: usize) -> Array {
-    let (value, dtype, stream) = (n.saturating_sub(ddof) as f64, r.dtype(), r.stream());
+    let (value, dtype, stream) = (rule::count_fill(n, ddof), r.dtype(), r.stream());
     if !rules::tracing() {
         return scalar_on(Scalar::Float(value), dtype, &stream);
     }
     let c = Array::from_op(Primitive::Full { value }, vec![], vec![], dtype, stream);
     rules::note(&c, Note::Count { reduce: r.id(), ddof });
     c
-}
-
-/// The dtype sums and products accumulate in: bool gives i32, u8 gives u32.
-fn sum_dtype(d: DType) -> DType {
-    match d {
-        DType::Bool => DType::I32,
-        DType::U8 => DType::U32,
-        d => d,
-    }
-}
-
-/// The dtype `mean`/`var`/`logsumexp` compute in, and the dtype of their result.
-fn float_dtypes(d: DType) -> (DType, DType) {
-    match d {
-        DType::F64 => (DType::F64, DType::F64),
-        DType::F16 | DType::BF16 => (DType::F32, d),
-        _ => (DType::F32, DType::F32),
-    }
 }
 
 fn cast_to(x: Array, dtype: DType) -> Result<Array> {
@@ -167,13 +126,8 @@ impl Array {
         self.extremum("min", ReduceOp::Min, axes, keepdims)
     }
     fn extremum(&self, name: &'static str, op: ReduceOp, axes: &[isize], keepdims: bool) -> Result<Array> {
+        // The rule rejects a maximum or minimum of no elements.
         let axes = resolve_axes(name, self, axes)?;
-        if reduced_count(self.shape(), &axes) == 0 {
-            return Err(Error::shape(
-                name,
-                format!("zero-size reduction over axes {axes:?} of shape {:?}: {name} has no identity", self.shape()),
-            ));
-        }
         reduce_node(self, op, axes, keepdims, self.dtype())
     }
     /// Arithmetic mean over `axes` (empty = all axes). Integers and bool give f32; the
@@ -181,9 +135,9 @@ impl Array {
     pub fn mean(&self, axes: &[isize], keepdims: bool) -> Result<Array> {
         let axes = resolve_axes("mean", self, axes)?;
         let (cd, od) = float_dtypes(self.dtype());
-        let n = reduced_count(self.shape(), &axes);
+        let n = rule::count("mean", self.shape(), &axes)?;
         let r = reduce_kept(self, ReduceOp::Sum, axes.clone(), cd)?;
-        let s = drop_reduced(r.clone(), &axes, keepdims, &r.stream());
+        let s = drop_reduced(r.clone(), &axes, keepdims, &r.stream())?;
         cast_to(s.div(count_of(&r, n, 0))?, od)
     }
     /// Variance over `axes` (empty = all axes): the mean squared deviation from the mean,
@@ -193,7 +147,7 @@ impl Array {
     pub fn var(&self, axes: &[isize], keepdims: bool, ddof: usize) -> Result<Array> {
         let axes = resolve_axes("var", self, axes)?;
         let (cd, od) = float_dtypes(self.dtype());
-        let n = reduced_count(self.shape(), &axes);
+        let n = rule::count("var", self.shape(), &axes)?;
         checked_size("var", self.shape(), cd)?;
         let stream = target_stream(&[self])?;
         let x = prepare(self, cd, &stream);
@@ -201,7 +155,7 @@ impl Array {
         let m = r.div(count_of(&r, n, 0))?;
         let d = x.sub(&m)?.square()?;
         let r = reduce_kept(&d, ReduceOp::Sum, axes.clone(), cd)?;
-        let s = drop_reduced(r.clone(), &axes, keepdims, &stream);
+        let s = drop_reduced(r.clone(), &axes, keepdims, &stream)?;
         cast_to(s.div(count_of(&r, n, ddof))?, od)
     }
     /// `log(sum(exp(x)))` over `axes` (empty = all axes), computed stably by subtracting
@@ -212,8 +166,10 @@ impl Array {
         let (cd, od) = float_dtypes(self.dtype());
         checked_size("logsumexp", self.shape(), cd)?;
         let stream = target_stream(&[self])?;
-        if reduced_count(self.shape(), &axes) == 0 {
-            let shape = reduced_shape(self.shape(), &axes, keepdims);
+        if rule::count("logsumexp", self.shape(), &axes)? == 0 {
+            // No elements: -inf, in the shape of the sum it would have taken.
+            let kept = rule::reduce(ReduceOp::Sum, self.shape(), &axes)?;
+            let shape = if keepdims { kept } else { movement::squeeze(&kept, &axes)? };
             return Ok(Array::from_op(Primitive::Full { value: f64::NEG_INFINITY }, vec![], shape, od, stream));
         }
         let x = prepare(self, cd, &stream);
@@ -222,7 +178,7 @@ impl Array {
         let shift = where_(&m.abs()?.eq(f64::INFINITY)?, 0.0, &m)?;
         let e = x.sub(&shift)?.exp()?;
         let l = reduce_node(&e, ReduceOp::Sum, axes.clone(), true, cd)?.log()?.add(&shift)?;
-        cast_to(drop_reduced(l, &axes, keepdims, &stream), od)
+        cast_to(drop_reduced(l, &axes, keepdims, &stream)?, od)
     }
     /// Index (i64) of the first maximum along `axis`; a NaN counts as the maximum. The
     /// axis must not be empty.
@@ -235,19 +191,12 @@ impl Array {
         self.arg_reduce("argmin", ArgReduceOp::ArgMin, axis, keepdims)
     }
     fn arg_reduce(&self, name: &'static str, op: ArgReduceOp, axis: isize, keepdims: bool) -> Result<Array> {
-        let ax = normalize_axis(name, axis, self.ndim())?;
-        if self.shape()[ax] == 0 {
-            return Err(Error::shape(
-                name,
-                format!("axis {axis} of shape {:?} is empty: {name} of an empty sequence", self.shape()),
-            ));
-        }
+        let (ax, kept) = rule::arg_reduce(name, self.shape(), axis)?;
         let stream = target_stream(&[self])?;
         let x = on_device(self, &stream);
-        let kept = reduced_shape(self.shape(), &[ax], true);
         checked_size(name, &kept, DType::I64)?;
         let r = Array::from_op(Primitive::ArgReduce { op, axis: ax }, vec![x], kept, DType::I64, stream.clone());
-        Ok(drop_reduced(r, &[ax], keepdims, &stream))
+        drop_reduced(r, &[ax], keepdims, &stream)
     }
     /// Inclusive cumulative sum along `axis`, front to back (dtypes as [`Array::sum`]).
     pub fn cumsum(&self, axis: isize) -> Result<Array> {
@@ -256,12 +205,12 @@ impl Array {
     /// Cumulative sum along `axis`: from the end when `reverse`, and without the current
     /// element when `exclusive` (so the first output is 0). Dtypes as [`Array::sum`].
     pub fn cumsum_with(&self, axis: isize, reverse: bool, exclusive: bool) -> Result<Array> {
-        let ax = normalize_axis("cumsum", axis, self.ndim())?;
+        let (ax, shape) = rule::cumsum(self.shape(), axis)?;
         let stream = target_stream(&[self])?;
         let dtype = sum_dtype(self.dtype());
-        checked_size("cumsum", self.shape(), dtype)?;
+        checked_size("cumsum", &shape, dtype)?;
         let x = prepare(self, dtype, &stream);
         let prim = Primitive::Cumsum { axis: ax, reverse, exclusive };
-        Ok(Array::from_op(prim, vec![x], self.shape().to_vec(), dtype, stream))
+        Ok(Array::from_op(prim, vec![x], shape, dtype, stream))
     }
 }

@@ -11,6 +11,11 @@
 //! The elementwise ops have one home each: [`UnaryOp`] (`unary.rs`) and [`BinaryOp`]
 //! (`binary.rs`) hold each op's CUDA formula, which the eager and the fused CUDA kernels
 //! share; `cuda.rs` holds the conversions, `cast` and `where`.
+//!
+//! The other families' shape and dtype rules have one home each, as pure functions over
+//! shapes and parameters: `reduce.rs`, `movement.rs`, `linalg.rs`, `nn.rs`, `creation.rs`.
+//! The op that records a node and shapeless replay (`compile/shapes.rs`) both call them,
+//! so a replay derives the shape, or the error, the op would give.
 
 use std::fmt;
 use std::sync::Arc;
@@ -42,7 +47,12 @@ macro_rules! op_enum {
 }
 
 mod binary;
+pub(crate) mod creation;
 pub(crate) mod cuda;
+pub(crate) mod linalg;
+pub(crate) mod movement;
+pub(crate) mod nn;
+pub(crate) mod reduce;
 mod unary;
 
 pub use binary::BinaryOp;
@@ -269,12 +279,7 @@ impl Primitive {
             Unary(u) => u.name(),
             Binary(b) => b.name(),
             Where => "where",
-            Reduce { op, .. } => match op {
-                ReduceOp::Sum => "sum",
-                ReduceOp::Prod => "prod",
-                ReduceOp::Max => "max",
-                ReduceOp::Min => "min",
-            },
+            Reduce { op, .. } => reduce::name(*op),
             ArgReduce { op, .. } => match op {
                 ArgReduceOp::ArgMax => "argmax",
                 ArgReduceOp::ArgMin => "argmin",

@@ -5,7 +5,8 @@ use crate::dtype::{Scalar, promote};
 use crate::error::{Error, Result};
 use crate::ops::{on_device, prepare, target_stream};
 use crate::primitives::Primitive;
-use crate::shape::{checked_size, normalize_axis};
+use crate::primitives::movement as rule;
+use crate::shape::normalize_axis;
 
 impl Array {
     /// Gathers along `axis` with integer `indices` (NumPy's `take`): the result has shape
@@ -20,10 +21,7 @@ impl Array {
             return Err(Error::dtype("take", indices.dtype(), "indices must be an integer dtype (u8, u32, i32, i64)"));
         }
         let ax = normalize_axis("take", axis, self.ndim())?;
-        let mut shape = self.shape()[..ax].to_vec();
-        shape.extend_from_slice(indices.shape());
-        shape.extend_from_slice(&self.shape()[ax + 1..]);
-        checked_size("take", &shape, self.dtype())?;
+        let shape = rule::take(self.shape(), indices.shape(), ax, self.dtype())?;
         let stream = target_stream(&[self, indices])?;
         let inputs = vec![on_device(self, &stream), on_device(indices, &stream)];
         Ok(Array::from_op(Primitive::Take { axis: ax }, inputs, shape, self.dtype(), stream))
@@ -64,23 +62,7 @@ impl Array {
     /// Constant padding: `widths[i] = (before, after)` elements of `value` on axis `i`
     /// (one pair applies to every axis). `value` is converted to the array's dtype.
     pub fn pad(&self, widths: &[(usize, usize)], value: impl Into<Scalar>) -> Result<Array> {
-        let nd = self.ndim();
-        let widths: Vec<(usize, usize)> = match widths.len() {
-            1 => vec![widths[0]; nd],
-            l if l == nd => widths.to_vec(),
-            l => {
-                return Err(Error::shape(
-                    "pad",
-                    format!("{l} (before, after) pairs given for an array of shape {:?}", self.shape()),
-                ));
-            }
-        };
-        let mut shape = Vec::with_capacity(nd);
-        for (&d, &(b, a)) in self.shape().iter().zip(&widths) {
-            let s = d.checked_add(b).and_then(|s| s.checked_add(a));
-            shape.push(s.ok_or_else(|| Error::shape("pad", format!("padding {widths:?} overflows")))?);
-        }
-        checked_size("pad", &shape, self.dtype())?;
+        let rule::Pad { widths, shape } = rule::pad(self.shape(), widths, self.dtype())?;
         let stream = target_stream(&[self])?;
         let x = on_device(self, &stream);
         let value = value.into().as_f64();
@@ -92,24 +74,10 @@ impl Array {
 /// promote as in binary ops. Errors name all the shapes.
 pub fn concatenate(arrays: &[&Array], axis: isize) -> Result<Array> {
     let first = arrays.first().ok_or_else(|| Error::invalid("concatenate", "needs at least one array"))?;
-    let nd = first.ndim();
-    let ax = normalize_axis("concatenate", axis, nd)?;
-    let mut shape = first.shape().to_vec();
-    let mut dtype = first.dtype();
-    let shapes = || arrays.iter().map(|a| format!("{:?}", a.shape())).collect::<Vec<_>>().join(", ");
-    for a in &arrays[1..] {
-        if a.ndim() != nd || (0..nd).any(|i| i != ax && a.shape()[i] != shape[i]) {
-            return Err(Error::shape(
-                "concatenate",
-                format!("shapes {} must match on every axis but axis {ax}", shapes()),
-            ));
-        }
-        shape[ax] = shape[ax]
-            .checked_add(a.shape()[ax])
-            .ok_or_else(|| Error::shape("concatenate", format!("shapes {} are too large", shapes())))?;
-        dtype = promote(dtype, a.dtype());
-    }
-    checked_size("concatenate", &shape, dtype)?;
+    let ax = normalize_axis("concatenate", axis, first.ndim())?;
+    let dtype = arrays[1..].iter().fold(first.dtype(), |d, a| promote(d, a.dtype()));
+    let shapes: Vec<&[usize]> = arrays.iter().map(|a| a.shape()).collect();
+    let shape = rule::concatenate(&shapes, ax, dtype)?;
     let stream = target_stream(arrays)?;
     let inputs: Vec<Array> = arrays.iter().map(|a| prepare(a, dtype, &stream)).collect();
     Ok(Array::from_op(Primitive::Concatenate { axis: ax }, inputs, shape, dtype, stream))

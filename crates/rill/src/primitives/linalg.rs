@@ -1,0 +1,74 @@
+//! The matrix product's shape and dtype rule, NumPy's `matmul`.
+//!
+//! `[.., M, K] @ [.., K, N] -> [.., M, N]`: a 1-D left operand `[K]` is `[1, K]` and a
+//! 1-D right operand `[K]` is `[K, 1]` (the added axis is removed from the result), batch
+//! axes broadcast, and the `Matmul` primitive sees both operands broadcast to the batch
+//! shape. [`matmul`] gives every shape the op records; `compile/shapes.rs` applies it to
+//! the shapes of a replay (the broadcasts of the operands and the `Matmul` node).
+
+use crate::dtype::{DType, promote};
+use crate::error::{Error, Result};
+use crate::primitives::movement::{expand, squeeze};
+use crate::shape::broadcast_shapes;
+
+/// The shapes of the nodes `matmul` records for operands of two shapes.
+pub(crate) struct Matmul {
+    /// The left operand as a matrix (a 1-D operand with an axis inserted at 0).
+    pub a: Vec<usize>,
+    /// The right operand as a matrix (a 1-D operand with an axis inserted at 1).
+    pub b: Vec<usize>,
+    /// The operands broadcast to the batch shape: the `Matmul` primitive's inputs.
+    pub a_full: Vec<usize>,
+    /// See `a_full`.
+    pub b_full: Vec<usize>,
+    /// The `Matmul` primitive's output, `[batch.., M, N]`.
+    pub out: Vec<usize>,
+    /// The axes of `out` the 1-D operands added (removed from the result).
+    pub gone: Vec<usize>,
+    /// The result: `out` without `gone`.
+    pub result: Vec<usize>,
+}
+
+/// The product's dtype: the promotion of the operands', with bool multiplied as i32.
+pub(crate) fn dtype(a: DType, b: DType) -> DType {
+    match promote(a, b) {
+        DType::Bool => DType::I32,
+        d => d,
+    }
+}
+
+/// The shapes of `sa @ sb` (see the module docs); errors name both shapes. Element
+/// counts are checked by the callers for the product's dtype.
+pub(crate) fn matmul(sa: &[usize], sb: &[usize]) -> Result<Matmul> {
+    let (ra, rb) = (sa.len(), sb.len());
+    if ra == 0 || rb == 0 {
+        return Err(Error::shape("matmul", format!("operands need at least one axis, got shapes {sa:?} and {sb:?}")));
+    }
+    let a = if ra == 1 { expand(sa, &[0])? } else { sa.to_vec() };
+    let b = if rb == 1 { expand(sb, &[1])? } else { sb.to_vec() };
+    let (na, nb) = (a.len(), b.len());
+    let (m, k) = (a[na - 2], a[na - 1]);
+    let (k2, n) = (b[nb - 2], b[nb - 1]);
+    if k != k2 {
+        return Err(Error::shape(
+            "matmul",
+            format!(
+                "inner dimensions differ: shapes {sa:?} and {sb:?} ({k} vs {k2}); \
+                 the last axis of the first must equal the second-to-last of the second"
+            ),
+        ));
+    }
+    let batch = broadcast_shapes("matmul", &a[..na - 2], &b[..nb - 2]).map_err(|e| match e {
+        // Batch axes that do not broadcast, or whose broadcast is too large.
+        Error::Shape { msg, .. } => {
+            Error::shape("matmul", format!("batch dimensions of shapes {sa:?} and {sb:?}: {msg}"))
+        }
+        e => e,
+    })?;
+    let with = |mat: [usize; 2]| [batch.as_slice(), &mat].concat();
+    let (a_full, b_full, out) = (with([m, k]), with([k, n]), with([m, n]));
+    let nb = batch.len();
+    let gone: Vec<usize> = [(ra == 1).then_some(nb), (rb == 1).then_some(nb + 1)].into_iter().flatten().collect();
+    let result = squeeze(&out, &gone)?;
+    Ok(Matmul { a, b, a_full, b_full, out, gone, result })
+}

@@ -1,0 +1,96 @@
+//! Reduction primitives' shape and dtype rules: `Reduce` (and `FusedReduce`, which
+//! reduces like it), `ArgReduce` and `Cumsum`.
+//!
+//! A reduction keeps its reduced axes with size 1; removing them is a separate `Reshape`
+//! ([`super::movement::squeeze`]). Each function is the one rule for its primitive, used by
+//! `ops/reduce.rs` when it records the node and by `compile/shapes.rs` when a shapeless
+//! replay re-derives it.
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::primitives::ReduceOp;
+use crate::shape::normalize_axis;
+
+/// The name of a reduction in messages (and of its `Reduce` primitive).
+pub(crate) fn name(op: ReduceOp) -> &'static str {
+    match op {
+        ReduceOp::Sum => "sum",
+        ReduceOp::Prod => "prod",
+        ReduceOp::Max => "max",
+        ReduceOp::Min => "min",
+    }
+}
+
+/// The dtype sums, products and cumulative sums accumulate in: bool gives i32, u8 gives
+/// u32, others keep theirs.
+pub(crate) fn sum_dtype(d: DType) -> DType {
+    match d {
+        DType::Bool => DType::I32,
+        DType::U8 => DType::U32,
+        d => d,
+    }
+}
+
+/// The dtype `mean`/`var`/`logsumexp` compute in, and the dtype of their result.
+pub(crate) fn float_dtypes(d: DType) -> (DType, DType) {
+    match d {
+        DType::F64 => (DType::F64, DType::F64),
+        DType::F16 | DType::BF16 => (DType::F32, d),
+        _ => (DType::F32, DType::F32),
+    }
+}
+
+/// The number of elements a reduction of `shape` over `axes` combines (what `mean` and
+/// `var` divide by).
+pub(crate) fn count(op: &'static str, shape: &[usize], axes: &[usize]) -> Result<usize> {
+    axes.iter().try_fold(1usize, |n, &a| {
+        let d = *shape.get(a).ok_or(Error::Axis { op, axis: a as isize, ndim: shape.len() })?;
+        // A shape that passed `checked_size` cannot overflow here; a rule never wraps.
+        n.checked_mul(d).ok_or_else(|| Error::shape(op, format!("shape {shape:?} has too many elements")))
+    })
+}
+
+/// The value of the 0-d fill `mean` and `var` divide by: `n` elements less `ddof`, at
+/// least 0 (NumPy's divisor).
+pub(crate) fn count_fill(n: usize, ddof: usize) -> f64 {
+    n.saturating_sub(ddof) as f64
+}
+
+/// `Reduce { op, axes }` of `x`: `x` with `axes` set to 1. A maximum or minimum of no
+/// elements is an error (they have no identity, as in NumPy).
+pub(crate) fn reduce(op: ReduceOp, x: &[usize], axes: &[usize]) -> Result<Vec<usize>> {
+    let name = name(op);
+    let n = count(name, x, axes)?;
+    let extremum = match op {
+        ReduceOp::Max | ReduceOp::Min => true,
+        ReduceOp::Sum | ReduceOp::Prod => false,
+    };
+    if extremum && n == 0 {
+        return Err(Error::shape(
+            name,
+            format!("zero-size reduction over axes {axes:?} of shape {x:?}: {name} has no identity"),
+        ));
+    }
+    Ok(keep(x, axes))
+}
+
+/// `shape` with `axes` (in range) set to 1.
+fn keep(shape: &[usize], axes: &[usize]) -> Vec<usize> {
+    shape.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect()
+}
+
+/// `ArgReduce` of `x` along `axis` (negative counts from the end): the axis resolved, and
+/// `x` with it set to 1. An empty axis is an error (`name` of an empty sequence).
+pub(crate) fn arg_reduce(name: &'static str, x: &[usize], axis: isize) -> Result<(usize, Vec<usize>)> {
+    let ax = normalize_axis(name, axis, x.len())?;
+    if x[ax] == 0 {
+        return Err(Error::shape(name, format!("axis {axis} of shape {x:?} is empty: {name} of an empty sequence")));
+    }
+    Ok((ax, keep(x, &[ax])))
+}
+
+/// `Cumsum` of `x` along `axis` (negative counts from the end): the axis resolved, and the
+/// shape of `x`.
+pub(crate) fn cumsum(x: &[usize], axis: isize) -> Result<(usize, Vec<usize>)> {
+    Ok((normalize_axis("cumsum", axis, x.len())?, x.to_vec()))
+}
