@@ -45,6 +45,9 @@ pub(crate) enum Note {
         other: u64,
         /// Its shape.
         shape: Vec<usize>,
+        /// The broadcast operand is the left one (the rule and its errors name the
+        /// operands in order).
+        left: bool,
     },
     /// A node a compiled function's replay made: it may hold numbers of that function's
     /// own trace (counts, shapes, constants fused into a kernel), so a tape that records
@@ -66,7 +69,7 @@ pub(crate) enum Rule {
     Count { reduce: Ref, ddof: usize },
     Squeeze(Vec<usize>),
     Expand(Vec<usize>),
-    Batch { other: ShapeOf },
+    Batch { other: ShapeOf, left: bool },
 }
 
 impl Rule {
@@ -74,7 +77,7 @@ impl Rule {
     pub fn refs(&self) -> impl Iterator<Item = Ref> + '_ {
         let r = match self {
             Rule::Count { reduce, .. } => Some(*reduce),
-            Rule::Batch { other: ShapeOf::Ref(r) } => Some(*r),
+            Rule::Batch { other: ShapeOf::Ref(r), .. } => Some(*r),
             _ => None,
         };
         r.into_iter()
@@ -83,7 +86,7 @@ impl Rule {
     pub fn map_refs(&mut self, mut f: impl FnMut(Ref) -> Ref) {
         match self {
             Rule::Count { reduce, .. } => *reduce = f(*reduce),
-            Rule::Batch { other: ShapeOf::Ref(r) } => *r = f(*r),
+            Rule::Batch { other: ShapeOf::Ref(r), .. } => *r = f(*r),
             _ => {}
         }
     }

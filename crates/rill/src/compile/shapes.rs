@@ -9,6 +9,10 @@
 //! falls back to tracing per shape. The match names every primitive, so a new one does
 //! not compile until it is given a rule here.
 //!
+//! Each derivation calls the primitive's own shape rule (`primitives/{reduce,movement,
+//! linalg,nn}.rs`), the one the op called when it recorded the node, so a replay gets the
+//! op's shape, or the op's error, for the new shapes.
+//!
 //! For new shapes, [`plan`] gives every node's shape and every count fill's value, the
 //! error the ops would return for those shapes (shapes that do not broadcast, a shape too
 //! large), or `None` where the tape does not describe what the ops would build for them
@@ -18,7 +22,7 @@
 use crate::compile::rules::{Rule, ShapeOf};
 use crate::compile::trace::{Ref, Tape, TapeNode};
 use crate::error::{Error, Result};
-use crate::primitives::{Primitive, ReduceOp};
+use crate::primitives::{Primitive, linalg, movement, nn, reduce};
 use crate::shape::{broadcast_shapes, checked_size};
 
 /// Every node's shape, and the value of each count fill, for one set of input shapes.
@@ -40,56 +44,39 @@ fn derive(node: &TapeNode, ins: &[&[usize]], read: &dyn Fn(&ShapeOf) -> Vec<usiz
     Some(match prim {
         Full { .. } if node.shape.is_empty() => Ok(Vec::new()),
         Constant => Ok(node.shape.clone()),
-        Cast | Unary(_) | Contiguous | ToDevice | Softmax { .. } | Cumsum { .. } => Ok(first()),
-        LayerNorm { .. } | RmsNorm { .. } => {
-            let x = first();
-            let last = x.last().copied().unwrap_or(1);
-            match ins[1..].iter().find(|w| **w != [last]) {
-                Some(w) => Err(Error::shape(
-                    prim.name(),
-                    format!("weight/bias of shape {w:?} does not match the last axis of input shape {x:?}"),
-                )),
-                None => Ok(x),
-            }
+        Cast | Unary(_) | Contiguous | ToDevice => Ok(first()),
+        Softmax { axis, .. } => nn::softmax(prim.name(), &first(), *axis as isize).map(|(_, s)| s),
+        Cumsum { axis, .. } => reduce::cumsum(&first(), *axis as isize).map(|(_, s)| s),
+        LayerNorm { has_weight, has_bias, .. } => {
+            // The inputs are `x[, weight][, bias]`.
+            let mut cols = ins.iter().skip(1).copied();
+            let weight = if *has_weight { cols.next() } else { None };
+            let bias = if *has_bias { cols.next() } else { None };
+            nn::norm(prim.name(), &first(), weight, bias)
+        }
+        RmsNorm { has_weight, .. } => {
+            let weight = if *has_weight { ins.get(1).copied() } else { None };
+            nn::norm(prim.name(), &first(), weight, None)
         }
         Binary(_) | Where | Fused(_) => broadcast_all(prim.name(), ins),
+        // `max`/`min` of no elements is an error and `logsumexp` a fill: a reduction the
+        // rule rejects is not this tape.
         FusedReduce { op, axes, .. } => match broadcast_all(prim.name(), ins) {
-            Ok(s) if empty_extremum(*op, &s, axes) => return None,
-            s => s.map(|s| keep_reduced(s, axes)),
+            Ok(s) => Ok(reduce::reduce(*op, &s, axes).ok()?),
+            Err(e) => Err(e),
         },
-        Reduce { op, axes } => {
-            let x = first();
-            if empty_extremum(*op, &x, axes) {
-                // `max`/`min` of no elements is an error and `logsumexp` a fill: not this tape.
-                return None;
-            }
-            Ok(keep_reduced(x, axes))
-        }
-        ArgReduce { axis, .. } => {
-            let x = first();
-            if x.get(*axis) == Some(&0) {
-                return None;
-            }
-            Ok(keep_reduced(x, &[*axis]))
-        }
-        Permute(p) => {
-            let x = first();
-            Ok(p.iter().map(|&i| x.get(i).copied().unwrap_or(1)).collect())
-        }
+        Reduce { op, axes } => Ok(reduce::reduce(*op, &first(), axes).ok()?),
+        // `argmax` of an empty axis is an error; tracing these shapes gives the op's own.
+        ArgReduce { axis, .. } => Ok(reduce::arg_reduce(prim.name(), &first(), *axis as isize).ok()?.1),
+        Permute(p) => movement::permute(&first(), p),
         Matmul => {
-            let (a, b) = (ins[0], ins[1]);
+            let [a, b] = ins else { return None };
             let (ra, rb) = (a.len(), b.len());
             if ra < 2 || rb < 2 || a[..ra - 2] != b[..rb - 2] {
                 // Batch shapes the matmul op would have broadcast with a view this tape lacks.
                 return None;
             }
-            if a[ra - 1] != b[rb - 2] {
-                Err(Error::shape("matmul", format!("shapes {a:?} and {b:?} do not multiply")))
-            } else {
-                let mut s = a[..ra - 1].to_vec();
-                s.push(b[rb - 1]);
-                Ok(s)
-            }
+            linalg::matmul(a, b).map(|m| m.out)
         }
         // Shapes the trace fixed: fills other than 0-d, ranges, eyes, random draws,
         // reshapes and broadcasts without a rule; and shapes made with traced parameters
@@ -123,57 +110,29 @@ fn derive_ruled(
             let Primitive::Full { .. } = prim else { return None };
             Ok(Vec::new())
         }
+        // An axis out of range was not noted for these ranks: not this tape.
         Rule::Squeeze(axes) => {
             let Primitive::Reshape = prim else { return None };
-            match axes.iter().find(|&&a| x.get(a) != Some(&1)) {
-                Some(&a) if a < x.len() => {
-                    Err(Error::shape("squeeze", format!("cannot squeeze axis {a} of size {} in shape {x:?}", x[a])))
-                }
-                Some(_) => return None,
-                None => Ok(x.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect()),
+            match movement::squeeze(&x, axes) {
+                Err(Error::Axis { .. }) => return None,
+                r => r,
             }
         }
         Rule::Expand(axes) => {
             let Primitive::Reshape = prim else { return None };
-            let rank = x.len() + axes.len();
-            if axes.iter().any(|&a| a >= rank) {
-                return None;
-            }
-            let mut dims = x.into_iter();
-            Ok((0..rank).map(|i| if axes.contains(&i) { 1 } else { dims.next().unwrap_or(1) }).collect())
+            Ok(movement::expand(&x, axes).ok()?)
         }
-        Rule::Batch { other } => {
+        Rule::Batch { other, left } => {
             let Primitive::BroadcastTo = prim else { return None };
             let o = read(other);
-            let (rx, ro) = (x.len(), o.len());
-            if rx < 2 || ro < 2 {
+            if x.len() < 2 || o.len() < 2 {
                 return None;
             }
-            broadcast_shapes("matmul", &x[..rx - 2], &o[..ro - 2]).map(|mut s| {
-                s.extend_from_slice(&x[rx - 2..]);
-                s
-            })
+            // The operands as the matmul op saw them (1-D ones already matrices).
+            let (a, b) = if *left { (&x, &o) } else { (&o, &x) };
+            linalg::matmul(a, b).map(|m| if *left { m.a_full } else { m.b_full })
         }
     })
-}
-
-/// True for a maximum or minimum over no elements.
-fn empty_extremum(op: ReduceOp, shape: &[usize], axes: &[usize]) -> bool {
-    let extremum = match op {
-        ReduceOp::Max | ReduceOp::Min => true,
-        ReduceOp::Sum | ReduceOp::Prod => false,
-    };
-    extremum && axes.iter().any(|&a| shape.get(a) == Some(&0))
-}
-
-/// `shape` with `axes` set to 1.
-fn keep_reduced(mut shape: Vec<usize>, axes: &[usize]) -> Vec<usize> {
-    for &a in axes {
-        if let Some(d) = shape.get_mut(a) {
-            *d = 1;
-        }
-    }
-    shape
 }
 
 /// The broadcast of all `ins` (`[]` for none).
@@ -232,8 +191,7 @@ fn count(tape: &Tape, inputs: &[Vec<usize>], shapes: &[Vec<usize>], rule: &Rule)
         | Primitive::Placeholder { .. }
         | Primitive::Fused(_) => return None,
     };
-    let n = axes.iter().try_fold(1usize, |n, &a| n.checked_mul(*whole.get(a)?))?;
-    Some(n.saturating_sub(ddof) as f64)
+    Some(reduce::count_fill(reduce::count(red.prim.name(), &whole, axes).ok()?, ddof))
 }
 
 /// Node `i`'s shape and count value given every earlier node's shape.

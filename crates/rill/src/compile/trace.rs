@@ -303,9 +303,9 @@ impl Recorder<'_> {
                 },
                 Note::Squeeze(axes) => Some(Rule::Squeeze(axes)),
                 Note::Expand(axes) => Some(Rule::Expand(axes)),
-                Note::Batch { other, shape } => match seen(other) {
-                    Some(Some(r)) => Some(Rule::Batch { other: ShapeOf::Ref(r) }),
-                    Some(None) => Some(Rule::Batch { other: ShapeOf::Fixed(shape) }),
+                Note::Batch { other, shape, left } => match seen(other) {
+                    Some(Some(r)) => Some(Rule::Batch { other: ShapeOf::Ref(r), left }),
+                    Some(None) => Some(Rule::Batch { other: ShapeOf::Fixed(shape), left }),
                     None => None,
                 },
                 Note::Opaque => None,

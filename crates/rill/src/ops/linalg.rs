@@ -47,15 +47,15 @@ impl Array {
         // 1-D operands become matrices: `[K]` is `[1, K]` on the left, `[K, 1]` on the right.
         let a = reshape_noted(prepare(self, dtype, &stream), a_shape, Note::Expand(vec![0]), &stream);
         let b = reshape_noted(prepare(other, dtype, &stream), b_shape, Note::Expand(vec![1]), &stream);
-        let fit = |x: &Array, full: Vec<usize>, other: &Array| {
+        let fit = |x: &Array, full: Vec<usize>, other: &Array, left: bool| {
             if x.shape() == full.as_slice() {
                 return x.clone();
             }
             let y = Array::from_op(Primitive::BroadcastTo, vec![x.clone()], full, dtype, stream.clone());
-            rules::note(&y, Note::Batch { other: other.id(), shape: other.shape().to_vec() });
+            rules::note(&y, Note::Batch { other: other.id(), shape: other.shape().to_vec(), left });
             y
         };
-        let (a2, b2) = (fit(&a, a_full, &b), fit(&b, b_full, &a));
+        let (a2, b2) = (fit(&a, a_full, &b, true), fit(&b, b_full, &a, false));
         let r = Array::from_op(Primitive::Matmul, vec![a2, b2], out, dtype, stream.clone());
         // The axes the 1-D operands added are removed from the result.
         Ok(reshape_noted(r, result, Note::Squeeze(gone), &stream))
