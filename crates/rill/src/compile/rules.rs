@@ -50,8 +50,9 @@ pub(crate) enum Note {
         left: bool,
     },
     /// A node a compiled function's replay made: it may hold numbers of that function's
-    /// own trace (counts, shapes, constants fused into a kernel), so a tape that records
-    /// it is shape-specific.
+    /// own trace (counts, shapes, constants fused into a kernel), or one an op chose from
+    /// the traced shapes alone (`logsumexp`'s fill for a reduction of no elements); a tape
+    /// that records it is shape-specific.
     Opaque,
 }
 

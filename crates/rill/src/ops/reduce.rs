@@ -170,7 +170,11 @@ impl Array {
             // No elements: -inf, in the shape of the sum it would have taken.
             let kept = rule::reduce(ReduceOp::Sum, self.shape(), &axes)?;
             let shape = if keepdims { kept } else { movement::squeeze(&kept, &axes)? };
-            return Ok(Array::from_op(Primitive::Full { value: f64::NEG_INFINITY }, vec![], shape, od, stream));
+            let fill = Array::from_op(Primitive::Full { value: f64::NEG_INFINITY }, vec![], shape, od, stream);
+            // Chosen from the traced shapes and without inputs: a replay on shapes with
+            // elements must trace them (a 0-d fill would otherwise replay as -inf).
+            rules::note(&fill, Note::Opaque);
+            return Ok(fill);
         }
         let x = prepare(self, cd, &stream);
         let m = reduce_node(&x, ReduceOp::Max, axes.clone(), true, cd)?;
