@@ -28,9 +28,8 @@ static CACHE: Mutex<Vec<HashMap<String, Entry>>> = Mutex::new(Vec::new());
 pub(crate) const BLOCK: u32 = 256;
 
 /// A launch of one thread per item of `n` for a grid-stride kernel (which loops only past
-/// 2^30 blocks). One item per thread, no loop, measured fastest for bandwidth-bound
-/// kernels on the H200 (`bench/kernel_lab.py`: a grid of 16 blocks per SM that loops was
-/// 5-10% slower).
+/// 2^30 blocks). One item per thread, no loop: faster for bandwidth-bound kernels than a
+/// small grid that loops (`bench/kernel_lab.py` times both).
 pub(crate) fn grid_for(n: usize) -> LaunchConfig {
     grid_1d(n, BLOCK)
 }
