@@ -11,6 +11,8 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
+mod common;
+
 use proptest::prelude::*;
 use rill::{Array, DType, Result, compile_shapeless};
 
@@ -333,14 +335,6 @@ fn replay_base(traced: &[usize], bits: u64) -> Vec<usize> {
         .collect()
 }
 
-fn same(got: &[f64], want: &[f64]) -> bool {
-    got.len() == want.len()
-        && got
-            .iter()
-            .zip(want)
-            .all(|(g, w)| g == w || (g.is_nan() && w.is_nan()) || (g - w).abs() <= 1e-5 * (1.0 + w.abs()))
-}
-
 type Outcome = std::result::Result<Vec<(Vec<usize>, Vec<f64>)>, String>;
 
 /// The outputs' shapes and values, or the error of building or evaluating them.
@@ -353,7 +347,9 @@ fn outcome(outs: Result<Vec<Array>>) -> Outcome {
 /// and (in this op set) never an error where it does not.
 fn agree(got: &Outcome, want: &Outcome) -> bool {
     match (got, want) {
-        (Ok(g), Ok(w)) => g.len() == w.len() && g.iter().zip(w).all(|((gs, gv), (ws, wv))| gs == ws && same(gv, wv)),
+        (Ok(g), Ok(w)) => {
+            g.len() == w.len() && g.iter().zip(w).all(|((gs, gv), (ws, wv))| gs == ws && common::same_values(gv, wv))
+        }
         (Err(_), Err(_)) => true,
         _ => false,
     }

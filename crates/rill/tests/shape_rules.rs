@@ -9,6 +9,8 @@
 //! replay draws a new pool for the same patterns (the sizes change, the ties stay, as in a
 //! model run on other shapes), with a pattern now and then that breaks a tie.
 
+mod common;
+
 use proptest::prelude::*;
 use rill::{Array, DType, Result, compile_shapeless, concatenate};
 
@@ -229,14 +231,6 @@ fn outcome(r: Result<Array>) -> Outcome {
     Ok((a.shape().to_vec(), a.dtype(), v))
 }
 
-fn same(got: &[f64], want: &[f64]) -> bool {
-    got.len() == want.len()
-        && got
-            .iter()
-            .zip(want)
-            .all(|(g, w)| g == w || (g.is_nan() && w.is_nan()) || (g - w).abs() <= 1e-5 * (1.0 + w.abs()))
-}
-
 /// The op's (or the replay's) shape is the reference's, and an error exactly where the
 /// reference has none.
 fn matches_reference(what: &str, built: &Result<Array>, want: &Option<Vec<usize>>) -> std::result::Result<(), String> {
@@ -251,7 +245,7 @@ fn matches_reference(what: &str, built: &Result<Array>, want: &Option<Vec<usize>
 /// Equal shapes, dtypes and values, or errors on both sides.
 fn agree(got: &Outcome, want: &Outcome) -> bool {
     match (got, want) {
-        (Ok((gs, gd, gv)), Ok((ws, wd, wv))) => gs == ws && gd == wd && same(gv, wv),
+        (Ok((gs, gd, gv)), Ok((ws, wd, wv))) => gs == ws && gd == wd && common::same_values(gv, wv),
         (Err(_), Err(_)) => true,
         _ => false,
     }

@@ -304,20 +304,13 @@ fn register_hook() -> libc::c_int {
     }
 }
 
-/// Registers the exit hook (again). Called by each backend right after it initialises,
-/// and after every call that may have loaded a library or constructed one of its
-/// statics (an NVRTC compile, the first cuBLAS call on a new handle), so that the hook
-/// runs before anything those libraries registered for their own teardown.
+/// Registers the exit hook (again). Called when the CPU pool starts and when a GPU has
+/// initialised, and, where a library's teardown is not guarded (`teardown.rs`), after
+/// each call that may have constructed one of its statics (`libs::after_first_use`).
 ///
 /// `exit` runs the handlers of `atexit`/`on_exit`/`__cxa_atexit` in reverse order of
-/// registration. The C++ libraries rill loads lazily (NVRTC, cuBLAS) register the
-/// destructors of their static objects when those objects are constructed: when the
-/// library is loaded, and for function-local statics on first use. A handler registered
-/// before that runs after it, so a pool thread still inside `nvrtcCompileProgram` when
-/// `exit` began would run on a library whose statics are already destroyed (seen as
-/// SIGSEGV on a `rill-cpu-*` thread in about 2 of 1000 GPU exit-torture runs).
-/// Registering again puts the hook ahead of everything registered so far; the hook is
-/// idempotent (only its first call shuts down).
+/// registration, so registering again puts the hook ahead of every teardown registered
+/// so far; the hook is idempotent (only its first call shuts down).
 pub(crate) fn register_exit_hook() {
     HOOK.store(true, SeqCst);
     let rc = register_hook();

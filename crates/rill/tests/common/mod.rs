@@ -118,3 +118,13 @@ pub fn assert_close(got: &[f64], want: &[f64], tol: f64, what: &str) {
         assert!(err <= tol * (1.0 + w.abs()), "{what}: element {i}: got {g}, want {w} (err {err:e}, tol {tol:e})");
     }
 }
+
+/// Equal values: the same length, and each pair bit-equal, both NaN, or within 1e-5
+/// relative (a replay and an eager evaluation may sum in another order).
+pub fn same_values(got: &[f64], want: &[f64]) -> bool {
+    got.len() == want.len()
+        && got
+            .iter()
+            .zip(want)
+            .all(|(g, w)| g == w || (g.is_nan() && w.is_nan()) || (g - w).abs() <= 1e-5 * (1.0 + w.abs()))
+}

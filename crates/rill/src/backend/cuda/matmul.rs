@@ -112,8 +112,6 @@ pub(crate) fn matmul(cs: &GpuStream<'_>, a: &Storage, b: &Storage, shape: &[usiz
             }
             let workspace = std::mem::ManuallyDrop::new(ws);
             *g = Some(Blas { handle: h, workspace, ws_ptr, lt: Default::default() });
-            // cuBLAS constructed statics for the handle (see `libs::after_first_use`).
-            super::libs::after_first_use(super::libs::Lib::Cublas);
         }
         let Some(blas) = g.as_mut() else { return Err(super::unsupported("matmul", "no cuBLAS handle")) };
         let tf32 = compute == C::CUBLAS_COMPUTE_32F_FAST_TF32;
@@ -126,7 +124,8 @@ pub(crate) fn matmul(cs: &GpuStream<'_>, a: &Storage, b: &Storage, shape: &[usiz
             None => unsafe { gemm_ex(cs, blas.handle, &p, ty, compute) },
         };
         if fresh {
-            // Statics cuBLAS and cuBLASLt built on this handle's first call: the same.
+            // Statics cuBLAS and cuBLASLt built for this handle and its first call (see
+            // `libs::after_first_use`).
             super::libs::after_first_use(super::libs::Lib::Cublas);
             super::libs::after_first_use(super::libs::Lib::CublasLt);
         }
