@@ -1,9 +1,15 @@
 //! Backends: where evaluated arrays live and how primitives run.
 //!
 //! A [`Storage`] is the value of an evaluated node: a reference-counted [`Buffer`] and a
-//! strided [`Layout`] over it (views share buffers). Each backend implements one function,
-//! `eval(primitive, inputs) -> Storage`, as an exhaustive `match` over [`Primitive`].
-//! Allocation, streams and launches stay here; shape inference stays in `ops`.
+//! strided [`Layout`] over it (views share buffers). Each backend computes a primitive
+//! from its inputs' storages with one exhaustive `match` over [`Primitive`]
+//! (`cpu::eval`, `cuda/exec.rs`). Allocation, streams and launches stay here; shape and
+//! dtype rules stay in `primitives`.
+//!
+//! The runtime reaches the backends only through the contract at the end of this file:
+//! [`StreamBackend`] (a stream's backend part), [`BatchRun`] (a batch, one node at a
+//! time) and the device functions (`open_gpu`, `gpu_count`, `libraries`, `clear_caches`,
+//! `stop_workers`), so that nothing above `backend/` depends on the `cuda` feature.
 
 pub(crate) mod cpu;
 #[cfg(feature = "cuda")]
@@ -13,6 +19,9 @@ use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::primitives::Primitive;
+use crate::runtime::device::Device;
 use crate::shape::Layout;
 
 /// Device memory of some backend.
@@ -148,11 +157,10 @@ impl Storage {
 /// a scalar as already evaluated, so a chain of ops with scalar operands plans, claims and
 /// runs one node per op, not two.
 pub(crate) fn ready_scalar(stream: &crate::runtime::stream::Stream, dtype: DType, value: f64) -> Option<Storage> {
-    if stream.device().is_gpu() {
+    match &stream.inner.backend {
+        StreamBackend::Host => {}
         #[cfg(feature = "cuda")]
-        return stream.inner.cuda.as_ref().and_then(|cs| cuda::ready_scalar(cs, dtype, value));
-        #[cfg(not(feature = "cuda"))]
-        return None;
+        StreamBackend::Cuda(cs) => return cuda::ready_scalar(cs, dtype, value),
     }
     let key = (dtype, value.to_bits());
     // One lock for the lookup and the insertion: two threads asking for a new value at
@@ -161,7 +169,7 @@ pub(crate) fn ready_scalar(stream: &crate::runtime::stream::Stream, dtype: DType
     if let Some((_, s)) = cache.iter().find(|(k, _)| *k == key) {
         return Some(s.clone());
     }
-    let s = cpu::eval(&crate::primitives::Primitive::Full { value }, &[], dtype, &[]).ok()?;
+    let s = cpu::eval(&Primitive::Full { value }, &[], dtype, &[]).ok()?;
     if cache.len() >= HOST_SCALARS {
         cache.remove(0);
     }
@@ -181,17 +189,206 @@ pub(crate) fn forget_host_scalars() {
     drop(kept);
 }
 
-/// Runs one batch of nodes (all on `stream`) in order. Called by the stream's pool job.
-pub(crate) fn execute_batch(stream: &crate::runtime::stream::Stream, nodes: &[crate::array::Array]) {
-    use crate::runtime::scheduler::execute_node;
-    if stream.device().is_gpu() {
+// ---- the contract the runtime calls ----
+//
+// The runtime sees a backend only through what follows: a stream's backend part, a
+// batch run (one node at a time, then the batch's end), and the device functions. It owns
+// the node-execution loop itself (`runtime/execute.rs`); backends see primitives,
+// storages and their stream, never an `Array` or a node.
+
+/// A stream's backend part: nothing on the host, a CUDA stream on a GPU.
+#[allow(clippy::large_enum_variant)] // one per stream, inside the stream's `Arc`
+pub(crate) enum StreamBackend {
+    /// A CPU stream: its batches run on the worker pool.
+    Host,
+    /// A non-blocking CUDA stream of one device.
+    #[cfg(feature = "cuda")]
+    Cuda(cuda::CudaStreamHandle),
+}
+
+impl StreamBackend {
+    /// The backend part of a new stream on `device` (already validated by `open_gpu`).
+    pub(crate) fn new(device: &Device) -> Result<StreamBackend> {
+        if !device.is_gpu() {
+            return Ok(StreamBackend::Host);
+        }
         #[cfg(feature = "cuda")]
-        {
-            cuda::execute_batch(stream, nodes);
-            return;
+        return Ok(StreamBackend::Cuda(cuda::new_stream(device.ordinal())?));
+        #[cfg(not(feature = "cuda"))]
+        return Err(no_cuda(device.ordinal()));
+    }
+    /// Blocks until the device work enqueued on the stream so far has finished.
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        match self {
+            StreamBackend::Host => Ok(()),
+            #[cfg(feature = "cuda")]
+            StreamBackend::Cuda(cs) => cs.synchronize(),
         }
     }
-    for a in nodes {
-        execute_node(&a.node, |node, inputs| cpu::eval(&node.prim, &node.shape, node.dtype, inputs));
+    /// Whether a batch on this stream calls a backend library, and so runs holding a pass
+    /// of the backend gate (which process exit waits for).
+    pub(crate) fn calls_libraries(&self) -> bool {
+        match self {
+            StreamBackend::Host => false,
+            #[cfg(feature = "cuda")]
+            StreamBackend::Cuda(_) => true,
+        }
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn no_cuda(ordinal: usize) -> Error {
+    Error::DeviceUnavailable {
+        device: format!("gpu:{ordinal}"),
+        reason: "rill was built without the `cuda` feature".into(),
+    }
+}
+
+/// Checks that GPU `ordinal` is usable, initialising its backend on the first call.
+pub(crate) fn open_gpu(ordinal: usize) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    return cuda::device(ordinal).map(drop);
+    #[cfg(not(feature = "cuda"))]
+    return Err(no_cuda(ordinal));
+}
+
+/// Number of usable GPUs (0 without a driver or without the `cuda` feature).
+pub(crate) fn gpu_count() -> usize {
+    #[cfg(feature = "cuda")]
+    return cuda::device_count();
+    #[cfg(not(feature = "cuda"))]
+    return 0;
+}
+
+/// The backend libraries and when each was loaded (none without the `cuda` feature).
+pub(crate) fn libraries() -> Vec<crate::runtime::BackendLibrary> {
+    #[cfg(feature = "cuda")]
+    return cuda::libs::report();
+    #[cfg(not(feature = "cuda"))]
+    return Vec::new();
+}
+
+/// Frees every cached allocation of every backend.
+pub(crate) fn clear_caches() {
+    forget_host_scalars();
+    cpu::clear_cache();
+    #[cfg(feature = "cuda")]
+    cuda::clear_cache();
+}
+
+/// At shutdown, after the gate closed: stops the backends' own threads (a GPU's
+/// completion worker), each within `bound`; true when every one was joined.
+pub(crate) fn stop_workers(bound: std::time::Duration) -> bool {
+    #[cfg(feature = "cuda")]
+    return cuda::shutdown(bound);
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = bound;
+        true
+    }
+}
+
+/// The handle of a backend library rill has loaded, named as in
+/// `runtime::backend_libraries` (`"nvrtc"`, ...); `None` when it is not loaded.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) fn library_handle(name: &str) -> Option<*mut std::ffi::c_void> {
+    #[cfg(feature = "cuda")]
+    return cuda::libs::loaded_handle(name);
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = name;
+        None
+    }
+}
+
+/// One node as a backend sees it.
+pub(crate) struct Op<'a> {
+    /// The node's process-unique id (names the node in launch failures).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub id: u64,
+    pub prim: &'a Primitive,
+    pub shape: &'a [usize],
+    pub dtype: DType,
+}
+
+/// A batch being run on one stream's backend, by the runtime's loop
+/// (`runtime/execute.rs`): [`BatchRun::run`] for each node in order, then, where the
+/// backend [defers completion](BatchRun::defers_completion), [`BatchRun::send`],
+/// [`BatchRun::seal`] and, after the nodes are completed, [`BatchRun::close`].
+pub(crate) enum BatchRun<'a> {
+    /// Host kernels: each result is final when `run` returns.
+    Host(std::marker::PhantomData<&'a ()>),
+    /// Kernels enqueued on a CUDA stream, finished when the batch's fence is signalled.
+    #[cfg(feature = "cuda")]
+    Cuda(cuda::BatchRun<'a>),
+}
+
+impl<'a> BatchRun<'a> {
+    /// Starts a batch of `len` nodes on `stream`. `pass` is the gate pass the runtime took
+    /// when the stream [calls libraries](StreamBackend::calls_libraries).
+    pub(crate) fn begin(
+        stream: &'a StreamBackend,
+        pass: Option<&'a crate::runtime::lifecycle::BackendPass>,
+        len: usize,
+    ) -> Result<BatchRun<'a>> {
+        match stream {
+            StreamBackend::Host => {
+                let _ = (pass, len);
+                Ok(BatchRun::Host(std::marker::PhantomData))
+            }
+            #[cfg(feature = "cuda")]
+            StreamBackend::Cuda(cs) => {
+                let pass = pass.ok_or_else(|| Error::backend("cuda", "a GPU batch without a gate pass"))?;
+                Ok(BatchRun::Cuda(cuda::BatchRun::begin(pass.driver(), cs, len)))
+            }
+        }
+    }
+    /// True when results become usable only at the batch's end ([`BatchRun::seal`]): the
+    /// runtime then keeps them and completes the nodes after `seal`. False when each
+    /// result is final as `run` returns it: the runtime completes each node at once, so
+    /// an intermediate nobody holds is freed as soon as its last reader ran.
+    pub(crate) fn defers_completion(&self) -> bool {
+        match self {
+            BatchRun::Host(_) => false,
+            #[cfg(feature = "cuda")]
+            BatchRun::Cuda(_) => true,
+        }
+    }
+    /// Computes one node from its inputs' storages (in the node's input order).
+    pub(crate) fn run(&mut self, op: &Op<'_>, inputs: &[&Storage]) -> Result<Storage> {
+        match self {
+            BatchRun::Host(_) => cpu::eval(op.prim, op.shape, op.dtype, inputs),
+            #[cfg(feature = "cuda")]
+            BatchRun::Cuda(b) => b.run(op, inputs),
+        }
+    }
+    /// After the last `run`: sends work still held back; returns what failed then, by
+    /// node id (`None`: the whole batch). The runtime also fails their dependants.
+    pub(crate) fn send(&mut self) -> Vec<(Option<u64>, Error)> {
+        match self {
+            BatchRun::Host(_) => Vec::new(),
+            #[cfg(feature = "cuda")]
+            BatchRun::Cuda(b) => b.send(),
+        }
+    }
+    /// Makes the batch's results usable by other streams and the host (events, fences);
+    /// may turn results into errors when that fails.
+    pub(crate) fn seal(&mut self, results: &mut [Result<Storage>]) {
+        match self {
+            BatchRun::Host(_) => {
+                let _ = results;
+            }
+            #[cfg(feature = "cuda")]
+            BatchRun::Cuda(b) => b.seal(results),
+        }
+    }
+    /// After the runtime completed the batch's nodes: hands the batch's fence to whoever
+    /// signals it when the device work is done.
+    pub(crate) fn close(self) {
+        match self {
+            BatchRun::Host(_) => {}
+            #[cfg(feature = "cuda")]
+            BatchRun::Cuda(b) => b.close(),
+        }
     }
 }

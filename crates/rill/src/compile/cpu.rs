@@ -27,7 +27,7 @@ enum Lane {
 }
 
 /// Runs a fused program on CPU storages (see the module docs).
-pub(crate) fn eval_fused(p: &FusedProgram, inputs: &[Storage], shape: &[usize], dtype: DType) -> Result<Storage> {
+pub(crate) fn eval_fused(p: &FusedProgram, inputs: &[&Storage], shape: &[usize], dtype: DType) -> Result<Storage> {
     let layouts = prepare(p, inputs, shape, dtype)?;
     let n = numel(shape);
     let mut buf = CpuBuffer::alloc(dtype, n)?;
@@ -50,7 +50,7 @@ pub(crate) fn eval_fused_reduce(
     p: &FusedProgram,
     op: ReduceOp,
     axes: &[usize],
-    inputs: &[Storage],
+    inputs: &[&Storage],
     shape: &[usize],
     dtype: DType,
 ) -> Result<Storage> {
@@ -89,7 +89,7 @@ pub(crate) fn eval_fused_reduce(
 
 /// Checks the inputs and output dtype of a fused program run over `shape`; returns each
 /// input's layout broadcast to `shape` (merged).
-fn prepare(p: &FusedProgram, inputs: &[Storage], shape: &[usize], dtype: DType) -> Result<Vec<Layout>> {
+fn prepare(p: &FusedProgram, inputs: &[&Storage], shape: &[usize], dtype: DType) -> Result<Vec<Layout>> {
     if inputs.len() != p.input_dtypes.len() || dtype != p.output_dtype() {
         return Err(Error::invalid(
             "fused",
@@ -215,7 +215,7 @@ fn round_f32(d: DType, v: &mut [f32]) {
 
 fn run_chunk<O: Element>(
     p: &FusedProgram,
-    inputs: &[Storage],
+    inputs: &[&Storage],
     layouts: &[Layout],
     start: usize,
     out: &mut [O],
@@ -393,7 +393,7 @@ mod tests {
                 let mut b = Builder::default();
                 let r = b.load(0, from);
                 let c = b.push(Inst::Cast(r), to);
-                let fused = eval_fused(&b.finish(c), std::slice::from_ref(&x), &[values.len()], to).unwrap();
+                let fused = eval_fused(&b.finish(c), &[&x], &[values.len()], to).unwrap();
                 let eager = crate::backend::cpu::elementwise::cast(&x, to).unwrap();
                 let (f, e) = (crate::backend::cpu::to_f64_vec(&fused), crate::backend::cpu::to_f64_vec(&eager));
                 let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();

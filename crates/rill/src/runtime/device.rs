@@ -2,8 +2,7 @@
 
 use std::fmt;
 
-#[cfg_attr(feature = "cuda", allow(unused_imports))]
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::runtime::stream::Stream;
 use crate::sync::Mutex;
 
@@ -35,18 +34,8 @@ impl Device {
     /// or no driver or no such device is found.
     pub fn gpu(ordinal: usize) -> Result<Device> {
         crate::runtime::lifecycle::check_running()?;
-        #[cfg(feature = "cuda")]
-        {
-            crate::backend::cuda::device(ordinal)?;
-            Ok(Device { kind: DeviceKind::Gpu, ordinal })
-        }
-        #[cfg(not(feature = "cuda"))]
-        {
-            Err(Error::DeviceUnavailable {
-                device: format!("gpu:{ordinal}"),
-                reason: "rill was built without the `cuda` feature".into(),
-            })
-        }
+        crate::backend::open_gpu(ordinal)?;
+        Ok(Device { kind: DeviceKind::Gpu, ordinal })
     }
     /// GPU 0 when one is usable, else the CPU.
     pub fn best() -> Device {
@@ -54,14 +43,7 @@ impl Device {
     }
     /// Number of usable GPUs (0 without a driver).
     pub fn gpu_count() -> usize {
-        #[cfg(feature = "cuda")]
-        {
-            crate::backend::cuda::device_count()
-        }
-        #[cfg(not(feature = "cuda"))]
-        {
-            0
-        }
+        crate::backend::gpu_count()
     }
     /// The kind of device.
     pub fn kind(&self) -> DeviceKind {

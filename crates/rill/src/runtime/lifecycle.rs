@@ -41,7 +41,6 @@ static HOOK: AtomicBool = AtomicBool::new(false);
 /// (`backend::cuda::driver`), so a call without a pass does not compile. Not `Send`: the
 /// thread-local count below is this thread's.
 #[must_use]
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) struct BackendPass {
     /// The gate's pass; `None` for a pass nested in one this thread already holds
     /// ([`backend_pass`]), which the gate does not count again.
@@ -66,7 +65,7 @@ impl Drop for BackendPass {
 impl BackendPass {
     /// True for a pass of the gate itself, false for one nested in a pass this thread
     /// held when it was taken (which the types cannot tie to that outer pass).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    #[allow(dead_code)] // for backends that call libraries outside a batch; a CPU-only build has none
     pub(crate) fn is_own(&self) -> bool {
         self.pass.is_some()
     }
@@ -75,7 +74,6 @@ impl BackendPass {
 /// A pass into the backend libraries, or `None` once shutdown has closed the gate (the
 /// caller then skips the call: returns `Error::ShutDown`, or leaks in a `Drop`). Hold it
 /// across the whole call, including any blocking wait inside the driver.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // only the CUDA backend enters
 pub(crate) fn enter_backend() -> Option<BackendPass> {
     let pass = PHASE.gate().enter()?;
     PASSES_HELD.with(|n| n.set(n.get() + 1));
@@ -85,7 +83,7 @@ pub(crate) fn enter_backend() -> Option<BackendPass> {
 /// A pass for releasing a backend resource (a `Drop`, a cache trim): `None` once shutdown
 /// has begun, when the caller leaks the resource on purpose instead of calling the
 /// backend (the process is ending; the driver reclaims it).
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[allow(dead_code)] // for backends that call libraries outside a batch; a CPU-only build has none
 pub(crate) fn release_pass() -> Option<BackendPass> {
     if is_shutting_down() { None } else { enter_backend() }
 }
@@ -94,7 +92,7 @@ pub(crate) fn release_pass() -> Option<BackendPass> {
 /// on a pool thread): a nested pass when this thread already holds one (the gate, which
 /// may be closed by now, already waits for this thread), else a new one, or
 /// `Err(Error::ShutDown)` once the gate is closed (the caller then makes no call).
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[allow(dead_code)] // for backends that call libraries outside a batch; a CPU-only build has none
 pub(crate) fn backend_pass() -> Result<BackendPass> {
     if PASSES_HELD.with(std::cell::Cell::get) > 0 {
         return Ok(BackendPass { pass: None, _thread: std::marker::PhantomData });
@@ -108,7 +106,7 @@ pub(crate) fn backend_pass() -> Result<BackendPass> {
 /// call shutdown did not wait for and the driver's teardown may run under (the outer pass
 /// was dropped before the nested one). A token from a pass of the gate needs no check.
 /// The count stays 0 unless rill has a bug.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[allow(dead_code)] // for backends that call libraries outside a batch; a CPU-only build has none
 pub(crate) fn note_backend_call() {
     if unpassed_call(PHASE.gate(), PASSES_HELD.with(std::cell::Cell::get)) {
         stats::BACKEND_CALLS_AFTER_SHUTDOWN.fetch_add(1, SeqCst);
@@ -230,10 +228,7 @@ impl Steps for RuntimeSteps {
         self.t_gate = self.t0.elapsed();
         drop(stream::forget_defaults());
         let mut joined = true;
-        #[cfg(feature = "cuda")]
-        {
-            joined &= crate::backend::cuda::shutdown(Duration::from_secs(2));
-        }
+        joined &= crate::backend::stop_workers(Duration::from_secs(2));
         self.t_workers = self.t0.elapsed();
         joined &= pool::stop(Duration::from_secs(2));
         crate::backend::cpu::clear_cache();
@@ -304,9 +299,10 @@ fn register_hook() -> libc::c_int {
     }
 }
 
-/// Registers the exit hook (again). Called when the CPU pool starts and when a GPU has
-/// initialised, and, where a library's teardown is not guarded (`teardown.rs`), after
-/// each call that may have constructed one of its statics (`libs::after_first_use`).
+/// Registers the exit hook (again). Called in two places only: when the runtime starts
+/// (the CPU pool's start, which every device's initialisation goes through), and, where a
+/// library's teardown is not guarded (`teardown.rs`), after each call that may have
+/// constructed one of its statics (`libs::after_first_use`).
 ///
 /// `exit` runs the handlers of `atexit`/`on_exit`/`__cxa_atexit` in reverse order of
 /// registration, so registering again puts the hook ahead of every teardown registered

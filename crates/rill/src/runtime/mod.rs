@@ -5,7 +5,8 @@
 //! | devices, default device | `device.rs` | nothing (plain values) |
 //! | streams, default streams | `stream.rs` | per-stream FIFO queues |
 //! | the registry of live streams | `registry.rs` | weak entries |
-//! | eval / async_eval, execution | `scheduler.rs` | nothing (borrows the pool) |
+//! | eval / async_eval, batches on streams | `scheduler.rs` | nothing (borrows the pool) |
+//! | the node-execution loop of every backend | `execute.rs` | nothing |
 //! | claiming nodes, node status | `claim.rs` | nothing (used under the queue locks) |
 //! | CPU worker pool | `pool.rs` | the runtime's CPU threads |
 //! | scoped stream override | `scope.rs` | a `Weak` per thread, set by guards |
@@ -19,6 +20,7 @@
 pub(crate) mod claim;
 pub(crate) mod completion;
 pub(crate) mod device;
+pub(crate) mod execute;
 pub(crate) mod gate;
 pub(crate) mod lifecycle;
 pub(crate) mod memory;
@@ -69,20 +71,10 @@ pub enum LibraryState {
 /// The backend libraries rill calls and when each was loaded; empty without the `cuda`
 /// feature. None of them is ever loaded once shutdown has begun.
 pub fn backend_libraries() -> Vec<BackendLibrary> {
-    #[cfg(feature = "cuda")]
-    {
-        crate::backend::cuda::libs::report()
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        Vec::new()
-    }
+    crate::backend::libraries()
 }
 
 /// Frees every cached allocation on every device. Callable from any thread.
 pub fn clear_cache() {
-    crate::backend::forget_host_scalars();
-    crate::backend::cpu::clear_cache();
-    #[cfg(feature = "cuda")]
-    crate::backend::cuda::clear_cache();
+    crate::backend::clear_caches();
 }

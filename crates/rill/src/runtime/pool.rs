@@ -129,6 +129,7 @@ pub(crate) fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 /// Runs `f` on one of the pool's threads and returns its result, blocking the calling
 /// thread meanwhile (on a pool thread: runs it there). `None` when the pool is stopped
 /// (shutdown) or cannot start: `f` is then not run at all.
+#[allow(dead_code)] // kernel compiles of the GPU backend; a CPU-only build makes none
 pub(crate) fn run_on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> Option<R> {
     if on_pool_thread() {
         return Some(f());

@@ -21,12 +21,11 @@
 //! plus claiming at push time), so the earliest unfinished batch is always runnable.
 
 use std::future::Future;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
-use crate::array::{Array, Node};
+use crate::array::Array;
 use crate::backend;
 use crate::error::{Error, Result};
 use crate::runtime::claim;
@@ -409,7 +408,7 @@ fn run_stream(mut stream: Stream, runner: Runner<'_>) {
         if !on_pool {
             stats::INLINE_BATCHES.fetch_add(1, SeqCst);
         }
-        backend::execute_batch(&stream, &batch.nodes);
+        crate::runtime::execute::run_batch(&stream, &batch.nodes);
         let gpu = stream.device().is_gpu();
         // The last node, for its fence should the job linger (read only then).
         let mut last = if gpu && on_pool { batch.nodes.last().cloned() } else { None };
@@ -531,35 +530,6 @@ fn linger(stream: Stream, fence: Option<&backend::Fence>) -> Linger {
     } else {
         Linger::Idle(s)
     }
-}
-
-// ---- node execution ----
-
-/// The storages of `node`'s inputs, or the first error. The inputs are read under the
-/// node's lock, not cloned: the node is being run (`Scheduled`), so nothing else changes
-/// them, and each input's own lock is taken inside (never the other way round). Up to four
-/// inline: the hot path of a long chain of small ops allocates nothing here. (The CUDA
-/// batch runner borrows its inputs from the batch instead: `cuda/exec.rs`.)
-fn input_storages(node: &Node) -> Result<smallvec::SmallVec<[crate::backend::Storage; 4]>> {
-    node.state.lock().inputs.iter().map(|i| i.node.storage()).collect()
-}
-
-/// Runs one node's kernel and records the outcome. Used by the backends' batch runners.
-pub(crate) fn execute_node(
-    node: &Node,
-    run: impl FnOnce(&Node, &[crate::backend::Storage]) -> Result<crate::backend::Storage>,
-) {
-    let result = match input_storages(node) {
-        Err(e) => Err(e),
-        // Shutdown cancelled what has not started: a refusal, not a backend call.
-        Ok(_) if lifecycle::is_cancelled() => Err(Error::ShutDown),
-        Ok(storages) => catch_unwind(AssertUnwindSafe(|| run(node, &storages))).unwrap_or_else(|p| {
-            Err(Error::Panic { op: node.prim.name(), msg: crate::error::panic_message(&*p).into() })
-        }),
-    };
-    stats::NODES_COMPUTED.fetch_add(1, SeqCst);
-    stats::IN_FLIGHT.fetch_sub(1, SeqCst);
-    node.complete(result);
 }
 
 // ---- shutdown support ----

@@ -20,7 +20,6 @@
 //! | `kernels_compiled`, `kernels_compiled_on_user_threads` | the CUDA backend's NVRTC cache | kernels compiled; of them, on a thread not the runtime's (must stay 0) |
 
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-
 pub(crate) static STREAMS_CREATED: AtomicU64 = AtomicU64::new(0);
 pub(crate) static STREAMS_LIVE: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static THREADS_LIVE: AtomicUsize = AtomicUsize::new(0);
@@ -30,22 +29,15 @@ pub(crate) static NODES_COMPUTED: AtomicU64 = AtomicU64::new(0);
 pub(crate) static BACKEND_CALLS_AFTER_SHUTDOWN: AtomicU64 = AtomicU64::new(0);
 pub(crate) static MEMORY_WAITS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static QUEUE_WAITS: AtomicU64 = AtomicU64::new(0);
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) static GRAPHS_BUILT: AtomicU64 = AtomicU64::new(0);
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) static GRAPH_LAUNCHES: AtomicU64 = AtomicU64::new(0);
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) static GRAPH_NODE_UPDATES: AtomicU64 = AtomicU64::new(0);
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) static EVENTS_CREATED: AtomicU64 = AtomicU64::new(0);
 pub(crate) static FUSED_REDUCE_KERNELS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static LINGER_HANDOFFS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static INLINE_BATCHES: AtomicU64 = AtomicU64::new(0);
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) static HOST_ROUND_TRIPS: AtomicU64 = AtomicU64::new(0);
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) static KERNELS_COMPILED: AtomicU64 = AtomicU64::new(0);
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) static KERNELS_COMPILED_ON_USER_THREADS: AtomicU64 = AtomicU64::new(0);
 
 /// A snapshot of the runtime's counters (see the module docs for each one).

@@ -69,8 +69,8 @@ pub(crate) struct StreamInner {
     pub space: Condvar,
     /// The last evaluated scalar operands made for this stream (see [`StreamInner::scalar`]).
     scalars: Mutex<ScalarNodes>,
-    #[cfg(feature = "cuda")]
-    pub cuda: Option<crate::backend::cuda::CudaStreamHandle>,
+    /// The backend's part of the stream (a CUDA stream on a GPU).
+    pub backend: crate::backend::StreamBackend,
 }
 
 /// Scalar operand nodes kept for reuse, by (dtype, bits of the value).
@@ -134,8 +134,7 @@ impl Stream {
             Device::gpu(device.ordinal())?;
         }
         // A CPU stream starts no thread: the pool starts with the first job (`pool::spawn`).
-        #[cfg(feature = "cuda")]
-        let cuda = if device.is_gpu() { Some(crate::backend::cuda::new_stream(device.ordinal())?) } else { None };
+        let backend = crate::backend::StreamBackend::new(device)?;
         let inner = Arc::new(StreamInner {
             id: NEXT_STREAM_ID.fetch_add(1, Relaxed),
             device: *device,
@@ -149,8 +148,7 @@ impl Stream {
             }),
             space: Condvar::new(),
             scalars: Mutex::new(Default::default()),
-            #[cfg(feature = "cuda")]
-            cuda,
+            backend,
         });
         stats::STREAMS_CREATED.fetch_add(1, Relaxed);
         stats::STREAMS_LIVE.fetch_add(1, Relaxed);
@@ -234,10 +232,7 @@ pub fn synchronize(stream: &Stream) -> Result<()> {
             return r;
         }
     }
-    #[cfg(feature = "cuda")]
-    if let Some(cs) = &stream.inner.cuda {
-        cs.synchronize()?;
-    }
+    stream.inner.backend.synchronize()?;
     Ok(())
 }
 

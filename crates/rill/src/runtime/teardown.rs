@@ -274,7 +274,7 @@ mod elf {
 /// now on runs rill's exit shutdown first. Returns the number of import slots redirected:
 /// 0 when the library does not import `__cxa_atexit` or on a platform without this.
 /// Call it before any other thread can use the library.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[allow(dead_code)] // called by the backends that load libraries; a CPU-only build has none
 pub(crate) fn guard(handle: *mut std::ffi::c_void) -> usize {
     #[cfg(all(target_os = "linux", target_env = "gnu", target_pointer_width = "64", not(loom)))]
     {
@@ -315,18 +315,9 @@ mod tests {
     /// The library the child registers through: NVRTC as rill opened it (after GPU 0
     /// initialised), or the C++ runtime, guarded here unless the test wants it unguarded.
     fn child_library() -> *mut c_void {
-        #[cfg(feature = "cuda")]
         if std::env::var_os("RILL_TEARDOWN_NVRTC").is_some() {
             crate::Device::gpu(0).expect("GPU 0");
-            for name in cudarc::get_lib_name_candidates("nvrtc") {
-                let c = std::ffi::CString::new(name).unwrap();
-                // SAFETY: looks up a library already loaded; loads nothing.
-                let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
-                if !h.is_null() {
-                    return h;
-                }
-            }
-            panic!("NVRTC is not loaded after GPU 0 initialised");
+            return crate::backend::library_handle("nvrtc").expect("NVRTC is loaded after GPU 0 initialised");
         }
         let h = open_cxx_runtime();
         if std::env::var_os("RILL_TEARDOWN_UNGUARDED").is_none() {
@@ -373,7 +364,6 @@ mod tests {
     }
 
     /// The same through NVRTC's own import, as rill opened it (GPU only).
-    #[cfg(feature = "cuda")]
     #[test]
     fn an_nvrtc_teardown_registered_late_runs_after_the_shutdown() {
         if let Err(e) = crate::Device::gpu(0) {

@@ -29,7 +29,7 @@ use crate::primitives::Primitive;
 pub(crate) const PAR_CHUNK: usize = 1 << 15;
 
 /// Computes one primitive on the CPU.
-pub(crate) fn eval(prim: &Primitive, shape: &[usize], dtype: DType, inputs: &[Storage]) -> Result<Storage> {
+pub(crate) fn eval(prim: &Primitive, shape: &[usize], dtype: DType, inputs: &[&Storage]) -> Result<Storage> {
     use Primitive::*;
     match prim {
         Constant => Err(Error::invalid("constant", "a constant has no kernel")),
@@ -37,26 +37,26 @@ pub(crate) fn eval(prim: &Primitive, shape: &[usize], dtype: DType, inputs: &[St
         Arange { start, step } => creation::arange(shape, dtype, *start, *step),
         Eye { k } => creation::eye(shape, dtype, *k),
         Random { key, dist } => random::random(shape, dtype, *key, *dist),
-        Cast => elementwise::cast(&inputs[0], dtype),
-        Unary(op) => elementwise::unary(*op, &inputs[0], dtype),
-        Binary(op) => elementwise::binary(*op, &inputs[0], &inputs[1], shape, dtype),
-        Where => elementwise::where_(&inputs[0], &inputs[1], &inputs[2], shape, dtype),
-        Reduce { op, axes } => reduce::reduce(*op, &inputs[0], axes, shape, dtype),
-        ArgReduce { op, axis } => reduce::arg_reduce(*op, &inputs[0], *axis, shape),
-        Cumsum { axis, reverse, exclusive } => reduce::cumsum(&inputs[0], *axis, *reverse, *exclusive),
-        Softmax { axis, log } => nn::softmax(&inputs[0], *axis, *log),
+        Cast => elementwise::cast(inputs[0], dtype),
+        Unary(op) => elementwise::unary(*op, inputs[0], dtype),
+        Binary(op) => elementwise::binary(*op, inputs[0], inputs[1], shape, dtype),
+        Where => elementwise::where_(inputs[0], inputs[1], inputs[2], shape, dtype),
+        Reduce { op, axes } => reduce::reduce(*op, inputs[0], axes, shape, dtype),
+        ArgReduce { op, axis } => reduce::arg_reduce(*op, inputs[0], *axis, shape),
+        Cumsum { axis, reverse, exclusive } => reduce::cumsum(inputs[0], *axis, *reverse, *exclusive),
+        Softmax { axis, log } => nn::softmax(inputs[0], *axis, *log),
         LayerNorm { eps, has_weight, has_bias } => nn::layer_norm(inputs, *eps, *has_weight, *has_bias),
         RmsNorm { eps, has_weight } => nn::rms_norm(inputs, *eps, *has_weight),
-        Matmul => matmul::matmul(&inputs[0], &inputs[1], shape, dtype),
-        Reshape => movement::reshape(&inputs[0], shape),
+        Matmul => matmul::matmul(inputs[0], inputs[1], shape, dtype),
+        Reshape => movement::reshape(inputs[0], shape),
         Permute(perm) => Ok(inputs[0].with_layout(inputs[0].layout.permute(perm))),
         BroadcastTo => Ok(inputs[0].with_layout(inputs[0].layout.broadcast_to(shape))),
-        Slice { start, step } => Ok(movement::slice_view(&inputs[0], start, step, shape)),
-        Contiguous => movement::make_contiguous(&inputs[0]),
-        Take { axis } => movement::take(&inputs[0], &inputs[1], *axis, shape),
+        Slice { start, step } => Ok(movement::slice_view(inputs[0], start, step, shape)),
+        Contiguous => movement::make_contiguous(inputs[0]),
+        Take { axis } => movement::take(inputs[0], inputs[1], *axis, shape),
         Concatenate { axis } => movement::concatenate(inputs, *axis, shape),
-        Pad { widths, value } => movement::pad(&inputs[0], widths, *value, shape),
-        ToDevice => to_host(&inputs[0]),
+        Pad { widths, value } => movement::pad(inputs[0], widths, *value, shape),
+        ToDevice => to_host(inputs[0]),
         Host { f, name } => host_call(name, f, inputs, shape, dtype),
         Placeholder { index } => Err(Error::invalid(
             "placeholder",
@@ -102,11 +102,11 @@ pub(crate) fn from_f64_slice(values: &[f64], dtype: DType, shape: &[usize]) -> R
 fn host_call(
     name: &'static str,
     f: &crate::primitives::HostFn,
-    inputs: &[Storage],
+    inputs: &[&Storage],
     shape: &[usize],
     dtype: DType,
 ) -> Result<Storage> {
-    let args: Vec<Vec<f64>> = inputs.iter().map(to_f64_vec).collect();
+    let args: Vec<Vec<f64>> = inputs.iter().map(|s| to_f64_vec(s)).collect();
     let out = f(&args)?;
     let n: usize = shape.iter().product();
     if out.len() != n {

@@ -117,7 +117,7 @@ pub(crate) fn take(x: &Storage, idx: &Storage, axis: usize, shape: &[usize]) -> 
 }
 
 /// Joins the inputs (all of the node dtype) along `axis`.
-pub(crate) fn concatenate(xs: &[Storage], axis: usize, shape: &[usize]) -> Result<Storage> {
+pub(crate) fn concatenate(xs: &[&Storage], axis: usize, shape: &[usize]) -> Result<Storage> {
     let dtype = xs[0].dtype;
     let n = numel(shape);
     let mut buf = CpuBuffer::alloc(dtype, n)?;

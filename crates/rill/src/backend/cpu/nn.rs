@@ -233,16 +233,16 @@ fn column_input<T: FloatElem>(s: Option<&Storage>) -> Option<Vec<T::A>> {
 }
 
 /// Layer normalisation over the last axis; inputs `x[, weight][, bias]`.
-pub(crate) fn layer_norm(inputs: &[Storage], eps: f64, has_weight: bool, has_bias: bool) -> Result<Storage> {
+pub(crate) fn layer_norm(inputs: &[&Storage], eps: f64, has_weight: bool, has_bias: bool) -> Result<Storage> {
     norm(inputs, eps, has_weight, has_bias, false)
 }
 
 /// RMS normalisation over the last axis; inputs `x[, weight]`.
-pub(crate) fn rms_norm(inputs: &[Storage], eps: f64, has_weight: bool) -> Result<Storage> {
+pub(crate) fn rms_norm(inputs: &[&Storage], eps: f64, has_weight: bool) -> Result<Storage> {
     norm(inputs, eps, has_weight, false, true)
 }
 
-fn norm(inputs: &[Storage], eps: f64, has_weight: bool, has_bias: bool, rms: bool) -> Result<Storage> {
+fn norm(inputs: &[&Storage], eps: f64, has_weight: bool, has_bias: bool, rms: bool) -> Result<Storage> {
     let x = &inputs[0];
     let shape = x.layout.shape.clone();
     let n = numel(&shape);
@@ -257,7 +257,7 @@ fn norm(inputs: &[Storage], eps: f64, has_weight: bool, has_bias: bool, rms: boo
 }
 
 fn norm_typed<T: FloatElem>(
-    inputs: &[Storage],
+    inputs: &[&Storage],
     eps: f64,
     has_weight: bool,
     has_bias: bool,
@@ -265,10 +265,10 @@ fn norm_typed<T: FloatElem>(
     d: usize,
     out: &mut [T],
 ) {
-    let w = column_input::<T>(if has_weight { inputs.get(1) } else { None });
-    let b = column_input::<T>(if has_bias { inputs.get(1 + has_weight as usize) } else { None });
+    let w = column_input::<T>(if has_weight { inputs.get(1).copied() } else { None });
+    let b = column_input::<T>(if has_bias { inputs.get(1 + has_weight as usize).copied() } else { None });
     let eps = T::A::of(eps);
-    let xs = strided::contiguous::<T>(&inputs[0]);
+    let xs = strided::contiguous::<T>(inputs[0]);
     par_row_map(&xs, out, d, |xr, or| {
         let (mean, scale) = if rms {
             let mut ss = T::A::ZERO;

@@ -135,12 +135,11 @@ pub(crate) fn device(ordinal: usize) -> Result<Arc<DeviceState>> {
     })?;
     pool::ensure_started();
     // The first calls of NVRTC, cuBLAS and cuBLASLt happen here, on this thread, before the
-    // device is handed out; the exit hook is registered after them, so it runs before the
-    // teardown of every static they constructed (`libs.rs`). A later first compile or
-    // matmul of the program then initialises nothing.
+    // device is handed out (the pool's start above registered the exit hook; where a
+    // library's teardown is not guarded, these calls register it again after the statics
+    // they constructed: `libs::after_first_use`).
     super::nvrtc::warm_up(&d.arch);
     super::matmul::warm_up(drv, &d);
-    lifecycle::register_exit_hook();
     let mut table = DEVICES.lock();
     if table.len() <= ordinal {
         table.resize_with(ordinal + 1, || None);

@@ -1,193 +1,118 @@
-//! Running batches on a GPU stream, and copies to the host.
+//! A batch on a GPU stream (the CUDA side of `backend::BatchRun`), and copies to the host.
 //!
-//! `execute_batch` walks the batch's nodes in order. Each node's inputs come from the
-//! batch itself (a local map: those nodes are completed only at the end) or from nodes
-//! completed earlier; the CUDA stream first waits (on the GPU) for the producer events of
-//! inputs made on other streams, host inputs are uploaded, and the node's kernels are
-//! recorded (`launch.rs`: sent at the end of the batch, as one CUDA graph launch when the
-//! launch sequence repeats, or earlier when anything else uses the stream). Errors and
-//! panics poison only the node and its dependants; so does a recorded launch that fails
-//! when it is sent. One-element `Full` nodes are slots of the scalar slab. After the batch
-//! one event is recorded; it becomes the producer event of every buffer the batch made
-//! and the last-use event of buffers of other streams it read; one fence is attached to
-//! every output, the nodes are completed, and (event, fence) go to the device's
-//! completion worker.
+//! The runtime's loop (`runtime/execute.rs`) hands over the batch's nodes one at a time.
+//! For each, the CUDA stream first waits (on the GPU) for the producer events of inputs
+//! made on other streams, host inputs are uploaded, and the node's kernels are recorded
+//! (`launch.rs`: sent at the end of the batch, as one CUDA graph launch when the launch
+//! sequence repeats, or earlier when anything else uses the stream). One-element `Full`
+//! nodes are slots of the scalar slab. At the end of the batch the recorded launches are
+//! sent (`send`: what failed then is reported by node), one event is recorded (`seal`); it
+//! becomes the producer event of every buffer the batch made and the last-use event of
+//! buffers of other streams it read, and one fence is attached to every output. After the
+//! runtime completed the nodes, (event, fence) go to the device's completion worker
+//! (`close`).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use crate::array::Array;
-use crate::backend::{Buffer, Fence, Storage};
+use crate::backend::{Buffer, Fence, Op, Storage};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::primitives::Primitive;
-use crate::runtime::stream::Stream;
-use crate::runtime::{lifecycle, stats};
+use crate::runtime::lifecycle;
 use crate::sync::Arc;
-use crate::sync::atomic::Ordering::SeqCst;
 
 use super::buffer::{cuda_of, download, scalar_on_device, slab_scalar, upload};
-use super::driver::GpuStream;
-use super::handles::Ev;
+use super::driver::{Driver, GpuStream};
+use super::handles::{CudaStreamHandle, Ev};
 use super::{copy, elementwise as ew, fused, launch, matmul, norm, random, reduce, scan};
-use cudarc::driver::DriverError;
-use rustc_hash::FxHashMap as HashMap;
 use smallvec::SmallVec;
 
-/// Runs one batch of nodes (all on the GPU stream `stream`) in order.
-pub(crate) fn execute_batch(stream: &Stream, nodes: &[Array]) {
-    let Some(handle) = stream.inner.cuda.as_ref() else {
-        return fail_all(nodes, Error::backend("cuda", "a GPU stream without a CUDA stream"));
-    };
-    // The whole batch runs inside the backend gate: shutdown waits for it to finish
-    // before the process may tear the driver down.
-    let Some(pass) = lifecycle::enter_backend() else {
-        return fail_all(nodes, Error::ShutDown);
-    };
-    let cs = &GpuStream::new(pass.driver(), handle);
-    // The batch's results, in batch order, and where each node id's value is: a position
-    // in `results` (a node of this batch, completed only at the end) or in `outside` (an
-    // input made before the batch: read from its node once per batch, not once per use).
-    let mut results: Vec<Result<Storage>> = Vec::with_capacity(nodes.len());
-    let mut outside: Vec<Result<Storage>> = Vec::new();
-    let mut at: HashMap<u64, Slot> = HashMap::default();
-    at.reserve(nodes.len() + 4);
-    let mut waited: Vec<usize> = Vec::new();
-    // Every storage of another stream's buffer read by the batch, kept alive until its
-    // last-use event is set (this stream's own buffers need no last use: their free is
-    // ordered on this stream after the batch's kernels).
-    let mut read: Vec<Storage> = Vec::new();
-    let mut any_ok = false;
-    // Kernel launches are recorded and sent at the end (as one CUDA graph when the
-    // sequence repeats), or earlier when something else needs the stream (`launch.rs`).
-    let rec = launch::Recording::begin(*cs, nodes.len());
-    for a in nodes {
-        let node = &a.node;
-        if let Some(r) = &rec {
-            r.node(node.id);
-        }
-        // Where each input's value is: a node of this batch (in `results`) or one made
-        // before it (read from its node into `outside` once per batch).
-        let mut slots: SmallVec<[Slot; 4]> = SmallVec::new();
-        for i in node.state.lock().inputs.iter() {
-            let slot = *at.entry(i.node.id).or_insert_with(|| {
-                outside.push(i.node.storage());
-                Slot::Outside(outside.len() as u32 - 1)
-            });
-            slots.push(slot);
-        }
-        // The inputs are borrowed from there, not cloned (no reference counts per use).
-        let inputs = slots.iter().map(|slot| match *slot {
-            Slot::Batch(k) => results[k as usize].as_ref().map_err(Error::clone),
-            Slot::Outside(k) => outside[k as usize].as_ref().map_err(Error::clone),
-        });
-        let result = match inputs.collect::<Result<SmallVec<[&Storage; 4]>>>() {
-            Err(e) => Err(e),
-            // Shutdown's drain ended while this batch ran: stop early, the closer waits.
-            Ok(_) if lifecycle::is_cancelled() => Err(Error::ShutDown),
-            Ok(inputs) => catch_unwind(AssertUnwindSafe(|| {
-                prepare_inputs(cs, &inputs, &mut waited)?;
-                eval(cs, &node.prim, &node.shape, node.dtype, &inputs, &mut read)
-            }))
-            .unwrap_or_else(|p| {
-                Err(Error::Panic { op: node.prim.name(), msg: crate::error::panic_message(&*p).into() })
-            }),
-        };
-        any_ok |= result.is_ok();
-        at.insert(node.id, Slot::Batch(results.len() as u32));
-        results.push(result);
+/// One batch on a GPU stream, from its first node to the hand-over of its fence.
+pub(crate) struct BatchRun<'a> {
+    cs: GpuStream<'a>,
+    /// Kernel launches recorded while the batch runs (`None`: launched directly).
+    rec: Option<launch::Recording<'a>>,
+    /// Event handles already waited for in this batch (see [`prepare_inputs`]).
+    waited: Vec<usize>,
+    /// Every storage of another stream's buffer read by the batch, kept alive until its
+    /// last-use event is set (this stream's own buffers need no last use: their free is
+    /// ordered on this stream after the batch's kernels).
+    read: Vec<Storage>,
+    any_ok: bool,
+    fence: Arc<Fence>,
+    ev: Option<Arc<Ev>>,
+}
+
+impl<'a> BatchRun<'a> {
+    /// Starts a batch of `len` nodes on `handle`, under the pass that gave `d`.
+    pub(crate) fn begin(d: Driver<'a>, handle: &'a CudaStreamHandle, len: usize) -> BatchRun<'a> {
+        let cs = GpuStream::new(d, handle);
+        let rec = launch::Recording::begin(cs, len);
+        BatchRun { cs, rec, waited: Vec::new(), read: Vec::new(), any_ok: false, fence: Fence::new(), ev: None }
     }
-    if let Some(r) = rec {
-        let failed = r.finish();
-        if !failed.is_empty() {
-            fail_launched(nodes, &mut results, &failed);
+
+    /// Enqueues one node's work.
+    pub(crate) fn run(&mut self, op: &Op<'_>, inputs: &[&Storage]) -> Result<Storage> {
+        if let Some(r) = &self.rec {
+            r.node(op.id);
         }
+        prepare_inputs(&self.cs, inputs, &mut self.waited)?;
+        let r = eval(&self.cs, op.prim, op.shape, op.dtype, inputs, &mut self.read);
+        self.any_ok |= r.is_ok();
+        r
     }
-    let fence = Fence::new();
-    let ev = if any_ok {
-        match Ev::record(cs.driver(), cs.stream(), &cs.dev.events) {
-            Ok(ev) => Some(Arc::new(ev)),
-            Err(e) => {
-                let err = super::backend_err("cuda", format!("recording the batch event: {e:?}"));
-                for r in results.iter_mut() {
-                    if r.is_ok() {
-                        *r = Err(err.clone());
+
+    /// Sends the recorded launches; returns the nodes whose launches failed (`None`: a
+    /// failure that cannot be charged to one node, the sender panicked).
+    pub(crate) fn send(&mut self) -> Vec<(Option<u64>, Error)> {
+        let Some(r) = self.rec.take() else { return Vec::new() };
+        r.finish().into_iter().map(|(n, e)| ((n != 0).then_some(n), super::backend_err("launch", e))).collect()
+    }
+
+    /// Records the batch's event and attaches it and the fence to the results.
+    pub(crate) fn seal(&mut self, results: &mut [Result<Storage>]) {
+        let cs = self.cs;
+        if self.any_ok {
+            match Ev::record(cs.driver(), cs.stream(), &cs.dev.events) {
+                Ok(ev) => self.ev = Some(Arc::new(ev)),
+                Err(e) => {
+                    let err = super::backend_err("cuda", format!("recording the batch event: {e:?}"));
+                    for r in results.iter_mut() {
+                        if r.is_ok() {
+                            *r = Err(err.clone());
+                        }
                     }
                 }
-                None
             }
         }
-    } else {
-        None
-    };
-    if let Some(ev) = &ev {
-        for s in &read {
-            if let Some(b) = cuda_of(s) {
-                b.add_user(cs.id, ev);
+        if let Some(ev) = &self.ev {
+            for s in &self.read {
+                if let Some(b) = cuda_of(s) {
+                    b.add_user(cs.id, ev);
+                }
             }
         }
-    }
-    drop(read);
-    stats::NODES_COMPUTED.fetch_add(nodes.len() as u64, SeqCst);
-    // In the batch's (topological) order: a buffer's event is set before the first node
-    // that holds it is published, so another stream that reads it waits for this batch.
-    for (a, mut r) in nodes.iter().zip(results) {
-        if let Ok(s) = &mut r {
-            if let (Some(ev), Some(b)) = (&ev, cuda_of(s)) {
+        self.read.clear();
+        // In the batch's (topological) order: a buffer's event is set before the first
+        // node that holds it is published, so another stream that reads it waits for it.
+        for s in results.iter_mut().flatten() {
+            if let (Some(ev), Some(b)) = (&self.ev, cuda_of(s)) {
                 if !b.constant && b.produced.get().is_none() {
                     let _ = b.produced.set((ev.clone(), cs.id));
                 }
             }
-            s.fence = Some(fence.clone());
+            s.fence = Some(self.fence.clone());
         }
-        a.node.complete(r);
     }
-    // Once, after every node of the batch is complete (a shutdown drain waits for zero).
-    stats::IN_FLIGHT.fetch_sub(nodes.len(), SeqCst);
-    match ev {
-        Some(ev) => cs.dev.complete_later(cs.driver(), ev, fence),
-        None => fence.signal(Ok(())),
-    }
-}
 
-/// Where `execute_batch` keeps the value of a node id it has seen.
-#[derive(Clone, Copy)]
-enum Slot {
-    /// The node at this position of the batch.
-    Batch(u32),
-    /// An input made before the batch, at this position of the batch's list of them.
-    Outside(u32),
-}
-
-/// Completes every node of a batch that cannot run with `err`.
-fn fail_all(nodes: &[Array], err: Error) {
-    for a in nodes {
-        stats::NODES_COMPUTED.fetch_add(1, SeqCst);
-        a.node.complete(Err(err.clone()));
-        stats::IN_FLIGHT.fetch_sub(1, SeqCst);
-    }
-}
-
-/// Fails the nodes whose recorded launches failed when they were sent, and every node of
-/// the batch that depends on one of them (the batch is in dependency order).
-fn fail_launched(nodes: &[Array], results: &mut [Result<Storage>], failed: &[(u64, DriverError)]) {
-    let mut bad: Vec<u64> = Vec::new();
-    // Node 0: a failure that cannot be charged to one node (the sender panicked).
-    let everyone = failed.iter().find(|(n, _)| *n == 0).map(|(_, e)| super::backend_err("launch", e));
-    for (a, r) in nodes.iter().zip(results.iter_mut()) {
-        let id = a.node.id;
-        let own = failed.iter().find(|(n, _)| *n == id).map(|(_, e)| super::backend_err("launch", e));
-        let own = own.or_else(|| everyone.clone());
-        let upstream = || a.node.state.lock().inputs.iter().any(|i| bad.contains(&i.node.id));
-        let err = match own {
-            Some(e) => Some(e),
-            None if upstream() => Some(Error::backend("cuda", "an input's kernel failed to launch")),
-            None => None,
-        };
-        if let Some(e) = err {
-            bad.push(id);
-            if r.is_ok() {
-                *r = Err(e);
-            }
+    /// Hands (event, fence) to the device's completion worker (or signals the fence when
+    /// the batch enqueued nothing).
+    pub(crate) fn close(mut self) {
+        // The runtime sends before it seals; a recording left here is sent by its `Drop`.
+        drop(self.rec.take());
+        match self.ev.take() {
+            Some(ev) => self.cs.dev.complete_later(self.cs.driver(), ev, self.fence.clone()),
+            None => self.fence.signal(Ok(())),
         }
     }
 }
@@ -256,7 +181,7 @@ fn eval(
         crate::runtime::stats::HOST_ROUND_TRIPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         cs.synchronize()?;
         let host: Vec<Storage> = raw.iter().map(|s| host_copy(s)).collect::<Result<_>>()?;
-        let out = crate::backend::cpu::eval(prim, shape, dtype, &host)?;
+        let out = crate::backend::cpu::eval(prim, shape, dtype, &host.iter().collect::<Vec<_>>())?;
         return upload(cs, &out);
     }
     if let Host { f, name } = prim {
@@ -264,7 +189,8 @@ fn eval(
         crate::runtime::stats::HOST_ROUND_TRIPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         cs.synchronize()?;
         let host: Vec<Storage> = raw.iter().map(|s| host_copy(s)).collect::<Result<_>>()?;
-        let out = crate::backend::cpu::eval(&Host { f: f.clone(), name }, shape, dtype, &host)?;
+        let out =
+            crate::backend::cpu::eval(&Host { f: f.clone(), name }, shape, dtype, &host.iter().collect::<Vec<_>>())?;
         return upload(cs, &out);
     }
     // Inputs of another device or the host get device copies, made on this stream (the

@@ -134,6 +134,29 @@ pub(crate) fn load(lib: Lib) -> bool {
     matches!(st.load(SeqCst), AT_START | AT_PROBE)
 }
 
+/// The `dlopen` handle of the loaded library named `name` (as in [`report`]); never
+/// loads it. Used by the teardown tests to register through the library's own import.
+#[cfg(unix)]
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) fn loaded_handle(name: &str) -> Option<*mut std::ffi::c_void> {
+    let lib = ALL.into_iter().find(|l| l.stem() == name)?;
+    if !loaded(lib) {
+        return None;
+    }
+    cudarc::get_lib_name_candidates(lib.stem()).into_iter().find_map(|n| {
+        let c = std::ffi::CString::new(n).ok()?;
+        // SAFETY: looks up a library already loaded; loads nothing.
+        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+        (!h.is_null()).then_some(h)
+    })
+}
+
+#[cfg(not(unix))]
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) fn loaded_handle(_name: &str) -> Option<*mut std::ffi::c_void> {
+    None
+}
+
 /// True when `lib` was loaded; never loads it.
 pub(crate) fn loaded(lib: Lib) -> bool {
     matches!(STATE[lib as usize].load(SeqCst), AT_START | AT_PROBE)

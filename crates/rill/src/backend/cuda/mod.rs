@@ -10,7 +10,7 @@
 //! | device buffers, host↔device copies, the scalar slab | `buffer.rs` | device allocations |
 //! | small buffers kept for reuse by their stream | `cache.rs` | cached device memory, per stream |
 //! | kernel launches; a batch's launches recorded and replayed as CUDA graphs | `launch.rs` | CUDA graphs, per stream |
-//! | batches: waits, launches, events, fences | `exec.rs` | nothing |
+//! | a batch's nodes (the CUDA side of `backend::BatchRun`): waits, launches, events, fences | `exec.rs` | nothing |
 //! | NVRTC compilation and the kernel cache | `nvrtc.rs` | loaded modules |
 //! | CUDA C prelude (dtypes, conversions) | `source.rs` | nothing |
 //! | elementwise kernels, copies and sources | `elementwise.rs`, `map.rs` | nothing |
@@ -60,7 +60,7 @@ mod source;
 
 pub(crate) use buffer::{CudaBuffer, ready_scalar, recycle};
 pub(crate) use device::{clear_cache, device, device_count, shutdown};
-pub(crate) use exec::{execute_batch, to_host};
+pub(crate) use exec::{BatchRun, to_host};
 pub(crate) use handles::{CudaStreamHandle, new_stream};
 pub use matmul::set_allow_tf32;
 
