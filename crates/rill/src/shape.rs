@@ -83,6 +83,15 @@ pub fn broadcast_shapes(op: &'static str, a: &[usize], b: &[usize]) -> Result<Ve
     Ok(out)
 }
 
+/// The broadcast of all `ins` (`[]` for none).
+pub(crate) fn broadcast_all(name: &'static str, ins: &[&[usize]]) -> Result<Vec<usize>> {
+    let mut s: Vec<usize> = Vec::new();
+    for i in ins {
+        s = broadcast_shapes(name, &s, i)?;
+    }
+    Ok(s)
+}
+
 /// Resolves a possibly negative axis against a rank.
 pub fn normalize_axis(op: &'static str, axis: isize, ndim: usize) -> Result<usize> {
     let a = if axis < 0 { axis + ndim as isize } else { axis };

@@ -17,12 +17,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::compile::ir::{Builder, Inst, Reg, computable, loadable};
-use crate::compile::shapes::broadcast_all;
 use crate::compile::simplify::dce;
 use crate::compile::trace::{Ref, Tape, TapeNode};
 use crate::dtype::DType;
-use crate::primitives::{Primitive, UnaryOp};
+use crate::primitives::Primitive;
+use crate::primitives::fused::{Builder, Inst, Reg, fusable};
+use crate::shape::broadcast_all;
 
 /// The dtype a ref has in a tape.
 fn ref_dtype(tape: &Tape, r: Ref) -> DType {
@@ -47,52 +47,6 @@ fn op_ok(tape: &Tape, i: usize) -> bool {
     let n = &tape.nodes[i];
     let d: Vec<DType> = n.inputs.iter().map(|&r| ref_dtype(tape, r)).collect();
     fusable(&n.prim, &d, n.dtype)
-}
-
-/// True when the fused IR computes `prim` exactly on inputs of dtypes `ins` into an
-/// output of dtype `out`: an elementwise op with a computable output and loadable inputs
-/// (see `ir`), whose operands have the dtypes the op gives them.
-pub(crate) fn fusable(prim: &Primitive, ins: &[DType], out: DType) -> bool {
-    use Primitive::*;
-    if !computable(out) || !ins.iter().all(|&x| loadable(x)) {
-        return false;
-    }
-    match prim {
-        Cast => ins.len() == 1,
-        Unary(UnaryOp::LogicalNot) => ins.len() == 1 && out == DType::Bool,
-        Unary(op) => ins.len() == 1 && ins[0] == out && (out != DType::Bool || op.keeps_bool()),
-        Binary(op) => {
-            ins.len() == 2
-                && ins[0] == ins[1]
-                && if op.is_predicate() { out == DType::Bool } else { ins[0] == out && out != DType::Bool }
-        }
-        Where => ins.len() == 3 && ins[0] == DType::Bool && ins[1] == out && ins[2] == out,
-        Constant
-        | Full { .. }
-        | Arange { .. }
-        | Eye { .. }
-        | Random { .. }
-        | Reduce { .. }
-        | ArgReduce { .. }
-        | Softmax { .. }
-        | LayerNorm { .. }
-        | RmsNorm { .. }
-        | Cumsum { .. }
-        | Matmul
-        | Reshape
-        | Permute(_)
-        | BroadcastTo
-        | Slice { .. }
-        | Contiguous
-        | Take { .. }
-        | Concatenate { .. }
-        | Pad { .. }
-        | ToDevice
-        | Host { .. }
-        | Placeholder { .. }
-        | Fused(_)
-        | FusedReduce { .. } => false,
-    }
 }
 
 /// Rewrites `tape` with fused groups. `absorb_views` allows replacing `BroadcastTo`
@@ -192,7 +146,7 @@ fn build_group(
     root: usize,
     absorbed: &[bool],
     absorb_views: bool,
-) -> (crate::compile::FusedProgram, Vec<Ref>) {
+) -> (crate::primitives::fused::FusedProgram, Vec<Ref>) {
     let mut b = Builder::default();
     let mut externals: Vec<Ref> = Vec::new();
     let mut memo: HashMap<usize, Reg> = HashMap::new();

@@ -57,7 +57,7 @@
 //! is rounded to its dtype after each instruction, exactly where the unfused kernels
 //! round (f16/bf16 compute in f32), so compiled and uncompiled results are equal on
 //! the CPU. Integer-valued ops are not fused. The CPU interprets programs; the CUDA
-//! backend generates one kernel per program and launch plan (see `cuda_src`): a linear
+//! backend generates one kernel per program and launch plan (`backend/cuda/fused_src.rs`): a linear
 //! loop with 16-byte vector loads when every input is contiguous with the output or a
 //! scalar, row or column broadcast, else a strided loop over merged axes. Additions and
 //! multiplications are explicitly rounded there (never contracted into an FMA) and the
@@ -75,7 +75,7 @@
 //! axes and empty shapes store the values first. On the GPU, when the reduced axes are
 //! last and every input is contiguous or broadcast along them (`sum(axis=-1)`, full
 //! reductions), the node is one generated kernel: the reduction kernels' source with each
-//! element read by calling the program on its inputs (`cuda_src::reduce_read`), in each
+//! element read by calling the program on its inputs (`fused_src::reduce_read`), in each
 //! of the reduction's launch shapes (its elements are combined in another order than the
 //! unfused reduction's, so sums may differ from it in the last bits); other layouts run
 //! the fused kernel, store the values, and reduce them with the reduction kernels.
@@ -111,16 +111,13 @@
 //! shapes (new shapes must still broadcast with them, or the call returns the broadcast
 //! error).
 
-pub(crate) mod cpu;
-pub(crate) mod cuda_src;
 pub(crate) mod fuse;
-pub(crate) mod ir;
 pub(crate) mod rules;
 pub(crate) mod shapes;
 mod simplify;
 mod trace;
 
-pub use ir::FusedProgram;
+pub use crate::primitives::fused::FusedProgram;
 pub use simplify::same_op;
 
 use std::collections::HashMap;

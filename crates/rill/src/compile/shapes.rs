@@ -23,7 +23,7 @@ use crate::compile::rules::{Rule, ShapeOf};
 use crate::compile::trace::{Ref, Tape, TapeNode};
 use crate::error::{Error, Result};
 use crate::primitives::{Primitive, linalg, movement, nn, reduce};
-use crate::shape::{broadcast_shapes, checked_size};
+use crate::shape::{broadcast_all, checked_size};
 
 /// Every node's shape, and the value of each count fill, for one set of input shapes.
 pub(crate) struct Plan {
@@ -133,15 +133,6 @@ fn derive_ruled(
             linalg::matmul(a, b).map(|m| if *left { m.a_full } else { m.b_full })
         }
     })
-}
-
-/// The broadcast of all `ins` (`[]` for none).
-pub(crate) fn broadcast_all(name: &'static str, ins: &[&[usize]]) -> Result<Vec<usize>> {
-    let mut s: Vec<usize> = Vec::new();
-    for i in ins {
-        s = broadcast_shapes(name, &s, i)?;
-    }
-    Ok(s)
 }
 
 fn ref_shape<'a>(tape: &'a Tape, inputs: &'a [Vec<usize>], shapes: &'a [Vec<usize>], r: Ref) -> &'a [usize] {

@@ -4,9 +4,9 @@
 //!
 //! Both CUDA code generators build their kernels from these expressions and from nowhere
 //! else: the eager kernels (one op per kernel, `backend/cuda/elementwise.rs`) and the
-//! fused kernels of `crate::compile` (`compile/cuda_src.rs`), so an op computes the same
-//! bits fused or not. The CPU kernels (`backend/cpu/elementwise.rs`, and the fused
-//! interpreter `compile/cpu.rs`) compute the same functions; transcendental functions
+//! fused kernels (`backend/cuda/fused_src.rs`), so an op computes the same bits fused or
+//! not. The CPU kernels (`backend/cpu/elementwise.rs`, and the fused interpreter
+//! `backend/cpu/fused.rs`) compute the same functions; transcendental functions
 //! (`exp`, `tanh`, ...) come from different libraries there and may differ in the last
 //! place. The semantics:
 //!

@@ -49,6 +49,7 @@ macro_rules! op_enum {
 mod binary;
 pub(crate) mod creation;
 pub(crate) mod cuda;
+pub(crate) mod fused;
 pub(crate) mod linalg;
 pub(crate) mod movement;
 pub(crate) mod nn;
@@ -251,13 +252,13 @@ pub enum Primitive {
     },
     /// A fused elementwise kernel made by `crate::compile`: its inputs are broadcast to
     /// the node shape and the program runs once per output element.
-    Fused(Arc<crate::compile::FusedProgram>),
+    Fused(Arc<crate::primitives::fused::FusedProgram>),
     /// A fused elementwise program followed by a reduction, made by `crate::compile`: the
     /// program runs over the broadcast of the inputs and its values are reduced over
     /// `axes` (which keep size 1, as in `Reduce`) without being stored.
     FusedReduce {
         /// The elementwise program producing the reduced values.
-        program: Arc<crate::compile::FusedProgram>,
+        program: Arc<crate::primitives::fused::FusedProgram>,
         /// Which reduction.
         op: ReduceOp,
         /// Reduced axes of the program's (broadcast) shape.

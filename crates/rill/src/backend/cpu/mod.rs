@@ -9,6 +9,7 @@
 mod buffer;
 pub(crate) mod creation;
 pub(crate) mod elementwise;
+pub(crate) mod fused;
 pub(crate) mod matmul;
 pub(crate) mod movement;
 pub(crate) mod nn;
@@ -62,10 +63,8 @@ pub(crate) fn eval(prim: &Primitive, shape: &[usize], dtype: DType, inputs: &[&S
             "placeholder",
             format!("input {index} of a compiled function is a placeholder while tracing; it cannot be evaluated"),
         )),
-        Fused(p) => crate::compile::cpu::eval_fused(p, inputs, shape, dtype),
-        FusedReduce { program, op, axes } => {
-            crate::compile::cpu::eval_fused_reduce(program, *op, axes, inputs, shape, dtype)
-        }
+        Fused(p) => fused::eval_fused(p, inputs, shape, dtype),
+        FusedReduce { program, op, axes } => fused::eval_fused_reduce(program, *op, axes, inputs, shape, dtype),
     }
 }
 

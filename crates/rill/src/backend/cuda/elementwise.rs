@@ -198,13 +198,13 @@ pub(crate) fn eye(cs: &GpuStream<'_>, shape: &[usize], dtype: DType, k: isize) -
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::cuda::fused_src::{Access, Plan, cuda_source};
     use crate::backend::cuda::nvrtc::check_compiles;
-    use crate::compile::FusedProgram;
-    use crate::compile::cuda_src::{Access, Plan, cuda_source};
-    use crate::compile::fuse::fusable;
-    use crate::compile::ir::{Builder, Inst};
     use crate::dtype::ALL_DTYPES;
     use crate::primitives::Primitive;
+    use crate::primitives::fused::FusedProgram;
+    use crate::primitives::fused::fusable;
+    use crate::primitives::fused::{Builder, Inst};
 
     /// The expression register `r` is defined by in generated source (`.. r = EXPR;`).
     fn definition<'a>(src: &'a str, r: &str) -> &'a str {

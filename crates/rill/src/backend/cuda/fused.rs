@@ -1,4 +1,4 @@
-//! `Fused` nodes: the kernel source comes from [`crate::compile::cuda_src::cuda_source`]
+//! `Fused` nodes: the kernel source comes from [`crate::backend::cuda::fused_src::cuda_source`]
 //! for the launch [`Plan`] that the operands' layouts allow (linear with 16-byte vectors,
 //! linear with row/column/scalar broadcasts, or strided over merged axes), behind the
 //! backend's prelude. Each source is compiled once per device (the NVRTC cache is keyed
@@ -8,7 +8,7 @@
 //! the function and launches.
 //!
 //! `FusedReduce` nodes ([`fused_reduce`]) run as one reduction module of `reduce.rs` whose
-//! elements are the program's values ([`crate::compile::cuda_src::reduce_read`]), so the
+//! elements are the program's values ([`crate::backend::cuda::fused_src::reduce_read`]), so the
 //! values are never stored, when they read as rows: the kept axes merge into one row
 //! index and the reduced axes into one column index for every input, each input
 //! contiguous (stride 1) or broadcast (stride 0) along the reduced axes, any stride
@@ -23,13 +23,13 @@
 use cudarc::driver::{CudaFunction, LaunchConfig};
 
 use crate::backend::Storage;
-use crate::compile::FusedProgram;
-use crate::compile::cuda_src::{CUDA_MAX_DIMS, FUSED_BLOCK, Operand, Plan, cuda_source, plan, reduce_read};
-use crate::compile::shapes::broadcast_all;
+use crate::backend::cuda::fused_src::{CUDA_MAX_DIMS, FUSED_BLOCK, Operand, Plan, cuda_source, plan, reduce_read};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::primitives::ReduceOp;
+use crate::primitives::fused::FusedProgram;
 use crate::runtime::stats;
+use crate::shape::broadcast_all;
 use crate::shape::{Layout, Strides, broadcast_shapes, numel};
 use crate::sync::atomic::Ordering::Relaxed;
 
@@ -276,9 +276,9 @@ pub(crate) fn fused_reduce(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compile::cuda_src::Access;
-    use crate::compile::cuda_src::tests::f16_program;
-    use crate::compile::ir::{Builder, Inst};
+    use crate::backend::cuda::fused_src::Access;
+    use crate::backend::cuda::fused_src::tests::f16_program;
+    use crate::primitives::fused::{Builder, Inst};
     use crate::primitives::{BinaryOp, UnaryOp};
 
     /// The chain, `sigmoid((tanh(a*b + 1)*0.5 + a)^2 - b)`, in `d`.

@@ -45,6 +45,7 @@ mod driver;
 mod elementwise;
 mod exec;
 mod fused;
+pub(crate) mod fused_src;
 mod handles;
 mod handoff;
 mod launch;

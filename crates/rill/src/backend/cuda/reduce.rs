@@ -30,7 +30,7 @@
 use cudarc::driver::{CudaFunction, LaunchConfig};
 
 use crate::backend::Storage;
-use crate::compile::cuda_src::RowRead;
+use crate::backend::cuda::fused_src::RowRead;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::primitives::ReduceOp;
@@ -174,7 +174,7 @@ pub(crate) enum Elems<'a> {
     /// middle of each row with vector loads.
     Array,
     /// Elements computed by generated code (a fused program, see
-    /// [`crate::compile::cuda_src::reduce_read`]), read one at a time.
+    /// [`crate::backend::cuda::fused_src::reduce_read`]), read one at a time.
     Computed(&'a RowRead),
 }
 

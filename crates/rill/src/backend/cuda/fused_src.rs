@@ -23,13 +23,11 @@
 //! of its input values, the input parameters, each row's pointers and the element
 //! expression.
 
-#![cfg_attr(not(feature = "cuda"), allow(dead_code))]
-
 use std::fmt::Write;
 
-use crate::compile::ir::{FusedProgram, Inst, Reg, wide_lane};
 use crate::dtype::DType;
 use crate::primitives::cuda;
+use crate::primitives::fused::{FusedProgram, Inst, Reg, wide_lane};
 
 /// Most axes the generated kernels index; callers merge axes first (see
 /// [`cuda_source`]).
@@ -428,7 +426,7 @@ pub(crate) fn cuda_source(prog: &FusedProgram, plan: &Plan, kernel_name: &str) -
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::compile::ir::Builder;
+    use crate::primitives::fused::Builder;
     use crate::primitives::{BinaryOp, UnaryOp};
 
     /// sigmoid(tanh(a * b + 1) > a ? .. : ..) in f16 with a bool comparison and a cast.

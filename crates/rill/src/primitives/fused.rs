@@ -1,5 +1,7 @@
-//! The fused elementwise IR: a straight-line program over registers, run once per
-//! output element.
+//! The `fused` family: the IR of `Fused` and `FusedReduce` nodes, a straight-line program
+//! over registers run once per output element. `compile` builds programs (`fuse.rs`);
+//! each backend lowers them (`backend/cpu/fused.rs` interprets them, the CUDA backend
+//! generates a kernel per program: `backend/cuda/fused_src.rs`), so the IR sits below both.
 //!
 //! Register `i` is defined by instruction `i` (SSA form) and has dtype `dtypes[i]`.
 //! Values are held as f32 (for f32, f16, bf16 and bool registers) or f64 (for f64 and the
@@ -228,5 +230,51 @@ impl Builder {
             out,
             kernels: KernelMemo::default(),
         }
+    }
+}
+
+/// True when the fused IR computes `prim` exactly on inputs of dtypes `ins` into an
+/// output of dtype `out`: an elementwise op with a computable output and loadable inputs
+/// (see the module docs), whose operands have the dtypes the op gives them.
+pub(crate) fn fusable(prim: &crate::primitives::Primitive, ins: &[DType], out: DType) -> bool {
+    use crate::primitives::Primitive::*;
+    if !computable(out) || !ins.iter().all(|&x| loadable(x)) {
+        return false;
+    }
+    match prim {
+        Cast => ins.len() == 1,
+        Unary(crate::primitives::UnaryOp::LogicalNot) => ins.len() == 1 && out == DType::Bool,
+        Unary(op) => ins.len() == 1 && ins[0] == out && (out != DType::Bool || op.keeps_bool()),
+        Binary(op) => {
+            ins.len() == 2
+                && ins[0] == ins[1]
+                && if op.is_predicate() { out == DType::Bool } else { ins[0] == out && out != DType::Bool }
+        }
+        Where => ins.len() == 3 && ins[0] == DType::Bool && ins[1] == out && ins[2] == out,
+        Constant
+        | Full { .. }
+        | Arange { .. }
+        | Eye { .. }
+        | Random { .. }
+        | Reduce { .. }
+        | ArgReduce { .. }
+        | Softmax { .. }
+        | LayerNorm { .. }
+        | RmsNorm { .. }
+        | Cumsum { .. }
+        | Matmul
+        | Reshape
+        | Permute(_)
+        | BroadcastTo
+        | Slice { .. }
+        | Contiguous
+        | Take { .. }
+        | Concatenate { .. }
+        | Pad { .. }
+        | ToDevice
+        | Host { .. }
+        | Placeholder { .. }
+        | Fused(_)
+        | FusedReduce { .. } => false,
     }
 }

@@ -11,9 +11,9 @@ use half::{bf16, f16};
 use crate::backend::cpu::elementwise::{each_unary, unary_f32, unary_f64};
 use crate::backend::cpu::{CpuBuffer, par, reduce, strided};
 use crate::backend::{Buffer, Storage};
-use crate::compile::ir::{FusedProgram, Inst, wide_lane};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
+use crate::primitives::fused::{FusedProgram, Inst, wide_lane};
 use crate::primitives::{BinaryOp, ReduceOp, UnaryOp};
 use crate::shape::{Layout, broadcast_shapes, numel};
 
@@ -55,7 +55,7 @@ pub(crate) fn eval_fused_reduce(
     dtype: DType,
 ) -> Result<Storage> {
     let ins: Vec<&[usize]> = inputs.iter().map(|s| &s.layout.shape[..]).collect();
-    let in_shape = crate::compile::shapes::broadcast_all("fused_reduce", &ins)?;
+    let in_shape = crate::shape::broadcast_all("fused_reduce", &ins)?;
     let mut reduced = in_shape.clone();
     for &a in axes {
         match reduced.get_mut(a) {
@@ -375,7 +375,7 @@ fn cast(a: &Lane, out: &mut Lane, len: usize, to: DType) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compile::ir::Builder;
+    use crate::primitives::fused::Builder;
 
     /// A fused cast from an integer or f64 register rounds once, as the cast kernel does:
     /// values just above a bf16 midpoint, which a detour through f32 rounds to the
