@@ -106,7 +106,7 @@ fn run_stream(rt: &Arc<Rt>, s: usize) {
     }
 }
 
-/// Runs one node, as `execute_node` does: reads its inputs' values, records its own.
+/// Runs one node, as `runtime::execute::run_batch` does: reads its inputs' values, records its own.
 fn compute(n: &N) {
     let inputs = n.0.state.lock().inputs.clone();
     let mut v = n.0.id;

@@ -155,7 +155,7 @@ fn submit(rt: &Rt) -> Option<Arc<Completion<End>>> {
     Some(end)
 }
 
-/// A stream's pool job (`run_stream`), running one batch (`cuda::exec::execute_batch`).
+/// A stream's pool job (`run_stream`), running one batch (`runtime::execute::run_batch`).
 fn run_stream(rt: &Rt) {
     let (taken, after_cancel) = {
         let mut q = rt.queue.lock();

@@ -1,19 +1,27 @@
-//! Binary elementwise ops: the enum and each op's CUDA formula.
+//! Binary elementwise ops, each with everything that defines it: its name, its dtype
+//! rule ([`BinaryOp::is_predicate`]; the promotion itself is `ops/elementwise.rs`'s),
+//! its scalar semantics ([`BinaryOp::float`], [`BinaryOp::int`], with [`BinaryOp::pick`]
+//! and [`BinaryOp::test`] for the ops that only compare: the CPU kernels and the CPU
+//! fused interpreter call them), its CUDA formula ([`BinaryOp::cuda`]: the eager and
+//! the fused CUDA kernels both use it; see [`super::cuda`] for the rules a formula
+//! follows) and its gradient rules ([`BinaryOp::vjp`], [`BinaryOp::jvp`]).
 //!
-//! Adding an op: a variant here (with its name), its formula in [`BinaryOp::cuda`] (the
-//! one both CUDA generators use; see [`super::cuda`] for the rules a formula follows), its
-//! CPU function in `backend/cpu/elementwise.rs` (and `compile/cpu.rs`, the fused
-//! interpreter), its dtype rule in `ops/elementwise.rs` and an `Array` method there.
-//! Every match on the enum is exhaustive, so the compiler lists what else needs a
-//! decision.
+//! Adding an op: a variant here (with its name) and an answer in each of those
+//! functions, and an `Array` method in `ops/elementwise.rs`. Every match on the enum is
+//! exhaustive, so the compiler lists what else needs a decision.
 
 #![cfg_attr(not(feature = "cuda"), allow(dead_code))]
 
+use crate::array::Array;
 use crate::dtype::DType;
+use crate::error::Result;
 
 use super::cuda::utype;
+use super::grad::{Jvp, Vjp, no_rule};
+use super::scalar::{Float, IntOps};
 
 op_enum! {
+    $ each_binary;
     /// Elementwise functions of two broadcast arrays.
     enum BinaryOp ("binary") {
         Add => "add",
@@ -35,11 +43,102 @@ op_enum! {
 }
 
 impl BinaryOp {
+    /// True for `maximum` and `minimum`, which pick one of their operands.
+    pub const fn is_selection(self) -> bool {
+        matches!(self, BinaryOp::Maximum | BinaryOp::Minimum)
+    }
+
     /// True for the comparisons and logical ops, whose output is bool.
-    pub fn is_predicate(self) -> bool {
+    pub const fn is_predicate(self) -> bool {
         use BinaryOp::*;
         match self {
             Equal | NotEqual | Less | LessEqual | Greater | GreaterEqual | LogicalAnd | LogicalOr => true,
+            Add | Sub | Mul | Div | Pow | Maximum | Minimum => false,
+        }
+    }
+
+    /// `a op b` on float values, in their compute type (f16 and bf16 compute in f32): the
+    /// reference semantics of every CPU kernel of the op. A predicate's value is 1 or 0.
+    /// `maximum` and `minimum` return a NaN operand `a`, else the larger (smaller) one.
+    #[inline(always)]
+    pub(crate) fn float<F: Float>(self, a: F, b: F) -> F {
+        use BinaryOp::*;
+        let truth = |t: bool| if t { F::ONE } else { F::ZERO };
+        match self {
+            Add => a + b,
+            Sub => a - b,
+            Mul => a * b,
+            Div => a / b,
+            Pow => a.powf(b),
+            Maximum | Minimum => self.pick(a, b),
+            Equal | NotEqual | Less | LessEqual | Greater | GreaterEqual | LogicalAnd | LogicalOr => {
+                truth(self.test(a, b, F::ZERO))
+            }
+        }
+    }
+
+    /// `a op b` on integer (or bool, held in u8) values, in their own type: `+ - *` and
+    /// integer powers wrap, division by zero gives 0 (and `MIN / -1` wraps); a
+    /// predicate's value is 1 or 0.
+    #[inline(always)]
+    pub(crate) fn int<T: IntOps>(self, a: T, b: T) -> T {
+        use BinaryOp::*;
+        let truth = |t: bool| if t { T::one() } else { T::zero() };
+        match self {
+            Add => T::wadd(a, b),
+            Sub => T::wsub(a, b),
+            Mul => T::wmul(a, b),
+            Div => T::idiv(a, b),
+            Pow => T::ipow(a, b),
+            Maximum | Minimum => self.pick(a, b),
+            Equal | NotEqual | Less | LessEqual | Greater | GreaterEqual | LogicalAnd | LogicalOr => {
+                truth(self.test(a, b, T::zero()))
+            }
+        }
+    }
+
+    /// `maximum` and `minimum` on values of any ordered type (a storage type too: f16
+    /// and bf16 need no conversion): a NaN operand `a` (`a != a`) is returned, otherwise
+    /// the larger (smaller) operand. The other ops return `a`; they never reach here.
+    #[inline(always)]
+    pub(crate) fn pick<T: PartialOrd + Copy>(self, a: T, b: T) -> T {
+        use BinaryOp::*;
+        #[allow(clippy::eq_op)]
+        let nan = a != a;
+        match self {
+            Maximum => {
+                if nan || a > b {
+                    a
+                } else {
+                    b
+                }
+            }
+            Minimum => {
+                if nan || a < b {
+                    a
+                } else {
+                    b
+                }
+            }
+            Add | Sub | Mul | Div | Pow | Equal | NotEqual | Less | LessEqual | Greater | GreaterEqual | LogicalAnd
+            | LogicalOr => a,
+        }
+    }
+
+    /// A predicate on values of any ordered type (a storage type too), with `zero` its
+    /// zero (for the logical ops). The other ops give `false`; they never reach here.
+    #[inline(always)]
+    pub(crate) fn test<T: PartialOrd + Copy>(self, a: T, b: T, zero: T) -> bool {
+        use BinaryOp::*;
+        match self {
+            Equal => a == b,
+            NotEqual => a != b,
+            Less => a < b,
+            LessEqual => a <= b,
+            Greater => a > b,
+            GreaterEqual => a >= b,
+            LogicalAnd => a != zero && b != zero,
+            LogicalOr => a != zero || b != zero,
             Add | Sub | Mul | Div | Pow | Maximum | Minimum => false,
         }
     }
@@ -120,5 +219,16 @@ impl BinaryOp {
             Minimum => format!("(({a} < {b}) ? {a} : {b})"),
             Equal | NotEqual | Less | LessEqual | Greater | GreaterEqual | LogicalAnd | LogicalOr => self.cuda(d, a, b),
         }
+    }
+
+    /// The op's reverse-mode rule: the cotangents of its two inputs (see `grad.rs`). None
+    /// is written yet, so each op returns the `Unsupported` error naming it.
+    pub(crate) fn vjp(self, _: &Vjp<'_>) -> Result<[Option<Array>; 2]> {
+        Err(no_rule(self.name(), "vjp"))
+    }
+
+    /// The op's forward-mode rule: the tangent of its output (see `grad.rs`).
+    pub(crate) fn jvp(self, _: &Jvp<'_>) -> Result<Option<Array>> {
+        Err(no_rule(self.name(), "jvp"))
     }
 }

@@ -67,3 +67,13 @@ pub(crate) fn random(op: &'static str, shape: &[usize], dtype: DType) -> Result<
     }
     Ok(shape.to_vec())
 }
+
+/// Sources have no inputs, so no cotangent flows anywhere (see `grad.rs`).
+pub(crate) fn vjp(_: &super::Primitive, _: &super::grad::Vjp<'_>) -> Result<Vec<Option<crate::Array>>> {
+    Ok(Vec::new())
+}
+
+/// A source does not depend on any input: its tangent is zero.
+pub(crate) fn jvp(_: &super::Primitive, _: &super::grad::Jvp<'_>) -> Result<Option<crate::Array>> {
+    Ok(None)
+}

@@ -22,10 +22,16 @@ use std::sync::Arc;
 
 use crate::error::Result;
 
-/// Declares an op enum with its `ALL` list (in declaration order) and its `name()`, from
-/// one list of `Variant => "name"` pairs.
+/// Declares an op enum with its `ALL` list (in declaration order), its `name()`, and a
+/// macro `$each!(op, K => expr)` that expands `expr` once per op, with `K` a constant
+/// naming that op, and matches `op` to pick one: a kernel written as
+/// `each_unary!(op, K => loop calling K.float(x))` gets one loop per op (the op's own
+/// expression, which the compiler can vectorise) instead of a match per element. `$d`
+/// is a `$` token, for the inner macro's own variables.
 macro_rules! op_enum {
-    ($(#[$m:meta])* enum $name:ident ($what:literal) { $($(#[$vm:meta])* $v:ident => $s:literal,)* }) => {
+    ($d:tt $each:ident; $(#[$m:meta])* enum $name:ident ($what:literal) {
+        $($(#[$vm:meta])* $v:ident => $s:literal,)*
+    }) => {
         $(#[$m])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         #[allow(missing_docs)]
@@ -43,6 +49,20 @@ macro_rules! op_enum {
                 }
             }
         }
+
+        #[allow(unused_macros)]
+        macro_rules! $each {
+            ($d op:expr, $d k:ident => $d e:expr) => {
+                match $d op {
+                    $(crate::primitives::$name::$v => {
+                        const $d k: crate::primitives::$name = crate::primitives::$name::$v;
+                        $d e
+                    })*
+                }
+            };
+        }
+        #[allow(unused_imports)]
+        pub(crate) use $each;
     };
 }
 
@@ -50,14 +70,19 @@ mod binary;
 pub(crate) mod creation;
 pub(crate) mod cuda;
 pub(crate) mod fused;
+mod grad;
 pub(crate) mod linalg;
 pub(crate) mod movement;
 pub(crate) mod nn;
 pub(crate) mod reduce;
+pub(crate) mod scalar;
 mod unary;
+pub(crate) mod vexp;
 
 pub use binary::BinaryOp;
+pub(crate) use binary::each_binary;
 pub use unary::UnaryOp;
+pub(crate) use unary::each_unary;
 
 /// Reductions over a set of axes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

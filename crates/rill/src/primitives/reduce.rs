@@ -94,3 +94,14 @@ pub(crate) fn arg_reduce(name: &'static str, x: &[usize], axis: isize) -> Result
 pub(crate) fn cumsum(x: &[usize], axis: isize) -> Result<(usize, Vec<usize>)> {
     Ok((normalize_axis("cumsum", axis, x.len())?, x.to_vec()))
 }
+
+/// This family's reverse-mode rules (see `grad.rs`): none written yet, so each primitive
+/// returns the `Unsupported` error naming it.
+pub(crate) fn vjp(p: &super::Primitive, _: &super::grad::Vjp<'_>) -> Result<Vec<Option<crate::Array>>> {
+    Err(super::grad::no_rule(p.name(), "vjp"))
+}
+
+/// This family's forward-mode rules (see `grad.rs`): none written yet.
+pub(crate) fn jvp(p: &super::Primitive, _: &super::grad::Jvp<'_>) -> Result<Option<crate::Array>> {
+    Err(super::grad::no_rule(p.name(), "jvp"))
+}

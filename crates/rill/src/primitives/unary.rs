@@ -1,18 +1,26 @@
-//! Unary elementwise ops: the enum and each op's CUDA formula.
+//! Unary elementwise ops, each with everything that defines it: its name, its dtype
+//! rules ([`UnaryOp::needs_float`], [`UnaryOp::keeps_bool`]), its scalar semantics
+//! ([`UnaryOp::float`], [`UnaryOp::int`]: the CPU kernels and the CPU fused interpreter
+//! call them), its CUDA formula ([`UnaryOp::cuda`]: the eager and the fused CUDA kernels
+//! both use it; see [`super::cuda`] for the rules a formula follows) and its gradient
+//! rules ([`UnaryOp::vjp`], [`UnaryOp::jvp`]).
 //!
-//! Adding an op: a variant here (with its name), its formula in [`UnaryOp::cuda`] (the
-//! one both CUDA generators use; see [`super::cuda`] for the rules a formula follows), its
-//! CPU function in `backend/cpu/elementwise.rs` (`float_unary!`, `each_unary!` and
-//! `int_unary`), and an `Array` method in `ops/elementwise.rs`. Every match on the enum is
+//! Adding an op: a variant here (with its name) and an answer in each of those
+//! functions, and an `Array` method in `ops/elementwise.rs`. Every match on the enum is
 //! exhaustive, so the compiler lists what else needs a decision.
 
 #![cfg_attr(not(feature = "cuda"), allow(dead_code))]
 
+use crate::array::Array;
 use crate::dtype::DType;
+use crate::error::Result;
 
 use super::cuda::utype;
+use super::grad::{Jvp, Vjp, no_rule};
+use super::scalar::{Float, IntOps};
 
 op_enum! {
+    $ each_unary;
     /// Elementwise functions of one array.
     enum UnaryOp ("unary") {
         Neg => "neg",
@@ -65,6 +73,90 @@ impl UnaryOp {
             Neg | Sign | Exp | Log | Log1p | Sqrt | Rsqrt | Reciprocal | Sin | Cos | Tanh | Sigmoid | Gelu
             | GeluTanh | Silu | Erf | Floor | Ceil | Round => false,
         }
+    }
+
+    /// The op on a float value, in its compute type (f16 and bf16 compute in f32): the
+    /// reference semantics of every CPU kernel of the op.
+    #[inline(always)]
+    pub(crate) fn float<F: Float>(self, x: F) -> F {
+        use UnaryOp::*;
+        match self {
+            Neg => -x,
+            Abs => x.abs(),
+            Sign => {
+                if x > F::ZERO {
+                    F::ONE
+                } else if x < F::ZERO {
+                    -F::ONE
+                } else {
+                    x
+                }
+            }
+            Exp => x.exp(),
+            Log => x.ln(),
+            Log1p => x.ln_1p(),
+            Sqrt => x.sqrt(),
+            Rsqrt => F::ONE / x.sqrt(),
+            Square => x * x,
+            Reciprocal => F::ONE / x,
+            Sin => x.sin(),
+            Cos => x.cos(),
+            Tanh => x.tanh(),
+            Sigmoid => F::ONE / (F::ONE + (-x).exp()),
+            Relu => {
+                if x > F::ZERO || x.is_nan() {
+                    x
+                } else {
+                    F::ZERO
+                }
+            }
+            Gelu => F::HALF * x * (F::ONE + (x * F::FRAC_1_SQRT_2).erf()),
+            GeluTanh => F::HALF * x * (F::ONE + (F::SQRT_2_OVER_PI * (x + F::GELU_CUBIC * x * x * x)).tanh()),
+            Silu => x / (F::ONE + (-x).exp()),
+            Erf => x.erf(),
+            Floor => x.floor(),
+            Ceil => x.ceil(),
+            Round => x.round_ties_even(),
+            LogicalNot => {
+                if x == F::ZERO {
+                    F::ONE
+                } else {
+                    F::ZERO
+                }
+            }
+        }
+    }
+
+    /// The op on an integer (or bool, held in u8) value, in its own type: arithmetic
+    /// wraps, and `logical_not` gives 0 or 1. `None` for the ops that integer inputs do
+    /// not reach (the op converts them to a float dtype first: see
+    /// [`UnaryOp::needs_float`]).
+    #[inline(always)]
+    pub(crate) fn int<T: IntOps>(self, x: T) -> Option<T> {
+        use UnaryOp::*;
+        Some(match self {
+            Neg => T::wneg(x),
+            Abs => T::wabs(x),
+            Sign => T::sign(x),
+            Square => T::wmul(x, x),
+            Relu => {
+                if x > T::zero() {
+                    x
+                } else {
+                    T::zero()
+                }
+            }
+            Floor | Ceil | Round => x,
+            LogicalNot => {
+                if x == T::zero() {
+                    T::one()
+                } else {
+                    T::zero()
+                }
+            }
+            Exp | Log | Log1p | Sqrt | Rsqrt | Reciprocal | Sin | Cos | Tanh | Sigmoid | Gelu | GeluTanh | Silu
+            | Erf => return None,
+        })
     }
 
     /// The CUDA C expression of the op applied to `x`, an identifier holding a value of
@@ -159,5 +251,16 @@ impl UnaryOp {
             Exp | Log | Log1p | Sqrt | Rsqrt | Reciprocal | Sin | Cos | Tanh | Sigmoid | Gelu | GeluTanh | Silu
             | Erf => return None,
         })
+    }
+
+    /// The op's reverse-mode rule: the cotangent of its input (see `grad.rs`). None is
+    /// written yet, so each op returns the `Unsupported` error naming it.
+    pub(crate) fn vjp(self, _: &Vjp<'_>) -> Result<Option<Array>> {
+        Err(no_rule(self.name(), "vjp"))
+    }
+
+    /// The op's forward-mode rule: the tangent of its output (see `grad.rs`).
+    pub(crate) fn jvp(self, _: &Jvp<'_>) -> Result<Option<Array>> {
+        Err(no_rule(self.name(), "jvp"))
     }
 }

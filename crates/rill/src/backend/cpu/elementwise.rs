@@ -11,7 +11,8 @@ use crate::backend::cpu::{CpuBuffer, PAR_CHUNK, par, strided};
 use crate::backend::{Buffer, Storage};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::primitives::{BinaryOp, UnaryOp};
+use crate::primitives::scalar::{Float, IntOps};
+use crate::primitives::{BinaryOp, UnaryOp, each_binary, each_unary};
 use crate::shape::{Layout, numel};
 
 // ---- generic strided maps ----
@@ -199,100 +200,15 @@ pub(crate) fn cast(x: &Storage, to: DType) -> Result<Storage> {
 
 // ---- unary ----
 
-macro_rules! float_unary {
-    ($op:expr, $x:ident : $F:ty, $sqrt2pi:expr, $erf:path, $exp:path) => {{
-        use UnaryOp::*;
-        let x = $x;
-        match $op {
-            Neg => -x,
-            Abs => x.abs(),
-            Sign => {
-                if x > 0.0 {
-                    1.0
-                } else if x < 0.0 {
-                    -1.0
-                } else {
-                    x
-                }
-            }
-            Exp => $exp(x),
-            Log => x.ln(),
-            Log1p => x.ln_1p(),
-            Sqrt => x.sqrt(),
-            Rsqrt => 1.0 / x.sqrt(),
-            Square => x * x,
-            Reciprocal => 1.0 / x,
-            Sin => x.sin(),
-            Cos => x.cos(),
-            Tanh => x.tanh(),
-            Sigmoid => 1.0 / (1.0 + $exp(-x)),
-            Relu => {
-                if x > 0.0 {
-                    x
-                } else if x.is_nan() {
-                    x
-                } else {
-                    0.0
-                }
-            }
-            Gelu => 0.5 * x * (1.0 + $erf(x * std::f64::consts::FRAC_1_SQRT_2 as $F)),
-            GeluTanh => 0.5 * x * (1.0 + ($sqrt2pi * (x + 0.044715 * x * x * x)).tanh()),
-            Silu => x / (1.0 + $exp(-x)),
-            Erf => $erf(x),
-            Floor => x.floor(),
-            Ceil => x.ceil(),
-            Round => x.round_ties_even(),
-            LogicalNot => (x == 0.0) as u8 as $F,
-        }
-    }};
-}
+// Each kernel is one loop per op (`each_unary!`, `each_binary!`) over the op's scalar
+// function in `primitives/`, which the compiler can vectorise.
 
-/// Expands `$e` once per unary op, with `$k` a constant naming that op, and matches `$op`
-/// to pick one: code calling [`unary_f32`]/[`unary_f64`] with `$k` gets a loop per op
-/// (the op's own expression, which the compiler can vectorise) instead of a match per
-/// element. Adding an op to `UnaryOp` without adding it here does not compile.
-macro_rules! each_unary {
-    ($op:expr, $k:ident => $e:expr) => {
-        $crate::backend::cpu::elementwise::each_unary!(@ $op, $k, $e; Neg, Abs, Sign, Exp, Log, Log1p, Sqrt,
-            Rsqrt, Square, Reciprocal, Sin, Cos, Tanh, Sigmoid, Relu, Gelu, GeluTanh, Silu, Erf, Floor, Ceil,
-            Round, LogicalNot)
-    };
-    (@ $op:expr, $k:ident, $e:expr; $($name:ident),*) => {
-        match $op {
-            $($crate::primitives::UnaryOp::$name => {
-                const $k: $crate::primitives::UnaryOp = $crate::primitives::UnaryOp::$name;
-                $e
-            })*
-        }
-    };
-}
-pub(crate) use each_unary;
-
-#[inline(always)]
-pub(crate) fn unary_f32(op: UnaryOp, x: f32) -> f32 {
-    // exp without a library call (see `vexp`): loops over one op vectorise.
-    float_unary!(op, x: f32, 0.797_884_6_f32, libm::erff, crate::backend::cpu::vexp::exp_f32)
-}
-#[inline(always)]
-pub(crate) fn unary_f64(op: UnaryOp, x: f64) -> f64 {
-    float_unary!(op, x: f64, 0.797_884_560_802_865_4_f64, libm::erf, f64::exp)
-}
-
-fn int_unary<T: Element + IntOps>(op: UnaryOp, x: &Storage, dtype: DType) -> Result<Storage> {
-    use UnaryOp::*;
+fn int_unary<T: IntOps>(op: UnaryOp, x: &Storage, dtype: DType) -> Result<Storage> {
     let shape = x.layout.shape.clone();
-    match op {
-        Neg => map1::<T, T, _>(x, &shape, dtype, |v| T::wneg(v)),
-        Abs => map1::<T, T, _>(x, &shape, dtype, |v| T::wabs(v)),
-        Sign => map1::<T, T, _>(x, &shape, dtype, |v| T::sign(v)),
-        Square => map1::<T, T, _>(x, &shape, dtype, |v| T::wmul(v, v)),
-        Relu => map1::<T, T, _>(x, &shape, dtype, |v| if v > T::zero() { v } else { T::zero() }),
-        Floor | Ceil | Round => map1::<T, T, _>(x, &shape, dtype, |v| v),
-        LogicalNot => map1::<T, u8, _>(x, &shape, DType::Bool, |v| (v == T::zero()) as u8),
-        Exp | Log | Log1p | Sqrt | Rsqrt | Reciprocal | Sin | Cos | Tanh | Sigmoid | Gelu | GeluTanh | Silu | Erf => {
-            Err(Error::dtype(op.name(), dtype, "integer inputs are converted to float by the op"))
-        }
+    if op.needs_float() {
+        return Err(Error::dtype(op.name(), dtype, "integer inputs are converted to float by the op"));
     }
+    each_unary!(op, K => map1::<T, T, _>(x, &shape, dtype, |v| K.int(v).unwrap_or(v)))
 }
 
 pub(crate) fn unary(op: UnaryOp, x: &Storage, dtype: DType) -> Result<Storage> {
@@ -301,10 +217,10 @@ pub(crate) fn unary(op: UnaryOp, x: &Storage, dtype: DType) -> Result<Storage> {
         return crate::with_dtype!(x.dtype, A => map1::<A, u8, _>(x, &shape, DType::Bool, |v: A| (v.to_f64() == 0.0) as u8));
     }
     match x.dtype {
-        DType::F32 => each_unary!(op, K => map1::<f32, f32, _>(x, &shape, dtype, |v| unary_f32(K, v))),
-        DType::F64 => each_unary!(op, K => map1::<f64, f64, _>(x, &shape, dtype, |v| unary_f64(K, v))),
-        DType::F16 => map1::<f16, f16, _>(x, &shape, dtype, |v| f16::from_f32(unary_f32(op, v.to_f32()))),
-        DType::BF16 => map1::<bf16, bf16, _>(x, &shape, dtype, |v| bf16::from_f32(unary_f32(op, v.to_f32()))),
+        DType::F32 => each_unary!(op, K => map1::<f32, f32, _>(x, &shape, dtype, |v| K.float(v))),
+        DType::F64 => each_unary!(op, K => map1::<f64, f64, _>(x, &shape, dtype, |v| K.float(v))),
+        DType::F16 => map1::<f16, f16, _>(x, &shape, dtype, |v| f16::from_f32(op.float(v.to_f32()))),
+        DType::BF16 => map1::<bf16, bf16, _>(x, &shape, dtype, |v| bf16::from_f32(op.float(v.to_f32()))),
         DType::I32 => int_unary::<i32>(op, x, dtype),
         DType::I64 => int_unary::<i64>(op, x, dtype),
         DType::U32 => int_unary::<u32>(op, x, dtype),
@@ -314,117 +230,50 @@ pub(crate) fn unary(op: UnaryOp, x: &Storage, dtype: DType) -> Result<Storage> {
 
 // ---- binary ----
 
-/// Wrapping integer arithmetic shared by the integer kernels.
-pub(crate) trait IntOps: Element {
-    fn wadd(a: Self, b: Self) -> Self;
-    fn wsub(a: Self, b: Self) -> Self;
-    fn wmul(a: Self, b: Self) -> Self;
-    fn wneg(a: Self) -> Self;
-    fn wabs(a: Self) -> Self;
-    fn sign(a: Self) -> Self;
-    fn ipow(a: Self, b: Self) -> Self;
-    fn idiv(a: Self, b: Self) -> Self;
-}
-macro_rules! int_ops {
-    ($($t:ty, $signed:expr);*) => {$(
-        impl IntOps for $t {
-            #[inline(always)] fn wadd(a: Self, b: Self) -> Self { a.wrapping_add(b) }
-            #[inline(always)] fn wsub(a: Self, b: Self) -> Self { a.wrapping_sub(b) }
-            #[inline(always)] fn wmul(a: Self, b: Self) -> Self { a.wrapping_mul(b) }
-            #[inline(always)] fn wneg(a: Self) -> Self { (0 as $t).wrapping_sub(a) }
-            #[inline(always)] fn wabs(a: Self) -> Self { if $signed && a < (0 as $t) { (0 as $t).wrapping_sub(a) } else { a } }
-            #[inline(always)] fn sign(a: Self) -> Self { if a > (0 as $t) { 1 as $t } else if a == (0 as $t) { 0 as $t } else { (0 as $t).wrapping_sub(1) } }
-            #[inline(always)] fn ipow(a: Self, b: Self) -> Self {
-                if $signed && b < (0 as $t) {
-                    // Integer powers with negative exponents: only ±1 survive.
-                    if a == (1 as $t) { 1 as $t } else if $signed && a == (0 as $t).wrapping_sub(1) { if b.to_i64() % 2 == 0 { 1 as $t } else { a } } else { 0 as $t }
-                } else {
-                    a.wrapping_pow(b.to_i64().min(u32::MAX as i64) as u32)
-                }
-            }
-            #[inline(always)] fn idiv(a: Self, b: Self) -> Self { if b == (0 as $t) { 0 as $t } else { a.wrapping_div(b) } }
-        }
-    )*};
-}
-int_ops!(i32, true; i64, true; u32, false; u8, false);
-
-fn float_binary<T>(
+/// A float binary op on storage type `T`, computed in `C` (`to` and `from` convert; as
+/// closures, not `fn` pointers, so that they inline and the loops vectorise).
+fn float_binary<T: Element, C: Float>(
     op: BinaryOp,
     a: &Storage,
     b: &Storage,
     shape: &[usize],
     dtype: DType,
-    to: fn(T) -> f64,
-    from: fn(f64) -> T,
-) -> Result<Storage>
-where
-    T: Element,
-{
-    use BinaryOp::*;
-    let _ = (to, from);
-    macro_rules! m {
-        ($f:expr) => {
-            map2::<T, T, T, _>(a, b, shape, dtype, $f)
-        };
-    }
-    macro_rules! p {
-        ($f:expr) => {
-            map2::<T, T, u8, _>(a, b, shape, DType::Bool, $f)
-        };
-    }
-    match op {
-        Equal => p!(|x: T, y: T| (x == y) as u8),
-        NotEqual => p!(|x: T, y: T| (x != y) as u8),
-        Less => p!(|x: T, y: T| (x < y) as u8),
-        LessEqual => p!(|x: T, y: T| (x <= y) as u8),
-        Greater => p!(|x: T, y: T| (x > y) as u8),
-        GreaterEqual => p!(|x: T, y: T| (x >= y) as u8),
-        LogicalAnd => p!(|x: T, y: T| (x != T::zero() && y != T::zero()) as u8),
-        LogicalOr => p!(|x: T, y: T| (x != T::zero() || y != T::zero()) as u8),
-        Maximum => m!(|x: T, y: T| if x.to_f64().is_nan() || x > y { x } else { y }),
-        Minimum => m!(|x: T, y: T| if x.to_f64().is_nan() || x < y { x } else { y }),
-        Add | Sub | Mul | Div | Pow => unreachable!("arithmetic is computed per type (`arith!`, `int_binary`)"),
-    }
-}
-
-macro_rules! arith {
-    ($T:ty, $C:ty, $op:expr, $a:expr, $b:expr, $shape:expr, $dtype:expr, $to:expr, $from:expr) => {{
-        use BinaryOp::*;
-        let (to, from) = ($to, $from);
-        match $op {
-            Add => map2::<$T, $T, $T, _>($a, $b, $shape, $dtype, |x, y| from(to(x) + to(y))),
-            Sub => map2::<$T, $T, $T, _>($a, $b, $shape, $dtype, |x, y| from(to(x) - to(y))),
-            Mul => map2::<$T, $T, $T, _>($a, $b, $shape, $dtype, |x, y| from(to(x) * to(y))),
-            Div => map2::<$T, $T, $T, _>($a, $b, $shape, $dtype, |x, y| from(to(x) / to(y))),
-            Pow => map2::<$T, $T, $T, _>($a, $b, $shape, $dtype, |x, y| from(<$C>::powf(to(x), to(y)))),
-            Maximum | Minimum | Equal | NotEqual | Less | LessEqual | Greater | GreaterEqual | LogicalAnd
-            | LogicalOr => float_binary::<$T>($op, $a, $b, $shape, $dtype, |v| v.to_f64(), <$T as Element>::from_f64),
+    to: impl Fn(T) -> C + Copy + Sync,
+    from: impl Fn(C) -> T + Copy + Sync,
+) -> Result<Storage> {
+    // Comparisons read the storage type directly (no conversion of f16 or bf16).
+    each_binary!(op, K => {
+        const PREDICATE: bool = K.is_predicate();
+        const SELECTION: bool = K.is_selection();
+        if PREDICATE {
+            map2::<T, T, u8, _>(a, b, shape, DType::Bool, |x, y| K.test(x, y, T::zero()) as u8)
+        } else if SELECTION {
+            map2::<T, T, T, _>(a, b, shape, dtype, |x, y| K.pick(x, y))
+        } else {
+            map2::<T, T, T, _>(a, b, shape, dtype, |x, y| from(K.float(to(x), to(y))))
         }
-    }};
+    })
 }
 
 fn int_binary<T: IntOps>(op: BinaryOp, a: &Storage, b: &Storage, shape: &[usize], dtype: DType) -> Result<Storage> {
-    use BinaryOp::*;
-    match op {
-        Add => map2::<T, T, T, _>(a, b, shape, dtype, T::wadd),
-        Sub => map2::<T, T, T, _>(a, b, shape, dtype, T::wsub),
-        Mul => map2::<T, T, T, _>(a, b, shape, dtype, T::wmul),
-        Div => map2::<T, T, T, _>(a, b, shape, dtype, T::idiv),
-        Pow => map2::<T, T, T, _>(a, b, shape, dtype, T::ipow),
-        Maximum | Minimum | Equal | NotEqual | Less | LessEqual | Greater | GreaterEqual | LogicalAnd | LogicalOr => {
-            float_binary::<T>(op, a, b, shape, dtype, |v| v.to_f64(), T::from_f64)
+    each_binary!(op, K => {
+        const PREDICATE: bool = K.is_predicate();
+        if PREDICATE {
+            map2::<T, T, u8, _>(a, b, shape, DType::Bool, |x, y| (K.int(x, y) != T::zero()) as u8)
+        } else {
+            map2::<T, T, T, _>(a, b, shape, dtype, |x, y| K.int(x, y))
         }
-    }
+    })
 }
 
 pub(crate) fn binary(op: BinaryOp, a: &Storage, b: &Storage, shape: &[usize], dtype: DType) -> Result<Storage> {
     debug_assert_eq!(a.dtype, b.dtype);
     let dtype = if op.is_predicate() { a.dtype } else { dtype };
     match a.dtype {
-        DType::F32 => arith!(f32, f32, op, a, b, shape, dtype, |v: f32| v, |v: f32| v),
-        DType::F64 => arith!(f64, f64, op, a, b, shape, dtype, |v: f64| v, |v: f64| v),
-        DType::F16 => arith!(f16, f32, op, a, b, shape, dtype, |v: f16| v.to_f32(), f16::from_f32),
-        DType::BF16 => arith!(bf16, f32, op, a, b, shape, dtype, |v: bf16| v.to_f32(), bf16::from_f32),
+        DType::F32 => float_binary::<f32, f32>(op, a, b, shape, dtype, |v: f32| v, |v: f32| v),
+        DType::F64 => float_binary::<f64, f64>(op, a, b, shape, dtype, |v: f64| v, |v: f64| v),
+        DType::F16 => float_binary::<f16, f32>(op, a, b, shape, dtype, |v: f16| v.to_f32(), f16::from_f32),
+        DType::BF16 => float_binary::<bf16, f32>(op, a, b, shape, dtype, |v: bf16| v.to_f32(), bf16::from_f32),
         DType::I32 => int_binary::<i32>(op, a, b, shape, dtype),
         DType::I64 => int_binary::<i64>(op, a, b, shape, dtype),
         DType::U32 => int_binary::<u32>(op, a, b, shape, dtype),

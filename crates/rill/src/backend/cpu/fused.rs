@@ -8,13 +8,12 @@
 
 use half::{bf16, f16};
 
-use crate::backend::cpu::elementwise::{each_unary, unary_f32, unary_f64};
 use crate::backend::cpu::{CpuBuffer, par, reduce, strided};
 use crate::backend::{Buffer, Storage};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::primitives::fused::{FusedProgram, Inst, wide_lane};
-use crate::primitives::{BinaryOp, ReduceOp, UnaryOp};
+use crate::primitives::{BinaryOp, ReduceOp, UnaryOp, each_binary, each_unary};
 use crate::shape::{Layout, broadcast_shapes, numel};
 
 /// Elements per chunk.
@@ -275,69 +274,38 @@ fn unary(op: UnaryOp, a: &Lane, out: &mut Lane, len: usize, d: DType) {
     match (a, out) {
         (Lane::F(x), Lane::F(o)) => {
             let o = &mut o[..len];
-            // One loop per op (see `each_unary`): same function, a loop that vectorises.
-            each_unary!(op, K => o.iter_mut().zip(x).for_each(|(o, &x)| *o = unary_f32(K, x)));
+            // One loop per op over the op's scalar function (see `each_unary`).
+            each_unary!(op, K => o.iter_mut().zip(x).for_each(|(o, &x)| *o = K.float(x)));
             round_f32(d, o);
         }
         (Lane::D(x), Lane::D(o)) => {
-            each_unary!(op, K => o[..len].iter_mut().zip(x).for_each(|(o, &x)| *o = unary_f64(K, x)))
+            each_unary!(op, K => o[..len].iter_mut().zip(x).for_each(|(o, &x)| *o = K.float(x)))
         }
         _ => {}
     }
 }
 
-macro_rules! zip2 {
-    ($o:expr, $x:expr, $y:expr, |$a:ident, $b:ident| $e:expr) => {
-        for ((o, &$a), &$b) in $o.iter_mut().zip($x).zip($y) {
-            *o = $e;
-        }
-    };
-}
-
-macro_rules! arith {
-    ($op:expr, $o:expr, $x:expr, $y:expr) => {{
-        use BinaryOp::*;
-        match $op {
-            Add => zip2!($o, $x, $y, |a, b| a + b),
-            Sub => zip2!($o, $x, $y, |a, b| a - b),
-            Mul => zip2!($o, $x, $y, |a, b| a * b),
-            Div => zip2!($o, $x, $y, |a, b| a / b),
-            Pow => zip2!($o, $x, $y, |a, b| a.powf(b)),
-            Maximum => zip2!($o, $x, $y, |a, b| if a.is_nan() || a > b { a } else { b }),
-            Minimum => zip2!($o, $x, $y, |a, b| if a.is_nan() || a < b { a } else { b }),
-            // Predicates: `predicate!`.
-            Equal | NotEqual | Less | LessEqual | Greater | GreaterEqual | LogicalAnd | LogicalOr => {}
-        }
-    }};
-}
-
-macro_rules! predicate {
-    ($op:expr, $o:expr, $x:expr, $y:expr) => {{
-        use BinaryOp::*;
-        match $op {
-            Equal => zip2!($o, $x, $y, |a, b| (a == b) as u8 as f32),
-            NotEqual => zip2!($o, $x, $y, |a, b| (a != b) as u8 as f32),
-            Less => zip2!($o, $x, $y, |a, b| (a < b) as u8 as f32),
-            LessEqual => zip2!($o, $x, $y, |a, b| (a <= b) as u8 as f32),
-            Greater => zip2!($o, $x, $y, |a, b| (a > b) as u8 as f32),
-            GreaterEqual => zip2!($o, $x, $y, |a, b| (a >= b) as u8 as f32),
-            LogicalAnd => zip2!($o, $x, $y, |a, b| (a != 0.0 && b != 0.0) as u8 as f32),
-            LogicalOr => zip2!($o, $x, $y, |a, b| (a != 0.0 || b != 0.0) as u8 as f32),
-            // Arithmetic: `arith!`.
-            Add | Sub | Mul | Div | Pow | Maximum | Minimum => {}
-        }
-    }};
+fn zip2<A: Copy, O>(o: &mut [O], x: &[A], y: &[A], f: impl Fn(A, A) -> O) {
+    for ((o, &a), &b) in o.iter_mut().zip(x).zip(y) {
+        *o = f(a, b);
+    }
 }
 
 fn binary(op: BinaryOp, a: &Lane, b: &Lane, out: &mut Lane, len: usize, d: DType) {
+    // One loop per op over the op's scalar function (see `each_binary`); a predicate's
+    // 0 or 1 lands in an f32 lane.
     match (a, b, out) {
-        (Lane::F(x), Lane::F(y), Lane::F(o)) if op.is_predicate() => predicate!(op, o[..len], &x[..len], &y[..len]),
-        (Lane::D(x), Lane::D(y), Lane::F(o)) if op.is_predicate() => predicate!(op, o[..len], &x[..len], &y[..len]),
         (Lane::F(x), Lane::F(y), Lane::F(o)) => {
-            arith!(op, o[..len], &x[..len], &y[..len]);
-            round_f32(d, &mut o[..len]);
+            let o = &mut o[..len];
+            each_binary!(op, K => zip2(o, &x[..len], &y[..len], |a, b| K.float(a, b)));
+            round_f32(d, o);
         }
-        (Lane::D(x), Lane::D(y), Lane::D(o)) => arith!(op, o[..len], &x[..len], &y[..len]),
+        (Lane::D(x), Lane::D(y), Lane::F(o)) if op.is_predicate() => {
+            each_binary!(op, K => zip2(&mut o[..len], &x[..len], &y[..len], |a, b| K.float(a, b) as f32))
+        }
+        (Lane::D(x), Lane::D(y), Lane::D(o)) => {
+            each_binary!(op, K => zip2(&mut o[..len], &x[..len], &y[..len], |a, b| K.float(a, b)))
+        }
         _ => {}
     }
 }

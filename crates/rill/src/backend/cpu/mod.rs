@@ -17,7 +17,6 @@ pub(crate) mod par;
 pub(crate) mod random;
 pub(crate) mod reduce;
 pub(crate) mod strided;
-pub(crate) mod vexp;
 
 pub(crate) use buffer::{CpuBuffer, clear_cache};
 

@@ -26,7 +26,7 @@ pub(crate) trait Real: Acc + std::ops::Sub<Output = Self> + std::ops::Div<Output
 impl Real for f32 {
     #[inline(always)]
     fn exp(self) -> Self {
-        crate::backend::cpu::vexp::exp_f32(self)
+        crate::primitives::vexp::exp_f32(self)
     }
     fn ln(self) -> Self {
         f32::ln(self)

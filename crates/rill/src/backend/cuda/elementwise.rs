@@ -1,8 +1,8 @@
 //! Elementwise kernels (cast, unary, binary, where), copies and sources (full, arange,
 //! eye), generated as CUDA C. The formulas of cast, unary, binary and where are the
 //! shared ones of the primitives layer ([`UnaryOp::cuda`], [`BinaryOp::cuda`],
-//! `primitives::cuda`), which the fused kernels of `crate::compile` use too; their
-//! semantics (those of `backend/cpu/elementwise.rs`) are documented there.
+//! `primitives::cuda`), which the fused kernels (`fused_src.rs`) use too; their
+//! semantics are the scalar functions beside them, which the CPU kernels compute.
 //!
 //! Each kernel's `fop` is written as the fused kernels write one instruction: the inputs
 //! converted to their compute type as registers `r0, r1, ..`, the op's expression as the

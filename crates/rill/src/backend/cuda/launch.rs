@@ -2,11 +2,11 @@
 //!
 //! Every kernel of the backend is launched through [`Launch`], which copies its arguments.
 //! Outside a batch (and for other streams) a launch goes straight to `cuLaunchKernel`.
-//! While `execute_batch` runs on a stream it holds a [`Recording`]: launches on that stream
-//! are kept in order instead, and sent when the batch ends or when anything else is about
-//! to use the stream (a copy, cuBLAS, a synchronisation, an event: every such use goes
-//! through [`CudaStreamHandle::stream`], which flushes first) or to free memory allocated
-//! on it (a temporary's `Drop` flushes first, so the free is ordered after its kernels).
+//! While a batch runs on a stream (`cuda::BatchRun`) it holds a [`Recording`]: launches
+//! on that stream are kept in order instead, and sent when the batch ends or when anything
+//! else is about to use the stream (a copy, cuBLAS, a synchronisation, an event: every
+//! such use goes through [`CudaStreamHandle::stream`], which flushes first) or to free
+//! memory allocated on it (a temporary's `Drop` flushes first, so the free is ordered after its kernels).
 //! Allocations do not flush: a stream-ordered allocation enqueued before the kernels that
 //! use it is what they need anyway.
 //!
@@ -35,7 +35,7 @@
 //! those nodes; the batch fails them and their dependants), as when launches were direct.
 //!
 //! The recorder is a thread-local, and the backend's only one. It is not ambient state
-//! and owns no backend resource: it exists only while `execute_batch` runs, synchronously
+//! and owns no backend resource: it exists only while a batch runs, synchronously
 //! (no `.await`), on the thread running the batch (a pool thread, or the thread of a
 //! blocking `eval` running an idle GPU stream's batches itself); its guard clears it when
 //! the batch returns or unwinds; it holds plain data (function handles of modules that
