@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! exit_torture drive --runs N [--seed S] [--device cpu|gpu] [--jobs J] [--scenario NAME] [--ending NAME]
-//! exit_torture child --seed S --ending E [--scenario NAME] [--device cpu|gpu]
+//! exit_torture child --seed S --ending E [--scenario NAME] [--device cpu|gpu] [--late-libs]
 //! exit_torture compile-exit [--device cpu|gpu|auto] [--ops N]
 //! ```
 //!
@@ -38,6 +38,10 @@
 //!   task, or main) while other threads and tasks submit; afterwards the caller checks that
 //!   `stats().backend_calls_after_shutdown == 0` and that a new op returns
 //!   `Error::ShutDown`; then the process ends.
+//!
+//! With `--device gpu` a quarter of the runs also take `--late-libs` with
+//! `RILL_CUDA_PRELOAD=0`: the child runs CPU work before main opens the GPU, so the
+//! backend libraries are loaded after the runtime registered its exit hook.
 //!
 //! Endings: `return` (exit 0), `exit` (std::process::exit(3) from a non-main thread),
 //! `panic` (panic on the main thread: exit 101), `sigterm` / `sigint` (sent by the driver
@@ -621,7 +625,16 @@ fn child(args: &[String]) {
     let mut rng = Rng(seed);
     // first-use: in a quarter of the runs main leaves the first device use to the threads.
     let first_device = scenario == "first-use" && rng.below(4) == 0;
-    let device = if first_device { None } else { Some(open_device(gpu)) };
+    // --late-libs (with RILL_CUDA_PRELOAD=0 from the driver): CPU work starts the runtime
+    // before the first GPU probe loads the backend libraries, so the exit hook must be
+    // registered again after them. The device is opened by main (an exit during that
+    // first probe is the window docs/RUNTIME.md describes).
+    let late_libs = args.iter().any(|a| a == "--late-libs");
+    if late_libs {
+        let _ =
+            ok("late libraries: CPU work first", on(Device::cpu(), None, || elementwise(seed)).and_then(|a| a.eval()));
+    }
+    let device = if first_device && !late_libs { None } else { Some(open_device(gpu)) };
     if let Some(d) = device {
         rill::set_default_device(d);
     }
@@ -1289,12 +1302,21 @@ fn stderr_ok(ending: &str, err: &str) -> Result<(), String> {
 
 fn run_one(exe: &std::path::Path, seed: u64, scenario: &str, ending: &str, device: &str) -> Outcome {
     use std::os::unix::process::ExitStatusExt;
-    let args = ["child", "--seed", &seed.to_string(), "--scenario", scenario, "--ending", ending, "--device", device]
-        .map(String::from);
-    let repro = format!("`exit_torture {}`", args.join(" "));
+    let mut args =
+        ["child", "--seed", &seed.to_string(), "--scenario", scenario, "--ending", ending, "--device", device]
+            .map(String::from)
+            .to_vec();
+    // A quarter of the GPU runs load the backend libraries late (see `child`).
+    let late_libs = device == "gpu" && Rng(seed ^ 0x1a7e).below(4) == 0;
+    if late_libs {
+        args.push("--late-libs".into());
+    }
+    let preload = if late_libs { "0" } else { "1" };
+    let repro = format!("`RILL_CUDA_PRELOAD={preload} exit_torture {}`", args.join(" "));
     let mut child = match Command::new(exe)
         .args(&args)
         .env("RUST_BACKTRACE", "0")
+        .env("RILL_CUDA_PRELOAD", preload)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

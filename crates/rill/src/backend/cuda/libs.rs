@@ -25,8 +25,11 @@
 //! 2. *Initialised when a device initialises.* `Device::gpu` compiles a small kernel
 //!    with NVRTC and runs a small product of each matmul dtype through cuBLAS and cuBLASLt
 //!    (`warm_up`s in `nvrtc.rs` and `matmul.rs`), under a pass of the backend gate, before
-//!    the device is handed out, then registers the exit hook again. The first matmul or
-//!    compile of the program, whenever it happens, then loads nothing.
+//!    the device is handed out. The first matmul or compile of the program, whenever it
+//!    happens, then loads nothing. The exit hook is registered again here, in this module
+//!    only, so that it runs before the teardown of what a library registered: after a
+//!    library is opened at a probe ([`load`]) and, where a library's teardown is not
+//!    guarded, after a call that may have constructed its statics ([`after_first_use`]).
 //! 3. *Torn down after the exit shutdown.* Each library is opened with its `__cxa_atexit`
 //!    import redirected (`runtime/teardown.rs`): the destructor of a static it constructs
 //!    at any later moment (NVRTC 13.0 does, in later compiles) runs only after the exit
@@ -130,7 +133,12 @@ pub(crate) fn load(lib: Lib) -> bool {
     let Some(_pass) = lifecycle::enter_backend() else { return false };
     let found = std::panic::catch_unwind(|| open(lib)).unwrap_or(false);
     // A concurrent first load may have won; both saw the same files.
-    let _ = st.compare_exchange(UNKNOWN, if found { AT_PROBE } else { MISSING }, SeqCst, SeqCst);
+    let won = st.compare_exchange(UNKNOWN, if found { AT_PROBE } else { MISSING }, SeqCst, SeqCst).is_ok();
+    if won && found {
+        // The teardown entries its constructors registered inside `dlopen` (before the
+        // import was redirected) would run before an exit hook registered earlier.
+        lifecycle::register_exit_hook();
+    }
     matches!(st.load(SeqCst), AT_START | AT_PROBE)
 }
 
