@@ -14,7 +14,7 @@
 use crate::array::Array;
 use crate::error::{Error, Result};
 
-use super::{Primitive, creation, fused, linalg, movement, nn, reduce};
+use super::{BinaryOp, Primitive, UnaryOp, creation, fused, linalg, movement, nn, reduce};
 
 /// What a reverse-mode rule is given: the node's inputs, its output, and the cotangent of
 /// the output (same shape and dtype as `output`).
@@ -37,19 +37,58 @@ pub(crate) fn no_rule(op: &'static str, transform: &str) -> Error {
     Error::Unsupported { op, backend: "autodiff", msg: format!("no {transform} rule for this primitive") }
 }
 
+/// The slot of a family whose rules are not written yet: `vjp` and `jvp` that return the
+/// `Unsupported` error naming the primitive.
+macro_rules! no_rules {
+    () => {
+        /// This family's reverse-mode rules (see `grad.rs`).
+        pub(crate) fn vjp(
+            p: &super::Primitive,
+            _: &super::grad::Vjp<'_>,
+        ) -> crate::error::Result<Vec<Option<crate::Array>>> {
+            Err(super::grad::no_rule(p.name(), "vjp"))
+        }
+
+        /// This family's forward-mode rules (see `grad.rs`).
+        pub(crate) fn jvp(
+            p: &super::Primitive,
+            _: &super::grad::Jvp<'_>,
+        ) -> crate::error::Result<Option<crate::Array>> {
+            Err(super::grad::no_rule(p.name(), "jvp"))
+        }
+    };
+}
+pub(crate) use no_rules;
+
+/// Where a primitive's gradient rules live: the one table from primitives to rule files.
+enum Owner {
+    Creation,
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+    /// `Cast` and `Where`, whose rules go here.
+    Elementwise,
+    Reduce,
+    Nn,
+    Linalg,
+    Movement,
+    /// A host callback: no derivative.
+    Host(&'static str),
+    /// A traced input: no inputs of its own, and a given tangent.
+    Placeholder,
+    Fused,
+}
+
 impl Primitive {
-    /// The cotangent of each input (`None`: structurally zero), from the cotangent of the
-    /// output.
-    pub(crate) fn vjp(&self, g: &Vjp<'_>) -> Result<Vec<Option<Array>>> {
+    fn grad_owner(&self) -> Owner {
         use Primitive::*;
         match self {
-            Constant | Full { .. } | Arange { .. } | Eye { .. } | Random { .. } => creation::vjp(self, g),
-            Unary(op) => Ok(vec![op.vjp(g)?]),
-            Binary(op) => Ok(op.vjp(g)?.into()),
-            Cast | Where => Err(no_rule(self.name(), "vjp")),
-            Reduce { .. } | ArgReduce { .. } | Cumsum { .. } => reduce::vjp(self, g),
-            Softmax { .. } | LayerNorm { .. } | RmsNorm { .. } => nn::vjp(self, g),
-            Matmul => linalg::vjp(self, g),
+            Constant | Full { .. } | Arange { .. } | Eye { .. } | Random { .. } => Owner::Creation,
+            Unary(op) => Owner::Unary(*op),
+            Binary(op) => Owner::Binary(*op),
+            Cast | Where => Owner::Elementwise,
+            Reduce { .. } | ArgReduce { .. } | Cumsum { .. } => Owner::Reduce,
+            Softmax { .. } | LayerNorm { .. } | RmsNorm { .. } => Owner::Nn,
+            Matmul => Owner::Linalg,
             Reshape
             | Permute(_)
             | BroadcastTo
@@ -58,49 +97,52 @@ impl Primitive {
             | Take { .. }
             | Concatenate { .. }
             | Pad { .. }
-            | ToDevice => movement::vjp(self, g),
-            Host { name, .. } => Err(Error::Unsupported {
-                op: name,
-                backend: "autodiff",
-                msg: "a host callback has no derivative".into(),
-            }),
-            // A traced input has no inputs of its own.
-            Placeholder { .. } => Ok(Vec::new()),
-            Fused(_) | FusedReduce { .. } => fused::vjp(self, g),
+            | ToDevice => Owner::Movement,
+            Host { name, .. } => Owner::Host(name),
+            Placeholder { .. } => Owner::Placeholder,
+            Fused(_) | FusedReduce { .. } => Owner::Fused,
+        }
+    }
+
+    /// The cotangent of each input (`None`: structurally zero), from the cotangent of the
+    /// output.
+    pub(crate) fn vjp(&self, g: &Vjp<'_>) -> Result<Vec<Option<Array>>> {
+        match self.grad_owner() {
+            Owner::Creation => creation::vjp(self, g),
+            Owner::Unary(op) => Ok(vec![op.vjp(g)?]),
+            Owner::Binary(op) => Ok(op.vjp(g)?.into()),
+            Owner::Elementwise => Err(no_rule(self.name(), "vjp")),
+            Owner::Reduce => reduce::vjp(self, g),
+            Owner::Nn => nn::vjp(self, g),
+            Owner::Linalg => linalg::vjp(self, g),
+            Owner::Movement => movement::vjp(self, g),
+            Owner::Host(name) => Err(no_derivative(name)),
+            Owner::Placeholder => Ok(Vec::new()),
+            Owner::Fused => fused::vjp(self, g),
         }
     }
 
     /// The tangent of the output (`None`: structurally zero), from the tangents of the
     /// inputs.
     pub(crate) fn jvp(&self, g: &Jvp<'_>) -> Result<Option<Array>> {
-        use Primitive::*;
-        match self {
-            Constant | Full { .. } | Arange { .. } | Eye { .. } | Random { .. } => creation::jvp(self, g),
-            Unary(op) => op.jvp(g),
-            Binary(op) => op.jvp(g),
-            Cast | Where => Err(no_rule(self.name(), "jvp")),
-            Reduce { .. } | ArgReduce { .. } | Cumsum { .. } => reduce::jvp(self, g),
-            Softmax { .. } | LayerNorm { .. } | RmsNorm { .. } => nn::jvp(self, g),
-            Matmul => linalg::jvp(self, g),
-            Reshape
-            | Permute(_)
-            | BroadcastTo
-            | Slice { .. }
-            | Contiguous
-            | Take { .. }
-            | Concatenate { .. }
-            | Pad { .. }
-            | ToDevice => movement::jvp(self, g),
-            Host { name, .. } => Err(Error::Unsupported {
-                op: name,
-                backend: "autodiff",
-                msg: "a host callback has no derivative".into(),
-            }),
-            // The tangent of a traced input is given, not derived.
-            Placeholder { .. } => Ok(None),
-            Fused(_) | FusedReduce { .. } => fused::jvp(self, g),
+        match self.grad_owner() {
+            Owner::Creation => creation::jvp(self, g),
+            Owner::Unary(op) => op.jvp(g),
+            Owner::Binary(op) => op.jvp(g),
+            Owner::Elementwise => Err(no_rule(self.name(), "jvp")),
+            Owner::Reduce => reduce::jvp(self, g),
+            Owner::Nn => nn::jvp(self, g),
+            Owner::Linalg => linalg::jvp(self, g),
+            Owner::Movement => movement::jvp(self, g),
+            Owner::Host(name) => Err(no_derivative(name)),
+            Owner::Placeholder => Ok(None),
+            Owner::Fused => fused::jvp(self, g),
         }
     }
+}
+
+fn no_derivative(op: &'static str) -> Error {
+    Error::Unsupported { op, backend: "autodiff", msg: "a host callback has no derivative".into() }
 }
 
 #[cfg(test)]

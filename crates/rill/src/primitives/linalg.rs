@@ -73,13 +73,5 @@ pub(crate) fn matmul(sa: &[usize], sb: &[usize]) -> Result<Matmul> {
     Ok(Matmul { a, b, a_full, b_full, out, gone, result })
 }
 
-/// This family's reverse-mode rules (see `grad.rs`): none written yet, so each primitive
-/// returns the `Unsupported` error naming it.
-pub(crate) fn vjp(p: &super::Primitive, _: &super::grad::Vjp<'_>) -> Result<Vec<Option<crate::Array>>> {
-    Err(super::grad::no_rule(p.name(), "vjp"))
-}
-
-/// This family's forward-mode rules (see `grad.rs`): none written yet.
-pub(crate) fn jvp(p: &super::Primitive, _: &super::grad::Jvp<'_>) -> Result<Option<crate::Array>> {
-    Err(super::grad::no_rule(p.name(), "jvp"))
-}
+// This family's gradient rules (see `grad.rs`): none is written yet.
+super::grad::no_rules!();
