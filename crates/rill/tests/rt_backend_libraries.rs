@@ -62,3 +62,60 @@ fn nothing_is_loaded_after_shutdown() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"), "the child ran the test");
 }
+
+/// The child's `atexit` handler: prints whether rill's exit shutdown had already run.
+extern "C" fn report_order() {
+    use std::io::Write;
+    let x = rill::Array::full(&[4], 1.0, rill::DType::F32).and_then(|a| a.add(&a)).and_then(|a| a.eval());
+    let shut = matches!(x, Err(rill::Error::ShutDown));
+    let mut out = std::io::stdout();
+    let _ = writeln!(out, "exit shutdown before an entry older than the libraries: {shut}");
+    let _ = out.flush();
+}
+
+/// In a child process with `RILL_CUDA_PRELOAD=0`: CPU work starts the runtime (which
+/// registers the exit hook), then an `atexit` entry is registered, then the first
+/// `Device::gpu` opens the backend libraries. The libraries' own teardown entries come
+/// after that entry, so rill's exit shutdown must run before it. Two mechanisms see to
+/// it: the hook is registered again once a library is opened (`libs::load`), and on
+/// glibc the guarded teardown entries the warm-up's first calls register run the
+/// shutdown first; either alone passes this test.
+#[test]
+fn libraries_opened_late_register_the_exit_hook_again() {
+    if std::env::var("RILL_LIBS_CHILD").as_deref() == Ok("late") {
+        let cpu = rill::Device::cpu().default_stream().unwrap();
+        let x = rill::with_stream(&cpu, || rill::Array::full(&[256], 2.0, rill::DType::F32)).unwrap();
+        assert_eq!(rill::with_stream(&cpu, || x.sqrt()).unwrap().to_vec::<f32>().unwrap()[0], 2f32.sqrt());
+        let libs = backend_libraries();
+        assert!(libs.iter().all(|l| l.state == LibraryState::NotLoaded), "{libs:?}");
+        // The runtime started (and registered its hook) before the libraries are opened.
+        assert!(rill::runtime::stats().threads_started > 0, "{:?}", rill::runtime::stats());
+        // SAFETY: registers a plain function with no captured state.
+        assert_eq!(unsafe { libc::atexit(report_order) }, 0);
+        let Some(gpu) = common::gpu() else { return };
+        let y = rill::with_stream(&gpu.default_stream().unwrap(), || x.mul(&x)).unwrap();
+        assert_eq!(y.to_f64_vec().unwrap()[0], 4.0);
+        assert!(
+            backend_libraries().iter().all(|l| l.state == LibraryState::LoadedAtProbe),
+            "{:?}",
+            backend_libraries()
+        );
+        println!("gpu used");
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .args(["--exact", "libraries_opened_late_register_the_exit_hook_again", "--nocapture"])
+        .env("RILL_LIBS_CHILD", "late")
+        .env("RILL_CUDA_PRELOAD", "0")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "child failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    if !stdout.contains("gpu used") {
+        assert!(std::env::var("RILL_REQUIRE_GPU").as_deref() != Ok("1"), "no GPU in the child: {stdout}");
+        eprintln!("skipped: no GPU");
+        return;
+    }
+    assert!(stdout.contains("exit shutdown before an entry older than the libraries: true"), "{stdout}");
+}
