@@ -185,6 +185,9 @@ fn transpose_swapaxes_t() {
                                 &Nd { shape: vec![r.data.len()], data: r.transpose(perm).data },
                                 &what,
                             );
+                            // `contiguous` copies it, and the copy reads back the same.
+                            let c = t.contiguous().unwrap();
+                            check(&c, &r.transpose(perm), &format!("contiguous {what}"));
                         }
                         check(&a.t().unwrap(), &r.transpose(&[2, 1, 0]), "t");
                         check(&a.swapaxes(0, -1).unwrap(), &r.transpose(&[2, 1, 0]), "swapaxes");

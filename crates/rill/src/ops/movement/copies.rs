@@ -1,4 +1,5 @@
-//! Movement ops, part two: copies (`take`, `concatenate`, `stack`, `split`, `pad`).
+//! Movement ops, part two: copies (`contiguous`, `take`, `concatenate`, `stack`, `split`,
+//! `pad`).
 
 use crate::array::Array;
 use crate::dtype::{Scalar, promote};
@@ -9,6 +10,14 @@ use crate::primitives::movement as rule;
 use crate::shape::normalize_axis;
 
 impl Array {
+    /// A row-major copy of the elements in a new buffer: materialises a view (a
+    /// transpose, a slice, a broadcast) so that later ops read it contiguously.
+    pub fn contiguous(&self) -> Result<Array> {
+        let stream = target_stream(&[self])?;
+        let input = on_device(self, &stream);
+        Ok(Array::from_op(Primitive::Contiguous, vec![input], self.shape().to_vec(), self.dtype(), stream))
+    }
+
     /// Gathers along `axis` with integer `indices` (NumPy's `take`): the result has shape
     /// `self.shape[..axis] + indices.shape + self.shape[axis + 1..]`, and its element at
     /// `[.., j.., ..]` is `self[.., indices[j..], ..]`. Negative indices count from the end.
