@@ -3,11 +3,13 @@
 //! `rill demo` builds and evaluates arrays on the best device present (a GPU when one is
 //! usable, else the CPU) from several OS threads and tokio tasks, each on its own
 //! stream, and prints results, timings and the runtime's counters.
-//! `rill bench` times the operations listed in docs/PERFORMANCE.md.
+//! `rill bench` times the operations listed in docs/PERFORMANCE.md; `rill bench matrix`
+//! lists or times the generated benchmark matrix (`matrix.rs`).
 //! `rill info` prints the devices and the runtime configuration.
 
 mod bench;
 mod demo;
+mod matrix;
 
 use rill::Device;
 
@@ -17,6 +19,8 @@ fn usage() -> ! {
          commands:\n  \
          demo [--device cpu|gpu] [--threads N] [--tasks N]   evaluate arrays from threads and tasks\n  \
          bench [--device cpu|gpu] [NAME...]                  time the benchmarks (all when no NAME)\n  \
+         bench matrix [--list] [--device cpu|gpu] [--sizes MIN:MAX:STEP] [--family A,B] [--filter TEXT]\n  \
+         \x20            [--cases FILE]                          the benchmark matrix (JSON lines: crates/rill-cli/src/matrix.rs)\n  \
          info                                                devices and runtime configuration"
     );
     std::process::exit(2)
@@ -60,6 +64,16 @@ fn main() {
             let tasks = flag_usize(rest, "--tasks", 8)?;
             demo::run(d, threads, tasks).map_err(|e| e.to_string())
         }),
+        "bench" if rest.first().map(String::as_str) == Some("matrix") => {
+            // The cases depend only on the kind of device named (its default sizes), so
+            // `--list` needs none.
+            let gpu = match flag(rest, "--device").as_deref() {
+                Some("gpu") => true,
+                Some(_) => false,
+                None => Device::best().is_gpu(),
+            };
+            matrix::run(gpu, || parse_device(rest), &rest[1..])
+        }
         "bench" => parse_device(rest).and_then(|d| {
             let names: Vec<String> = rest
                 .iter()
