@@ -22,8 +22,8 @@ even count, as rill) divided by 8. On the CPU there is nothing to synchronise.
 Inputs (seeded, input k with seed 7 + k): floats uniform in [-1, 1), positive [0.5, 1.5)
 for log, log1p, sqrt, rsqrt, reciprocal and pow's base; integers uniform in [-100, 100)
 (pow's exponent in [0, 4); u8 in [0, 100)); bool uniform; take's index uniform in
-[0, shape[axis]). One deviation: an integer div's divisor has its zeros replaced by 1
-(torch raises on integer division by zero on the CPU); the time does not depend on it.
+[0, shape[axis]). An integer div's divisor has its zeros replaced by 1 (rill's div is true
+division, integers giving f32, as torch.div; the time does not depend on the divisor).
 Only torch and the standard library are needed.
 """
 import argparse
@@ -134,8 +134,7 @@ def op_expr(case):
     if fam == "binary":
         if op not in BINARY:
             raise CaseError(f"unknown binary op {op!r}")
-        if op == "div" and ins[0]["dtype"] not in FLOAT_DTYPES:
-            return "torch.div(x0, x1, rounding_mode='trunc')"
+        # rill's `div` is true division (integers give f32), as torch.div is.
         return f"{BINARY[op]}(x0, x1)"
     if fam == "cast":
         to = need(case, "to")
