@@ -221,8 +221,8 @@ impl BinaryOp {
         }
     }
 
-    /// The op's reverse-mode rule: the cotangents of its two inputs (see `grad.rs`). None
-    /// is written yet, so each op returns the `Unsupported` error naming it.
+    /// The op's reverse-mode rule: the cotangents of its two inputs (see `grad.rs`). There
+    /// is no rule: each op returns the `Unsupported` error naming it.
     pub(crate) fn vjp(self, _: &Vjp<'_>) -> Result<[Option<Array>; 2]> {
         Err(no_rule(self.name(), "vjp"))
     }

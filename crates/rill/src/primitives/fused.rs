@@ -279,5 +279,5 @@ pub(crate) fn fusable(prim: &crate::primitives::Primitive, ins: &[DType], out: D
     }
 }
 
-// This family's gradient rules (see `grad.rs`): none is written yet.
+// This family has no gradient rules: each slot returns `Unsupported` (see `grad.rs`).
 super::grad::no_rules!();

@@ -7,8 +7,7 @@
 //! `None` stands for a cotangent or tangent that is structurally zero (an integer input,
 //! an index, a source).
 
-// The autodiff transforms (`vjp`, `jvp`, `grad`) call these and their rules read the
-// fields; until they land only the tests call them.
+// No transform calls these and no rule reads the fields: only the tests use them.
 #![allow(dead_code)]
 
 use crate::array::Array;
@@ -37,7 +36,7 @@ pub(crate) fn no_rule(op: &'static str, transform: &str) -> Error {
     Error::Unsupported { op, backend: "autodiff", msg: format!("no {transform} rule for this primitive") }
 }
 
-/// The slot of a family whose rules are not written yet: `vjp` and `jvp` that return the
+/// The slot of a family without gradient rules: `vjp` and `jvp` that return the
 /// `Unsupported` error naming the primitive.
 macro_rules! no_rules {
     () => {

@@ -73,5 +73,5 @@ pub(crate) fn matmul(sa: &[usize], sb: &[usize]) -> Result<Matmul> {
     Ok(Matmul { a, b, a_full, b_full, out, gone, result })
 }
 
-// This family's gradient rules (see `grad.rs`): none is written yet.
+// This family has no gradient rules: each slot returns `Unsupported` (see `grad.rs`).
 super::grad::no_rules!();

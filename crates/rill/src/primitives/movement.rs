@@ -281,5 +281,5 @@ pub(crate) fn pad(x: &[usize], widths: &[(usize, usize)], dtype: DType) -> Resul
     Ok(Pad { widths, shape })
 }
 
-// This family's gradient rules (see `grad.rs`): none is written yet.
+// This family has no gradient rules: each slot returns `Unsupported` (see `grad.rs`).
 super::grad::no_rules!();

@@ -39,5 +39,5 @@ pub(crate) fn norm(
     Ok(x.to_vec())
 }
 
-// This family's gradient rules (see `grad.rs`): none is written yet.
+// This family has no gradient rules: each slot returns `Unsupported` (see `grad.rs`).
 super::grad::no_rules!();

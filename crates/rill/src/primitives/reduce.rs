@@ -95,5 +95,5 @@ pub(crate) fn cumsum(x: &[usize], axis: isize) -> Result<(usize, Vec<usize>)> {
     Ok((normalize_axis("cumsum", axis, x.len())?, x.to_vec()))
 }
 
-// This family's gradient rules (see `grad.rs`): none is written yet.
+// This family has no gradient rules: each slot returns `Unsupported` (see `grad.rs`).
 super::grad::no_rules!();

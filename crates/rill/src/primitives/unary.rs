@@ -253,8 +253,8 @@ impl UnaryOp {
         })
     }
 
-    /// The op's reverse-mode rule: the cotangent of its input (see `grad.rs`). None is
-    /// written yet, so each op returns the `Unsupported` error naming it.
+    /// The op's reverse-mode rule: the cotangent of its input (see `grad.rs`). There is
+    /// no rule: each op returns the `Unsupported` error naming it.
     pub(crate) fn vjp(self, _: &Vjp<'_>) -> Result<Option<Array>> {
         Err(no_rule(self.name(), "vjp"))
     }
