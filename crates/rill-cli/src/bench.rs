@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use rill::{Array, DType, Device, Result};
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }

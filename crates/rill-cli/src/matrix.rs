@@ -381,64 +381,14 @@ fn binary_op(op: &str) -> Option<BinaryOp> {
     BinaryOp::ALL.into_iter().find(|b| b.name() == op)
 }
 
-fn unary(op: UnaryOp, x: &Array) -> Result<Array> {
-    use UnaryOp::*;
-    match op {
-        Neg => x.neg(),
-        Abs => x.abs(),
-        Sign => x.sign(),
-        Exp => x.exp(),
-        Log => x.log(),
-        Log1p => x.log1p(),
-        Sqrt => x.sqrt(),
-        Rsqrt => x.rsqrt(),
-        Square => x.square(),
-        Reciprocal => x.reciprocal(),
-        Sin => x.sin(),
-        Cos => x.cos(),
-        Tanh => x.tanh(),
-        Sigmoid => x.sigmoid(),
-        Relu => x.relu(),
-        Gelu => x.gelu(),
-        GeluTanh => x.gelu_tanh(),
-        Silu => x.silu(),
-        Erf => x.erf(),
-        Floor => x.floor(),
-        Ceil => x.ceil(),
-        Round => x.round(),
-        LogicalNot => x.logical_not(),
-    }
-}
-
-fn binary(op: BinaryOp, a: &Array, b: &Array) -> Result<Array> {
-    use BinaryOp::*;
-    match op {
-        Add => a.add(b),
-        Sub => a.sub(b),
-        Mul => a.mul(b),
-        Div => a.div(b),
-        Pow => a.pow(b),
-        Maximum => a.maximum(b),
-        Minimum => a.minimum(b),
-        Equal => a.eq(b),
-        NotEqual => a.ne(b),
-        Less => a.lt(b),
-        LessEqual => a.le(b),
-        Greater => a.gt(b),
-        GreaterEqual => a.ge(b),
-        LogicalAnd => a.logical_and(b),
-        LogicalOr => a.logical_or(b),
-    }
-}
-
 /// Records the case's op on its inputs (not evaluated).
 pub fn record(c: &Case, x: &[Array]) -> Result<Array> {
     let p = &c.params;
     let axis = p.axis.unwrap_or(0) as isize;
     let bad = || rill::Error::InvalidArgument { op: "bench matrix", msg: format!("case {} has no such op", c.id) };
     match c.family {
-        "unary" => unary(unary_op(&c.op).ok_or_else(bad)?, &x[0]),
-        "binary" => binary(binary_op(&c.op).ok_or_else(bad)?, &x[0], &x[1]),
+        "unary" => x[0].unary(unary_op(&c.op).ok_or_else(bad)?),
+        "binary" => x[0].binary(&x[1], binary_op(&c.op).ok_or_else(bad)?),
         "cast" => x[0].astype(p.to.ok_or_else(bad)?),
         "where" => rill::where_(&x[0], &x[1], &x[2]),
         "reduce" => {
@@ -469,30 +419,35 @@ pub fn record(c: &Case, x: &[Array]) -> Result<Array> {
 /// Independent copies of the op in one timed repetition.
 const COPIES: usize = 8;
 
+/// Runs `f` on the case's inputs (built and evaluated) with TF32 set as the case says,
+/// restoring the previous setting afterwards.
+fn with_inputs<R>(c: &Case, f: impl FnOnce(&[Array]) -> Result<R>) -> Result<R> {
+    let inputs: Vec<Array> = (0..c.inputs.len()).map(|k| build_input(c, k, 7 + k as u64)).collect::<Result<_>>()?;
+    let previous = c.params.tf32.map(rill::set_allow_tf32);
+    let r = f(&inputs);
+    if let Some(previous) = previous {
+        rill::set_allow_tf32(previous);
+    }
+    r
+}
+
 /// Times one case (see the module docs); seconds per op.
 pub fn time_case(c: &Case) -> Result<f64> {
-    let inputs: Vec<Array> = (0..c.inputs.len()).map(|k| build_input(c, k, 7 + k as u64)).collect::<Result<_>>()?;
-    let tf32 = c.params.tf32.map(rill::set_allow_tf32);
-    let rep = || -> Result<f64> {
-        let t = Instant::now();
-        let outs: Vec<Array> = (0..COPIES).map(|_| record(c, &inputs)).collect::<Result<_>>()?;
-        rill::eval(&outs)?;
-        Ok(t.elapsed().as_secs_f64())
-    };
-    let result = (|| {
+    with_inputs(c, |inputs| {
+        let rep = || -> Result<f64> {
+            let t = Instant::now();
+            let outs: Vec<Array> = (0..COPIES).map(|_| record(c, inputs)).collect::<Result<_>>()?;
+            rill::eval(&outs)?;
+            Ok(t.elapsed().as_secs_f64())
+        };
         let mut warm = f64::MAX;
         for _ in 0..3 {
             warm = warm.min(rep()?);
         }
         let reps = ((0.02 / warm.max(1e-9)) as usize).clamp(5, 50);
-        let mut v = (0..reps).map(|_| rep()).collect::<Result<Vec<f64>>>()?;
-        v.sort_by(|a, b| a.total_cmp(b));
-        Ok(v[v.len() / 2] / COPIES as f64)
-    })();
-    if let Some(previous) = tf32 {
-        rill::set_allow_tf32(previous);
-    }
-    result
+        let v = (0..reps).map(|_| rep()).collect::<Result<Vec<f64>>>()?;
+        Ok(crate::bench::median(v) / COPIES as f64)
+    })
 }
 
 /// The float64 reference of a case on the CPU: its inputs' values (the float ones as f64,
@@ -545,13 +500,10 @@ fn tiny(d: DType) -> f64 {
 /// Compares one case's result on the current stream with its float64 reference on the
 /// CPU; `Some(description)` of the first element out of tolerance.
 pub fn check_case(c: &Case) -> Result<Option<String>> {
-    let inputs: Vec<Array> = (0..c.inputs.len()).map(|k| build_input(c, k, 7 + k as u64)).collect::<Result<_>>()?;
-    let tf32 = c.params.tf32.map(rill::set_allow_tf32);
-    let got = record(c, &inputs).and_then(|y| y.to_f64_vec().map(|v| (y.dtype(), v)));
-    if let Some(previous) = tf32 {
-        rill::set_allow_tf32(previous);
-    }
-    let (out, got) = got?;
+    let (inputs, out, got) = with_inputs(c, |inputs| {
+        let y = record(c, inputs)?;
+        Ok((inputs.to_vec(), y.dtype(), y.to_f64_vec()?))
+    })?;
     let want = reference(c, &inputs)?.to_f64_vec()?;
     // The magnitude each output element sums over: the same op on |inputs|.
     let scale = if matches!(c.family, "reduce" | "matmul") && c.op != "max" && c.op != "min" {

@@ -242,3 +242,20 @@ fn gpu_fused_and_op_by_op_agree_bit_for_bit() {
     let Some(g) = gpu() else { return };
     every_op_agrees(g);
 }
+
+/// `Array::unary` and `Array::binary` (the ops picked by enum) are the named methods.
+#[test]
+fn ops_by_enum_are_the_named_methods() {
+    let bits = |a: Result<Array>| a.unwrap().to_f64_vec().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let v = values(11, 64);
+    let (x, y) = (Array::from_slice(&v, &[64]).unwrap(), Array::from_slice(&values(12, 64), &[64]).unwrap());
+    for d in [DType::F32, DType::BF16, DType::I32] {
+        let (x, y) = (x.astype(d).unwrap(), y.astype(d).unwrap());
+        for op in UnaryOp::ALL {
+            assert_eq!(bits(x.unary(op)), bits(unary(op, &x)), "{op:?} {d}");
+        }
+        for op in BinaryOp::ALL {
+            assert_eq!(bits(x.binary(&y, op)), bits(binary(op, &x, &y)), "{op:?} {d}");
+        }
+    }
+}

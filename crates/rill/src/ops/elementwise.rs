@@ -211,6 +211,19 @@ binary_methods! {
 }
 
 impl Array {
+    /// The unary op `op` (the same as its named method: `x.unary(UnaryOp::Exp)` is
+    /// `x.exp()`), for code that picks ops from `UnaryOp::ALL`.
+    pub fn unary(&self, op: UnaryOp) -> Result<Array> {
+        unary(self, op)
+    }
+
+    /// The binary op `op` with broadcasting (the same as its named method:
+    /// `a.binary(&b, BinaryOp::Add)` is `a.add(&b)`), for code that picks ops from
+    /// `BinaryOp::ALL`.
+    pub fn binary(&self, rhs: impl IntoOperand, op: BinaryOp) -> Result<Array> {
+        binary(self, rhs.into_operand(), op)
+    }
+
     /// Converts to `dtype` (floats to integers truncate toward zero and saturate; any
     /// nonzero value becomes `true`).
     pub fn astype(&self, dtype: DType) -> Result<Array> {

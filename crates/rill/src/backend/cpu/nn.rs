@@ -215,42 +215,43 @@ pub(crate) fn softmax(x: &Storage, axis: usize, log: bool) -> Result<Storage> {
 /// error grows with the row length over `STAT_LANES` instead of with the row length.
 const STAT_LANES: usize = 16;
 
-/// The sums of `f(x)` (two statistics at once) over a row, in `STAT_LANES` interleaved
+/// The sums of `f(x)` (`K` statistics at once) over a row, in `STAT_LANES` interleaved
 /// partial sums combined pairwise.
 #[inline(always)]
-fn lane_sums<T: FloatElem>(xr: &[T], f: impl Fn(T::A) -> (T::A, T::A)) -> (T::A, T::A) {
-    let mut a = [T::A::ZERO; STAT_LANES];
-    let mut b = [T::A::ZERO; STAT_LANES];
+fn lane_sums<T: FloatElem, const K: usize>(xr: &[T], f: impl Fn(T::A) -> [T::A; K]) -> [T::A; K] {
+    let mut acc = [[T::A::ZERO; K]; STAT_LANES];
     let mut chunks = xr.chunks_exact(STAT_LANES);
+    let add = |lane: &mut [T::A; K], x: T| {
+        for (a, v) in lane.iter_mut().zip(f(x.up())) {
+            *a = a.add(v);
+        }
+    };
     for c in &mut chunks {
-        for k in 0..STAT_LANES {
-            let (u, v) = f(c[k].up());
-            a[k] = a[k].add(u);
-            b[k] = b[k].add(v);
+        for (lane, &x) in acc.iter_mut().zip(c) {
+            add(lane, x);
         }
     }
-    for (k, &x) in chunks.remainder().iter().enumerate() {
-        let (u, v) = f(x.up());
-        a[k] = a[k].add(u);
-        b[k] = b[k].add(v);
+    for (lane, &x) in acc.iter_mut().zip(chunks.remainder()) {
+        add(lane, x);
     }
     let mut w = STAT_LANES;
     while w > 1 {
         w /= 2;
         for k in 0..w {
-            a[k] = a[k].add(a[k + w]);
-            b[k] = b[k].add(b[k + w]);
+            for j in 0..K {
+                acc[k][j] = acc[k][j].add(acc[k + w][j]);
+            }
         }
     }
-    (a[0], b[0])
+    acc[0]
 }
 
 /// Mean and (biased) variance of a row, from sums shifted by the first element.
 fn moments<T: FloatElem>(xr: &[T]) -> (T::A, T::A) {
     let Some(x0) = xr.first().map(|v| v.up()) else { return (T::A::ZERO, T::A::ZERO) };
-    let (s1, s2) = lane_sums(xr, |v| {
+    let [s1, s2] = lane_sums(xr, |v| {
         let t = v - x0;
-        (t, t.mul(t))
+        [t, t.mul(t)]
     });
     let n = T::A::of_usize(xr.len());
     let m1 = s1 / n;
@@ -302,7 +303,7 @@ fn norm_typed<T: FloatElem>(
     let xs = strided::contiguous::<T>(inputs[0]);
     par_row_map(&xs, out, d, |xr, or| {
         let (mean, scale) = if rms {
-            let (ss, _) = lane_sums(xr, |v| (v.mul(v), T::A::ZERO));
+            let [ss] = lane_sums(xr, |v| [v.mul(v)]);
             let ms = ss / T::A::of_usize(d);
             (T::A::ZERO, T::A::ONE / ms.add(eps).sqrt())
         } else {
