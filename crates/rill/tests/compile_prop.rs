@@ -1,6 +1,7 @@
-//! Property test: random elementwise graphs, sometimes ending in a reduction, give the
+//! Property tests: random elementwise graphs, sometimes ending in a reduction, give the
 //! same results compiled (traced, simplified, fused) and not compiled, for f32, f64 and
-//! f16, with broadcasting.
+//! f16, with broadcasting; and the same bits with fusion at eval (intermediates dropped,
+//! so evaluation fuses them) as with every intermediate held (nothing fused).
 
 use proptest::prelude::*;
 use rill::{Array, DType, Result, compile};
@@ -66,11 +67,25 @@ fn apply(op: &Op, vals: &[Array], dtype: DType) -> Result<Array> {
 }
 
 fn run(inputs: &[Array], ops: &[Op], extra_out: usize, red: u8, dtype: DType) -> Result<Vec<Array>> {
+    run_keeping(inputs, ops, extra_out, red, dtype, &mut Vec::new())
+}
+
+/// `run`, with every intermediate value also pushed to `kept` (a caller that holds them
+/// stops fusion at eval from absorbing any).
+fn run_keeping(
+    inputs: &[Array],
+    ops: &[Op],
+    extra_out: usize,
+    red: u8,
+    dtype: DType,
+    kept: &mut Vec<Array>,
+) -> Result<Vec<Array>> {
     let mut vals: Vec<Array> = inputs.to_vec();
     for op in ops {
         let y = apply(op, &vals, dtype)?;
         vals.push(y);
     }
+    kept.extend(vals.iter().cloned());
     let last = vals.last().cloned().unwrap_or_else(|| inputs[0].clone());
     // A trailing reduction now and then (compile fuses it into the group before it).
     let last = match red {
@@ -115,6 +130,31 @@ fn shapes_strategy() -> impl Strategy<Value = Vec<Vec<usize>>> {
     })
 }
 
+/// Seeded inputs of `shapes` in `dtype`, uniform in [-2, 2).
+fn inputs_of(shapes: &[Vec<usize>], dtype: DType, seed: u64) -> Vec<Array> {
+    let mut s = seed | 1;
+    shapes
+        .iter()
+        .map(|sh| {
+            let n: usize = sh.iter().product();
+            let v: Vec<f64> = (0..n)
+                .map(|_| {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    (s % 2000) as f64 / 500.0 - 2.0
+                })
+                .collect();
+            Array::from_slice(&v, sh).unwrap().astype(dtype).unwrap()
+        })
+        .collect()
+}
+
+/// Bit patterns of an array's elements (as f64: every dtype here converts exactly).
+fn bits(a: &Array) -> Vec<u64> {
+    a.to_f64_vec().unwrap().iter().map(|v| if v.is_nan() { u64::MAX } else { v.to_bits() }).collect()
+}
+
 fn same(got: &[f64], want: &[f64]) -> bool {
     got.len() == want.len() && got.iter().zip(want).all(|(g, w)| g == w || (g.is_nan() && w.is_nan()))
 }
@@ -131,15 +171,7 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let dtype = [DType::F32, DType::F64, DType::F16][dt as usize];
-        let mut s = seed | 1;
-        let inputs: Vec<Array> = shapes.iter().map(|sh| {
-            let n: usize = sh.iter().product();
-            let v: Vec<f64> = (0..n).map(|_| {
-                s ^= s << 13; s ^= s >> 7; s ^= s << 17;
-                (s % 2000) as f64 / 500.0 - 2.0
-            }).collect();
-            Array::from_slice(&v, sh).unwrap().astype(dtype).unwrap()
-        }).collect();
+        let inputs = inputs_of(&shapes, dtype, seed);
         let (ops2, dt2) = (ops.clone(), dtype);
         let f = compile(move |x: &[Array]| run(x, &ops2, extra, red, dt2));
         let plain = run(&inputs, &ops, extra, red, dtype);
@@ -161,4 +193,79 @@ proptest! {
             (p, c) => prop_assert!(false, "plain ok={} compiled ok={}", p.is_ok(), c.is_ok()),
         }
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+    /// Fusion at eval changes no bit: the same random graph evaluated with its
+    /// intermediates dropped (fused) and with all of them held (computed one by one).
+    #[test]
+    fn fusion_at_eval_gives_the_bits_of_unfused_eval(
+        shapes in shapes_strategy(),
+        ops in proptest::collection::vec(op_strategy(), 1..16),
+        extra in 0..64usize,
+        red in 0..8u8,
+        dt in 0..4u8,
+        seed in any::<u64>(),
+    ) {
+        let dtype = [DType::F32, DType::F64, DType::F16, DType::BF16][dt as usize];
+        let inputs = inputs_of(&shapes, dtype, seed);
+        let fused = run(&inputs, &ops, extra, red, dtype);
+        let mut kept = Vec::new();
+        let plain = run_keeping(&inputs, &ops, extra, red, dtype, &mut kept);
+        match (fused, plain) {
+            (Ok(f), Ok(p)) => {
+                // Both outputs of each graph in one evaluation, the held intermediates too.
+                rill::eval(&f).unwrap();
+                kept.extend(p.iter().cloned());
+                rill::eval(&kept).unwrap();
+                for k in 0..2 {
+                    prop_assert_eq!(f[k].shape(), p[k].shape());
+                    prop_assert_eq!(f[k].dtype(), p[k].dtype());
+                    prop_assert_eq!(bits(&f[k]), bits(&p[k]), "output {} ({:?})", k, f[k].primitive().name());
+                }
+            }
+            (Err(_), Err(_)) => {}
+            (f, p) => prop_assert!(false, "fused ok={} plain ok={}", f.is_ok(), p.is_ok()),
+        }
+    }
+}
+
+/// The one test of this binary that sets the process-wide switch (the others do not
+/// depend on it): with fusion at eval on, a chain nobody holds becomes one fused node and
+/// the counters say so; a held intermediate is computed and the chain is cut there; with
+/// it off, nothing is fused.
+#[test]
+fn fusion_at_eval_fuses_what_nobody_holds_and_can_be_turned_off() {
+    let x = Array::from_slice(&[0.5f32, -1.0, 2.0, 3.0, -4.0, 0.25], &[2, 3]).unwrap();
+    let chain = |x: &Array| x.exp().unwrap().mul(2.0).unwrap().sub(x).unwrap().tanh().unwrap();
+    let want: Vec<f64> =
+        [0.5f32, -1.0, 2.0, 3.0, -4.0, 0.25].iter().map(|&v| ((v.exp() * 2.0) - v).tanh() as f64).collect();
+    let was = rill::runtime::set_eval_fusion(true);
+    let s0 = rill::runtime::stats();
+    let y = chain(&x);
+    y.eval().unwrap();
+    let s1 = rill::runtime::stats();
+    assert!(y.primitive().is_fused(), "root computes {}", y.primitive().name());
+    assert!(s1.eval_fused_groups > s0.eval_fused_groups && s1.eval_fused_ops >= s0.eval_fused_ops + 4);
+    let got = y.to_f64_vec().unwrap();
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g - w).abs() <= 1e-6 * w.abs().max(1.0), "{got:?} vs {want:?}");
+    }
+
+    // A held intermediate: evaluated itself, and the rest of the chain reads it.
+    let h = x.exp().unwrap().mul(2.0).unwrap();
+    let z = h.sub(&x).unwrap().tanh().unwrap();
+    z.eval().unwrap();
+    assert!(h.is_evaluated(), "the held intermediate was fused away");
+    assert!(z.inputs().is_empty(), "an evaluated node keeps no inputs");
+    assert_eq!(bits(&z), bits(&y));
+
+    // Turned off: the root stays the op it was recorded as.
+    rill::runtime::set_eval_fusion(false);
+    let w = chain(&x);
+    w.eval().unwrap();
+    assert_eq!(w.primitive().name(), "tanh");
+    assert_eq!(bits(&w), bits(&y));
+    rill::runtime::set_eval_fusion(was);
 }

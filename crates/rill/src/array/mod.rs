@@ -51,6 +51,10 @@ pub(crate) struct Node {
     pub shape: Dims,
     pub dtype: DType,
     pub prim: Primitive,
+    /// Set (once, under the state lock, while the node is `Pending`) when fusion at eval
+    /// makes this node compute a fused group: the primitive that runs instead of `prim`,
+    /// over the inputs the state then holds (`runtime/fusion.rs`).
+    pub fused: std::sync::OnceLock<Primitive>,
     pub stream: Stream,
     pub state: Mutex<NodeState>,
     /// The outcome: computed storage or the error shared by dependants.
@@ -67,6 +71,10 @@ pub struct Array {
 }
 
 impl Node {
+    /// The primitive this node computes: its fused group's once fusion at eval chose one.
+    pub fn prim(&self) -> &Primitive {
+        self.fused.get().unwrap_or(&self.prim)
+    }
     /// True once the node is computed or failed (on a GPU: its kernel is enqueued).
     pub fn is_done(&self) -> bool {
         self.result.is_done()
@@ -164,7 +172,8 @@ impl Array {
         result: Completion<Result<Storage>>,
     ) -> Array {
         let id = NEXT_NODE_ID.fetch_add(1, Ordering::Relaxed);
-        Array { node: Arc::new(Node { id, shape, dtype, prim, stream, state: Mutex::new(state), result }) }
+        let fused = std::sync::OnceLock::new();
+        Array { node: Arc::new(Node { id, shape, dtype, prim, fused, stream, state: Mutex::new(state), result }) }
     }
     /// Creates an evaluated node around a storage.
     pub(crate) fn from_storage(storage: Storage, stream: Stream) -> Array {
@@ -205,9 +214,11 @@ impl Array {
     pub fn device(&self) -> Device {
         self.node.stream.device()
     }
-    /// The primitive that produces this array.
+    /// The primitive that produces this array. Once an evaluation has fused this node
+    /// with unevaluated inputs nobody else held (fusion at eval), it is the `Fused` (or
+    /// `FusedReduce`) program of the group, and [`Array::inputs`] are the group's inputs.
     pub fn primitive(&self) -> &Primitive {
-        &self.node.prim
+        self.node.prim()
     }
     /// True once computed (or failed).
     pub fn is_evaluated(&self) -> bool {
@@ -243,7 +254,7 @@ impl fmt::Debug for Array {
             self.node.id,
             self.node.shape,
             self.node.dtype,
-            self.node.prim.name(),
+            self.node.prim().name(),
             self.node.stream,
             self.is_evaluated()
         )

@@ -53,6 +53,24 @@ fn op_ok(tape: &Tape, i: usize) -> bool {
 /// inputs by their sources (not in shapeless mode, where node shapes are re-derived from
 /// input shapes).
 pub(crate) fn fuse(tape: &mut Tape, absorb_views: bool) {
+    let mut is_output = vec![false; tape.nodes.len()];
+    for r in &tape.outputs {
+        if let Ref::Node(i) = *r {
+            is_output[i] = true;
+        }
+    }
+    for (i, node) in groups(tape, absorb_views, &is_output, usize::MAX) {
+        tape.nodes[i] = node;
+    }
+    dce(tape);
+}
+
+/// The fused nodes that replace group roots (and the reductions they feed): (index of
+/// the replaced node, its replacement). `is_output[i]`: node `i` must stay materialised
+/// (an output, or a value someone else holds), so no group absorbs it; a group holds at
+/// most `max_ops` ops (a tree with shared inputs counts each use). The replaced
+/// members are left in the tape, unreferenced by the replacements.
+pub(crate) fn groups(tape: &Tape, absorb_views: bool, is_output: &[bool], max_ops: usize) -> Vec<(usize, TapeNode)> {
     let n = tape.nodes.len();
     let ok: Vec<bool> = (0..n).map(|i| op_ok(tape, i)).collect();
     // Distinct consumers of each node; outputs count as a consumer of their own, and a
@@ -67,13 +85,7 @@ pub(crate) fn fuse(tape: &mut Tape, absorb_views: bool) {
             }
         }
     }
-    let mut is_output = vec![false; n];
-    for r in &tape.outputs {
-        if let Ref::Node(i) = *r {
-            is_output[i] = true;
-        }
-    }
-    let absorbed: Vec<bool> = (0..n)
+    let mut absorbed: Vec<bool> = (0..n)
         .map(|i| {
             ok[i]
                 && !is_output[i]
@@ -82,6 +94,27 @@ pub(crate) fn fuse(tape: &mut Tape, absorb_views: bool) {
                 && tape.nodes[consumers[i][0]].stream == tape.nodes[i].stream
         })
         .collect();
+    // Groups of at most `max_ops` ops: a node whose tree would grow past it takes none of
+    // its inputs' trees (they become roots of their own), so a long chain is cut into
+    // kernels of bounded size.
+    let mut size = vec![1usize; n];
+    for i in 0..n {
+        let members = || {
+            tape.nodes[i].inputs.iter().filter_map(|r| match *r {
+                Ref::Node(j) if absorbed[j] => Some(j),
+                _ => None,
+            })
+        };
+        let total: usize = 1 + members().map(|j| size[j]).sum::<usize>();
+        if total > max_ops {
+            let cut: Vec<usize> = members().collect();
+            for j in cut {
+                absorbed[j] = false;
+            }
+        } else {
+            size[i] = total;
+        }
+    }
     // A group root whose only consumer is a `Reduce` on its stream: the reduction joins
     // the group (a trailing reduction), so the group's values are never stored.
     let reduced_by = |root: usize| -> Option<usize> {
@@ -90,7 +123,7 @@ pub(crate) fn fuse(tape: &mut Tape, absorb_views: bool) {
         let only = consumers[root].len() == 1 && !is_output[root];
         (only && matches!(node.prim, Primitive::Reduce { .. }) && node.stream == tape.nodes[root].stream).then_some(c)
     };
-    let mut replaced: HashMap<usize, TapeNode> = HashMap::new();
+    let mut replaced: Vec<(usize, TapeNode)> = Vec::new();
     for root in 0..n {
         if !ok[root] || absorbed[root] {
             continue;
@@ -112,7 +145,7 @@ pub(crate) fn fuse(tape: &mut Tape, absorb_views: bool) {
                     stream: r.stream.clone(),
                     rule: None,
                 };
-                replaced.insert(red, node);
+                replaced.push((red, node));
                 continue;
             }
         }
@@ -122,7 +155,7 @@ pub(crate) fn fuse(tape: &mut Tape, absorb_views: bool) {
         }
         let (prog, externals) = build_group(tape, root, &absorbed, absorb_views);
         let r = &tape.nodes[root];
-        replaced.insert(
+        replaced.push((
             root,
             TapeNode {
                 prim: Primitive::Fused(Arc::new(prog)),
@@ -132,12 +165,9 @@ pub(crate) fn fuse(tape: &mut Tape, absorb_views: bool) {
                 stream: r.stream.clone(),
                 rule: None,
             },
-        );
+        ));
     }
-    for (i, node) in replaced {
-        tape.nodes[i] = node;
-    }
-    dce(tape);
+    replaced
 }
 
 /// Builds the program of the group rooted at `root`; returns it with the external refs.

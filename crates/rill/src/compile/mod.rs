@@ -115,7 +115,7 @@ pub(crate) mod fuse;
 pub(crate) mod rules;
 pub(crate) mod shapes;
 mod simplify;
-mod trace;
+pub(crate) mod trace;
 
 pub use crate::primitives::fused::FusedProgram;
 pub use simplify::same_op;

@@ -72,9 +72,9 @@ fn run_node(run: &mut BatchRun<'_>, node: &Node, inputs: &[&Storage]) -> Result<
     if lifecycle::is_cancelled() {
         return Err(Error::ShutDown);
     }
-    let op = Op { id: node.id, prim: &node.prim, shape: &node.shape, dtype: node.dtype };
+    let op = Op { id: node.id, prim: node.prim(), shape: &node.shape, dtype: node.dtype };
     catch_unwind(AssertUnwindSafe(|| run.run(&op, inputs)))
-        .unwrap_or_else(|p| Err(Error::Panic { op: node.prim.name(), msg: crate::error::panic_message(&*p).into() }))
+        .unwrap_or_else(|p| Err(Error::Panic { op: node.prim().name(), msg: crate::error::panic_message(&*p).into() }))
 }
 
 /// The storages of `node`'s inputs, or the first error. The inputs are read under the

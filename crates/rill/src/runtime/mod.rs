@@ -7,6 +7,7 @@
 //! | the registry of live streams | `registry.rs` | weak entries |
 //! | eval / async_eval, batches on streams | `scheduler.rs` | nothing (borrows the pool) |
 //! | the node-execution loop of every backend | `execute.rs` | nothing |
+//! | fusion at eval: elementwise chains nobody else holds become one node | `fusion.rs` | the table of programs by structure |
 //! | claiming nodes, node status | `claim.rs` | nothing (used under the queue locks) |
 //! | CPU worker pool | `pool.rs` | the runtime's CPU threads |
 //! | scoped stream override | `scope.rs` | a `Weak` per thread, set by guards |
@@ -21,6 +22,7 @@ pub(crate) mod claim;
 pub(crate) mod completion;
 pub(crate) mod device;
 pub(crate) mod execute;
+pub(crate) mod fusion;
 pub(crate) mod gate;
 pub(crate) mod lifecycle;
 pub(crate) mod memory;
@@ -34,6 +36,7 @@ pub(crate) mod stats;
 pub(crate) mod stream;
 pub(crate) mod teardown;
 
+pub use fusion::{eval_fusion, set_eval_fusion};
 pub use lifecycle::{ShutdownReport, is_down, is_shutting_down, shutdown, shutdown_timeout};
 pub use memory::{active_memory, cached_memory, memory_limit, peak_memory, reset_peak_memory, set_memory_limit};
 pub use pool::num_threads as cpu_threads;

@@ -2,7 +2,8 @@
 //!
 //! Submission (any user thread or task):
 //! 1. `Plan::build` walks the graph iteratively from the outputs and lists, in
-//!    topological order, the nodes still `Pending` (`claim::pending_order`).
+//!    topological order, the nodes still `Pending` (`claim::pending_order`); fusion at
+//!    eval then joins elementwise chains nobody else holds into fused nodes (`fusion.rs`).
 //! 2. `Plan::advance` cuts that list into batches (consecutive nodes on one stream). For
 //!    each batch it waits for room in the stream's queue (backpressure) and, when memory
 //!    is over the limit, for in-flight work to finish; then, under the stream's queue
@@ -108,7 +109,9 @@ pub(crate) struct Plan {
 
 impl Plan {
     pub(crate) fn build(outputs: &[Array]) -> Plan {
-        Plan { order: claim::pending_order(outputs), pos: 0, inline: Inline::Never, owned: None }
+        let mut order = claim::pending_order(outputs);
+        crate::runtime::fusion::fuse_pending(&mut order);
+        Plan { order, pos: 0, inline: Inline::Never, owned: None }
     }
 
     /// Before the caller blocks (queue room, memory): a run it owns goes to the pool, since
@@ -599,13 +602,16 @@ mod tests {
     }
 
     /// `n` steps of `y = y * 0.999 + 0.5` from `start` (a contraction: rounding errors do
-    /// not grow with `n`), then a traced node.
-    fn chain(start: &[f32], n: usize, seen: &Arc<Mutex<Vec<ThreadId>>>) -> Array {
+    /// not grow with `n`), then a traced node. Every step's value is also returned, so
+    /// that the caller holds them: fusion at eval then keeps each step a node of its own.
+    fn chain(start: &[f32], n: usize, seen: &Arc<Mutex<Vec<ThreadId>>>) -> (Array, Vec<Array>) {
         let mut y = Array::from_slice(start, &[start.len()]).unwrap();
+        let mut steps = Vec::with_capacity(n);
         for _ in 0..n {
             y = y.mul(0.999).unwrap().add(0.5).unwrap();
+            steps.push(y.clone());
         }
-        traced(&y, seen)
+        (traced(&y, seen), steps)
     }
 
     fn want(start: &[f32], n: usize) -> Vec<f64> {
@@ -636,7 +642,7 @@ mod tests {
         let n = MAX_BATCH_NODES;
         for (policy, on_caller) in [(Inline::Any, true), (Inline::Gpu, false), (Inline::Never, false)] {
             let seen = Arc::new(Mutex::new(Vec::new()));
-            let y = with_stream(&s, || chain(&start, n, &seen));
+            let (y, _steps) = with_stream(&s, || chain(&start, n, &seen));
             let before = stats::INLINE_BATCHES.load(SeqCst);
             eval_with(std::slice::from_ref(&y), policy).unwrap();
             let ran = stats::INLINE_BATCHES.load(SeqCst) - before;
@@ -658,7 +664,7 @@ mod tests {
         let start = [0.25f32, 4.0];
         let n = MAX_QUEUED_NODES; // two nodes per step: twice the queue's bound
         let seen = Arc::new(Mutex::new(Vec::new()));
-        let y = with_stream(&s, || chain(&start, n, &seen));
+        let (y, _steps) = with_stream(&s, || chain(&start, n, &seen));
         // On another thread, so that a caller waiting for itself fails the test (after a
         // generous bound) instead of hanging it.
         let (tx, rx) = std::sync::mpsc::channel();
@@ -732,7 +738,7 @@ mod tests {
                         let start = [t as f32, round as f32];
                         let n = 50 + 37 * ((t + round) % 5);
                         let seen = Arc::new(Mutex::new(Vec::new()));
-                        let y = with_stream(&s, || chain(&start, n, &seen));
+                        let (y, _steps) = with_stream(&s, || chain(&start, n, &seen));
                         eval_with(std::slice::from_ref(&y), Inline::Any).unwrap();
                         check(&y, &want(&start, n));
                         assert_eq!(seen.lock().len(), 1);

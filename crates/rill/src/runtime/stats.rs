@@ -17,6 +17,7 @@
 //! | `fused_reduce_kernels` | the CUDA backend | `FusedReduce` nodes computed by one generated kernel |
 //! | `linger_handoffs` | the scheduler | GPU batches started by a lingering pool job |
 //! | `inline_batches` | the scheduler | batches a blocking `eval` ran on its own thread |
+//! | `eval_fused_groups`, `eval_fused_ops` | fusion at eval (`fusion.rs`) | fused nodes made by evaluations; the ops they replaced |
 //! | `kernels_compiled`, `kernels_compiled_on_user_threads` | the CUDA backend's NVRTC cache | kernels compiled; of them, on a thread not the runtime's (must stay 0) |
 
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -37,6 +38,8 @@ pub(crate) static FUSED_REDUCE_KERNELS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static LINGER_HANDOFFS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static INLINE_BATCHES: AtomicU64 = AtomicU64::new(0);
 pub(crate) static HOST_ROUND_TRIPS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static EVAL_FUSED_GROUPS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static EVAL_FUSED_OPS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static KERNELS_COMPILED: AtomicU64 = AtomicU64::new(0);
 pub(crate) static KERNELS_COMPILED_ON_USER_THREADS: AtomicU64 = AtomicU64::new(0);
 
@@ -107,6 +110,11 @@ pub struct Stats {
     /// Of `kernels_compiled`, those compiled on a thread that is not the runtime's (always
     /// 0: a compile needed by a blocking `eval` on the calling thread runs on the pool).
     pub kernels_compiled_on_user_threads: u64,
+    /// `Fused` and `FusedReduce` nodes that fusion at eval made: each is one kernel where
+    /// the graph had a chain of elementwise ops (see `rill::runtime::set_eval_fusion`).
+    pub eval_fused_groups: u64,
+    /// The elementwise ops (and reductions) those nodes compute in place of separate kernels.
+    pub eval_fused_ops: u64,
 }
 
 /// Reads every counter.
@@ -135,5 +143,7 @@ pub fn stats() -> Stats {
         host_round_trips: HOST_ROUND_TRIPS.load(Relaxed),
         kernels_compiled: KERNELS_COMPILED.load(Relaxed),
         kernels_compiled_on_user_threads: KERNELS_COMPILED_ON_USER_THREADS.load(Relaxed),
+        eval_fused_groups: EVAL_FUSED_GROUPS.load(Relaxed),
+        eval_fused_ops: EVAL_FUSED_OPS.load(Relaxed),
     }
 }
