@@ -54,7 +54,7 @@ pub(crate) struct Node {
     /// Set (once, under the state lock, while the node is `Pending`) when fusion at eval
     /// makes this node compute a fused group: the primitive that runs instead of `prim`,
     /// over the inputs the state then holds (`runtime/fusion.rs`).
-    pub fused: std::sync::OnceLock<Primitive>,
+    pub fused: crate::sync::OnceLock<Primitive>,
     pub stream: Stream,
     pub state: Mutex<NodeState>,
     /// The outcome: computed storage or the error shared by dependants.
@@ -172,7 +172,7 @@ impl Array {
         result: Completion<Result<Storage>>,
     ) -> Array {
         let id = NEXT_NODE_ID.fetch_add(1, Ordering::Relaxed);
-        let fused = std::sync::OnceLock::new();
+        let fused = crate::sync::OnceLock::new();
         Array { node: Arc::new(Node { id, shape, dtype, prim, fused, stream, state: Mutex::new(state), result }) }
     }
     /// Creates an evaluated node around a storage.
