@@ -155,6 +155,24 @@ fn bits(a: &Array) -> Vec<u64> {
     a.to_f64_vec().unwrap().iter().map(|v| if v.is_nan() { u64::MAX } else { v.to_bits() }).collect()
 }
 
+/// A random graph: input shapes, ops, which intermediate is the second output, the
+/// trailing reduction, the dtype (one of `dtypes`) and the inputs' seed.
+#[derive(Clone, Debug)]
+struct Graph {
+    shapes: Vec<Vec<usize>>,
+    ops: Vec<Op>,
+    extra: usize,
+    red: u8,
+    dtype: DType,
+    seed: u64,
+}
+
+fn graph_strategy(max_ops: usize, dtypes: &'static [DType]) -> impl Strategy<Value = Graph> {
+    let ops = proptest::collection::vec(op_strategy(), 1..max_ops);
+    (shapes_strategy(), ops, 0..64usize, 0..8u8, 0..dtypes.len(), any::<u64>())
+        .prop_map(move |(shapes, ops, extra, red, dt, seed)| Graph { shapes, ops, extra, red, dtype: dtypes[dt], seed })
+}
+
 fn same(got: &[f64], want: &[f64]) -> bool {
     got.len() == want.len() && got.iter().zip(want).all(|(g, w)| g == w || (g.is_nan() && w.is_nan()))
 }
@@ -162,15 +180,8 @@ fn same(got: &[f64], want: &[f64]) -> bool {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
     #[test]
-    fn random_elementwise_graphs_match(
-        shapes in shapes_strategy(),
-        ops in proptest::collection::vec(op_strategy(), 1..12),
-        extra in 0..64usize,
-        red in 0..8u8,
-        dt in 0..3u8,
-        seed in any::<u64>(),
-    ) {
-        let dtype = [DType::F32, DType::F64, DType::F16][dt as usize];
+    fn random_elementwise_graphs_match(g in graph_strategy(12, &[DType::F32, DType::F64, DType::F16])) {
+        let Graph { shapes, ops, extra, red, dtype, seed } = g;
         let inputs = inputs_of(&shapes, dtype, seed);
         let (ops2, dt2) = (ops.clone(), dtype);
         let f = compile(move |x: &[Array]| run(x, &ops2, extra, red, dt2));
@@ -201,14 +212,9 @@ proptest! {
     /// intermediates dropped (fused) and with all of them held (computed one by one).
     #[test]
     fn fusion_at_eval_gives_the_bits_of_unfused_eval(
-        shapes in shapes_strategy(),
-        ops in proptest::collection::vec(op_strategy(), 1..16),
-        extra in 0..64usize,
-        red in 0..8u8,
-        dt in 0..4u8,
-        seed in any::<u64>(),
+        g in graph_strategy(16, &[DType::F32, DType::F64, DType::F16, DType::BF16]),
     ) {
-        let dtype = [DType::F32, DType::F64, DType::F16, DType::BF16][dt as usize];
+        let Graph { shapes, ops, extra, red, dtype, seed } = g;
         let inputs = inputs_of(&shapes, dtype, seed);
         let fused = run(&inputs, &ops, extra, red, dtype);
         let mut kept = Vec::new();

@@ -114,7 +114,7 @@
 pub(crate) mod fuse;
 pub(crate) mod rules;
 pub(crate) mod shapes;
-mod simplify;
+pub(crate) mod simplify;
 pub(crate) mod trace;
 
 pub use crate::primitives::fused::FusedProgram;

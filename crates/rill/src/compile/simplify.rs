@@ -101,11 +101,10 @@ fn cse(tape: &mut Tape) {
     }
 }
 
-/// Removes nodes no output reaches, and captured constants nothing reads. A node whose
-/// shape a live node's rule reads stays.
-pub(crate) fn dce(tape: &mut Tape) {
-    let n = tape.nodes.len();
-    let mut live = vec![false; n];
+/// Which nodes and captured constants an output reaches (through inputs and the refs of
+/// shape rules): (nodes, constants).
+pub(crate) fn live(tape: &Tape) -> (Vec<bool>, Vec<bool>) {
+    let mut live = vec![false; tape.nodes.len()];
     let mut live_const = vec![false; tape.consts.len()];
     let mark = |r: &Ref, live: &mut Vec<bool>, live_const: &mut Vec<bool>| match *r {
         Ref::Node(i) => live[i] = true,
@@ -115,7 +114,7 @@ pub(crate) fn dce(tape: &mut Tape) {
     for o in &tape.outputs {
         mark(o, &mut live, &mut live_const);
     }
-    for i in (0..n).rev() {
+    for i in (0..tape.nodes.len()).rev() {
         if live[i] {
             let node = &tape.nodes[i];
             for r in node.inputs.iter().copied().chain(node.rule.iter().flat_map(|r| r.refs())) {
@@ -123,6 +122,14 @@ pub(crate) fn dce(tape: &mut Tape) {
             }
         }
     }
+    (live, live_const)
+}
+
+/// Removes nodes no output reaches, and captured constants nothing reads. A node whose
+/// shape a live node's rule reads stays.
+pub(crate) fn dce(tape: &mut Tape) {
+    let n = tape.nodes.len();
+    let (live, live_const) = live(tape);
     let mut node_map = vec![usize::MAX; n];
     let mut const_map = vec![usize::MAX; tape.consts.len()];
     let mut consts = Vec::new();

@@ -29,8 +29,8 @@
 use rustc_hash::FxHashMap as HashMap;
 
 use crate::array::Array;
-use crate::compile::fuse;
 use crate::compile::trace::{Ref, Tape, TapeNode};
+use crate::compile::{fuse, simplify};
 use crate::primitives::Primitive;
 use crate::primitives::fused::FusedProgram;
 use crate::runtime::claim::Status;
@@ -84,59 +84,35 @@ pub(crate) fn fuse_pending(order: &mut Vec<Array>) {
     let counts: Vec<usize> = order.iter().map(|a| Arc::strong_count(&a.node)).collect();
     let pos: HashMap<u64, usize> = order.iter().enumerate().map(|(i, a)| (a.node.id, i)).collect();
     let mut uses = vec![0usize; order.len()];
-    let mut inputs: Vec<Vec<Array>> = Vec::with_capacity(order.len());
+    // Each listed node's inputs as refs: `Node(p)` a listed node, `Const(k)` a 0-d fill
+    // from outside (the fuser inlines it as a constant), `Input(k)` any other array.
+    let mut outside: Vec<Array> = Vec::new();
+    let mut fills: Vec<Array> = Vec::new();
+    let mut outside_ref: HashMap<u64, Ref> = HashMap::default();
+    let mut refs: Vec<Vec<Ref>> = Vec::with_capacity(order.len());
     for a in order.iter() {
         let g = a.node.state.lock();
         // Claimed since the walk (by another evaluation): nothing of it is rewritten, and
         // its inputs count as held.
-        let ins: Vec<Array> = if g.status == Status::Pending { g.inputs.to_vec() } else { Vec::new() };
-        drop(g);
-        for i in &ins {
+        let ins = if g.status == Status::Pending { &g.inputs[..] } else { &[] };
+        let rs = ins.iter().map(|i| {
             if let Some(&p) = pos.get(&i.node.id) {
                 uses[p] += 1;
+                return Ref::Node(p);
             }
-        }
-        inputs.push(ins);
+            *outside_ref.entry(i.node.id).or_insert_with(|| {
+                let fill = matches!(i.node.prim(), Primitive::Full { .. }) && i.node.shape.is_empty();
+                let list = if fill { &mut fills } else { &mut outside };
+                list.push(i.clone());
+                if fill { Ref::Const(list.len() - 1) } else { Ref::Input(list.len() - 1) }
+            })
+        });
+        refs.push(rs.collect());
     }
     // Held: someone besides this list and the listed nodes' inputs refers to the node.
     let held: Vec<bool> = (0..order.len()).map(|i| counts[i] > 1 + uses[i]).collect();
 
-    // The tape view: 0-d fills from outside first (so the fuser inlines them as
-    // constants), then the listed nodes; other outside arrays are tape inputs.
-    let mut tape = Tape {
-        input_shapes: Vec::new(),
-        input_dtypes: Vec::new(),
-        nodes: Vec::new(),
-        consts: Vec::new(),
-        outputs: Vec::new(),
-        shape_specific: false,
-    };
-    let mut outside: Vec<Array> = Vec::new();
-    let mut outside_ref: HashMap<u64, Ref> = HashMap::default();
-    let mut fills: Vec<Array> = Vec::new();
-    let refs: Vec<Vec<Ref>> = inputs
-        .iter()
-        .map(|ins| {
-            ins.iter()
-                .map(|i| {
-                    if let Some(&p) = pos.get(&i.node.id) {
-                        return Ref::Node(p);
-                    }
-                    *outside_ref.entry(i.node.id).or_insert_with(|| {
-                        if matches!(i.node.prim(), Primitive::Full { .. }) && i.node.shape.is_empty() {
-                            fills.push(i.clone());
-                            Ref::Const(fills.len() - 1)
-                        } else {
-                            tape.input_shapes.push(i.node.shape.to_vec());
-                            tape.input_dtypes.push(i.node.dtype);
-                            outside.push(i.clone());
-                            Ref::Input(outside.len() - 1)
-                        }
-                    })
-                })
-                .collect()
-        })
-        .collect();
+    // The tape view: the fills first, then the listed nodes (tape node `nf + p`).
     let nf = fills.len();
     let node_of = |a: &Array, inputs: Vec<Ref>| TapeNode {
         prim: a.node.prim().clone(),
@@ -146,26 +122,23 @@ pub(crate) fn fuse_pending(order: &mut Vec<Array>) {
         stream: Some(a.node.stream.clone()),
         rule: None,
     };
-    for f in &fills {
-        tape.nodes.push(node_of(f, Vec::new()));
-    }
-    for (a, rs) in order.iter().zip(refs) {
-        let rs = rs
-            .into_iter()
-            .map(|r| match r {
-                Ref::Node(p) => Ref::Node(nf + p),
-                Ref::Const(k) => Ref::Node(k),
-                r => r,
-            })
-            .collect();
-        tape.nodes.push(node_of(a, rs));
-    }
-    let mut is_output = vec![true; nf];
-    is_output.extend(held.iter().copied());
+    let at = |r: Ref| match r {
+        Ref::Node(p) => Ref::Node(nf + p),
+        Ref::Const(k) => Ref::Node(k),
+        r => r,
+    };
+    let nodes = fills.iter().map(|f| node_of(f, Vec::new()));
+    let nodes = nodes.chain(order.iter().zip(refs).map(|(a, rs)| node_of(a, rs.into_iter().map(at).collect())));
+    let mut tape = Tape {
+        input_shapes: outside.iter().map(|a| a.node.shape.to_vec()).collect(),
+        input_dtypes: outside.iter().map(|a| a.node.dtype).collect(),
+        nodes: nodes.collect(),
+        consts: Vec::new(),
+        outputs: Vec::new(),
+        shape_specific: false,
+    };
+    let is_output: Vec<bool> = std::iter::repeat_n(true, nf).chain(held.iter().copied()).collect();
     let groups = fuse::groups(&tape, true, &is_output, MAX_GROUP_OPS);
-    if groups.is_empty() {
-        return;
-    }
 
     // The array a tape ref names.
     let array_of = |r: Ref| -> Array {
@@ -176,12 +149,9 @@ pub(crate) fn fuse_pending(order: &mut Vec<Array>) {
             Ref::Const(_) => unreachable!("the eval tape has no captured constants"),
         }
     };
-    // Each listed node's inputs after the rewrite (for the liveness pass below).
-    let mut now: Vec<Option<Vec<Ref>>> = vec![None; order.len()];
     let (mut fused_groups, mut fused_ops) = (0u64, 0u64);
     for (t, node) in groups {
-        let at = t - nf;
-        let root = &order[at].node;
+        let root = &order[t - nf].node;
         let prim = intern(node.prim);
         let externals: crate::array::Inputs = node.inputs.iter().map(|&r| array_of(r)).collect();
         let old = {
@@ -199,7 +169,8 @@ pub(crate) fn fuse_pending(order: &mut Vec<Array>) {
             Primitive::FusedReduce { program, .. } => program.op_count() as u64 + 1,
             _ => 0,
         };
-        now[at] = Some(node.inputs);
+        // The tape now reads as the graph does, for the liveness pass below.
+        tape.nodes[t].inputs = node.inputs;
     }
     if fused_groups == 0 {
         return;
@@ -207,25 +178,10 @@ pub(crate) fn fuse_pending(order: &mut Vec<Array>) {
     stats::EVAL_FUSED_GROUPS.fetch_add(fused_groups, Relaxed);
     stats::EVAL_FUSED_OPS.fetch_add(fused_ops, Relaxed);
 
-    // Keep what is held or still read: walk the rewritten graph back from the held nodes.
-    let mut live = held;
-    for i in (0..order.len()).rev() {
-        if !live[i] {
-            continue;
-        }
-        let ins: Vec<Ref> = match &now[i] {
-            Some(rs) => rs.clone(),
-            None => tape.nodes[nf + i].inputs.clone(),
-        };
-        for r in ins {
-            if let Ref::Node(t) = r {
-                if t >= nf {
-                    live[t - nf] = true;
-                }
-            }
-        }
-    }
-    let mut keep = live.into_iter();
+    // Keep what is held or still read from a held node; the absorbed members go.
+    tape.outputs = (0..order.len()).filter(|&i| held[i]).map(|i| Ref::Node(nf + i)).collect();
+    let (live, _) = simplify::live(&tape);
+    let mut keep = live.into_iter().skip(nf);
     order.retain(|_| keep.next().unwrap_or(true));
 }
 
