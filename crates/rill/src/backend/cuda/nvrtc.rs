@@ -232,11 +232,16 @@ fn c_chars_to_string(v: &[std::ffi::c_char]) -> String {
 
 /// Test support: compiles generated kernel sources with NVRTC for sm_90 when the library
 /// can be loaded (no GPU needed), so that kernel text is checked on machines without one.
-/// Returns false (after printing a skip line) when NVRTC is absent.
+/// Returns false (after printing a skip line) when NVRTC is absent, and fails instead when
+/// `RILL_REQUIRE_NVRTC=1` (CI, `.ci/nvrtc.sh`).
 #[cfg(test)]
 pub(crate) fn check_compiles(key: &str, src: &str) -> bool {
     let present = super::libs::load(super::libs::Lib::Nvrtc);
     if !present {
+        assert!(
+            std::env::var("RILL_REQUIRE_NVRTC").as_deref() != Ok("1"),
+            "RILL_REQUIRE_NVRTC=1 but NVRTC was not found"
+        );
         println!("skipped: no NVRTC ({key})");
         return false;
     }
