@@ -232,6 +232,13 @@ impl Array {
     pub fn inputs(&self) -> Vec<Array> {
         self.node.state.lock().inputs.to_vec()
     }
+    /// The primitive and the inputs read together, under the node's lock: fusion at eval
+    /// on another thread rewrites both under it, so separate reads could pair the fused
+    /// primitive with the members' inputs.
+    pub(crate) fn primitive_and_inputs(&self) -> (Primitive, Vec<Array>) {
+        let g = self.node.state.lock();
+        (self.node.prim().clone(), g.inputs.to_vec())
+    }
 }
 
 impl Claimable for Array {

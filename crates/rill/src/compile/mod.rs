@@ -415,10 +415,11 @@ impl Compiled {
             if !seen.insert(a.id()) {
                 continue;
             }
-            if a.primitive().is_fused() {
+            let (prim, inputs) = a.primitive_and_inputs();
+            if prim.is_fused() {
                 n += 1;
             }
-            stack.extend(a.inputs());
+            stack.extend(inputs);
         }
         Ok(n)
     }

@@ -181,11 +181,12 @@ struct Recorder<'a> {
 }
 
 impl Recorder<'_> {
-    /// The inputs of a node still in the graph; errors for nodes that evaluating a
-    /// placeholder has failed.
-    fn inputs_of(&self, a: &Array) -> Result<Vec<Array>> {
+    /// The primitive and inputs of a node still in the graph, read together under its
+    /// lock (fusion at eval on another thread rewrites both under it); errors for nodes
+    /// that evaluating a placeholder has failed.
+    fn inputs_of(&self, a: &Array) -> Result<(Primitive, Vec<Array>)> {
         if self.placeholders.contains_key(&a.id()) {
-            return Ok(Vec::new());
+            return Ok((a.primitive().clone(), Vec::new()));
         }
         if a.primitive().is_placeholder() {
             return Err(Error::invalid(
@@ -206,9 +207,10 @@ impl Recorder<'_> {
             ));
         }
         let g = a.node.state.lock();
+        let prim = a.primitive().clone();
         match g.status {
-            Status::Done => Ok(Vec::new()),
-            Status::Pending | Status::Scheduled => Ok(g.inputs.to_vec()),
+            Status::Done => Ok((prim, Vec::new())),
+            Status::Pending | Status::Scheduled => Ok((prim, g.inputs.to_vec())),
         }
     }
 
@@ -229,7 +231,8 @@ impl Recorder<'_> {
         }
         if let Primitive::Full { .. } = a.primitive() {
             if !a.is_evaluated() || a.shape().is_empty() {
-                self.nodes.push(self.node_of(a, Vec::new()));
+                // A fill is never rewritten by fusion: its primitive is its own.
+                self.nodes.push(self.node_of(a, a.primitive().clone(), Vec::new()));
                 self.tape_full.insert(a.id(), self.nodes.len() - 1);
                 return Ref::Node(self.nodes.len() - 1);
             }
@@ -258,19 +261,19 @@ impl Recorder<'_> {
         if !matches!(self.seen.get(&reads), Some(Some(_))) {
             return None;
         }
-        let ins = if a.primitive().is_source() {
-            Vec::new()
+        let (prim, ins) = if a.primitive().is_source() {
+            (a.primitive().clone(), Vec::new())
         } else {
             // An evaluated view has dropped its input: it stays a constant of its traced
             // shape, which the matmul's own shape rule then only accepts unchanged.
-            let ins = self.inputs_of(a).ok()?;
+            let (prim, ins) = self.inputs_of(a).ok()?;
             if ins.is_empty() {
                 return None;
             }
-            ins
+            (prim, ins)
         };
         let refs: Vec<Ref> = ins.iter().map(|c| self.capture(c)).collect();
-        let node = self.node_of(a, refs);
+        let node = self.node_of(a, prim, refs);
         self.nodes.push(node);
         let i = self.nodes.len() - 1;
         self.tape_full.insert(a.id(), i);
@@ -278,10 +281,10 @@ impl Recorder<'_> {
         Some(Ref::Node(i))
     }
 
-    fn node_of(&self, a: &Array, inputs: Vec<Ref>) -> TapeNode {
+    fn node_of(&self, a: &Array, prim: Primitive, inputs: Vec<Ref>) -> TapeNode {
         let s = a.stream();
         TapeNode {
-            prim: a.primitive().clone(),
+            prim,
             inputs,
             shape: a.shape().to_vec(),
             dtype: a.dtype(),
@@ -318,22 +321,22 @@ impl Recorder<'_> {
 
     /// Records `out` and everything it needs (iterative post-order walk).
     fn record(&mut self, out: &Array) -> Result<Ref> {
-        let mut stack: Vec<(Array, Vec<Array>, usize)> = Vec::new();
+        let mut stack: Vec<(Array, Primitive, Vec<Array>, usize)> = Vec::new();
         if !self.seen.contains_key(&out.id()) {
-            let ins = self.inputs_of(out)?;
-            stack.push((out.clone(), ins, 0));
+            let (prim, ins) = self.inputs_of(out)?;
+            stack.push((out.clone(), prim, ins, 0));
         }
         while let Some(top) = stack.last_mut() {
-            if top.2 < top.1.len() {
-                let child = top.1[top.2].clone();
-                top.2 += 1;
+            if top.3 < top.2.len() {
+                let child = top.2[top.3].clone();
+                top.3 += 1;
                 if !self.seen.contains_key(&child.id()) {
-                    let ins = self.inputs_of(&child)?;
-                    stack.push((child, ins, 0));
+                    let (prim, ins) = self.inputs_of(&child)?;
+                    stack.push((child, prim, ins, 0));
                 }
                 continue;
             }
-            let Some((a, ins, _)) = stack.pop() else { break };
+            let Some((a, prim, ins, _)) = stack.pop() else { break };
             let r = if let Some(&i) = self.placeholders.get(&a.id()) {
                 Some(Ref::Input(i))
             } else if ins.iter().any(|c| matches!(self.seen.get(&c.id()), Some(Some(_)))) {
@@ -345,7 +348,7 @@ impl Recorder<'_> {
                     };
                     refs.push(r);
                 }
-                self.nodes.push(self.node_of(&a, refs));
+                self.nodes.push(self.node_of(&a, prim, refs));
                 let i = self.nodes.len() - 1;
                 match self.rules.then(|| rules::noted(a.id())).flatten() {
                     Some(Note::Opaque) => self.opaque = true,
