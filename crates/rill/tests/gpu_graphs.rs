@@ -70,6 +70,8 @@ fn run(device: Device, x: &[Array]) -> Vec<Vec<f64>> {
 
 #[test]
 fn repeated_batches_replay_as_graphs_with_new_inputs() {
+    // Counts graphs and cached buffers of one kernel per op: no fusion at eval.
+    rill::runtime::set_eval_fusion(false);
     let Some(g) = gpu() else { return };
     let before = rill::runtime::stats();
     let mut rng = Rng::new(7);
@@ -95,6 +97,8 @@ fn repeated_batches_replay_as_graphs_with_new_inputs() {
 
 #[test]
 fn tiny_chains_on_several_streams_replay_their_own_graphs() {
+    // Counts graphs and cached buffers of one kernel per op: no fusion at eval.
+    rill::runtime::set_eval_fusion(false);
     let Some(g) = gpu() else { return };
     common::on_threads(4, |k| {
         let s = rill::Stream::new(&g).unwrap();
@@ -122,6 +126,8 @@ fn tiny_chains_on_several_streams_replay_their_own_graphs() {
 /// float64 on the CPU.
 #[test]
 fn new_arguments_every_round_build_then_update_graphs() {
+    // Counts graphs and cached buffers of one kernel per op: no fusion at eval.
+    rill::runtime::set_eval_fusion(false);
     let Some(g) = gpu() else { return };
     let rounds = 48usize;
     let mut rng = Rng::new(11);
@@ -164,6 +170,8 @@ fn new_arguments_every_round_build_then_update_graphs() {
 /// is checked against float64 on the CPU.
 #[test]
 fn wide_dependent_kernels_in_graphs_read_their_inputs_complete() {
+    // Counts graphs and cached buffers of one kernel per op: no fusion at eval.
+    rill::runtime::set_eval_fusion(false);
     let Some(g) = gpu() else { return };
     let mut rng = Rng::new(2024);
     let before = rill::runtime::stats();
