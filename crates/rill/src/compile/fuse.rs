@@ -14,7 +14,6 @@
 //! reduction: the group's values are reduced as they are computed instead of being
 //! stored (when the reduced shape is the broadcast of the group's inputs).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::compile::simplify::dce;
@@ -75,12 +74,19 @@ pub(crate) fn groups(tape: &Tape, absorb_views: bool, is_output: &[bool], max_op
     let ok: Vec<bool> = (0..n).map(|i| op_ok(tape, i)).collect();
     // Distinct consumers of each node; outputs count as a consumer of their own, and a
     // rule reading a node's shape as a consumer (so the node stays in the tape).
-    let mut consumers: Vec<Vec<usize>> = vec![Vec::new(); n];
+    // Kept as a count and the first one (no list per node: fusion at eval runs this on
+    // every evaluation); a consumer's uses of a node are consecutive in this walk.
+    const NONE: usize = usize::MAX;
+    let (mut n_consumers, mut first, mut last) = (vec![0u32; n], vec![NONE; n], vec![NONE; n]);
     for (c, node) in tape.nodes.iter().enumerate() {
         for r in node.inputs.iter().copied().chain(node.rule.iter().flat_map(|r| r.refs())) {
             if let Ref::Node(i) = r {
-                if consumers[i].last() != Some(&c) {
-                    consumers[i].push(c);
+                if last[i] != c {
+                    last[i] = c;
+                    n_consumers[i] += 1;
+                    if first[i] == NONE {
+                        first[i] = c;
+                    }
                 }
             }
         }
@@ -89,9 +95,9 @@ pub(crate) fn groups(tape: &Tape, absorb_views: bool, is_output: &[bool], max_op
         .map(|i| {
             ok[i]
                 && !is_output[i]
-                && consumers[i].len() == 1
-                && ok[consumers[i][0]]
-                && tape.nodes[consumers[i][0]].stream == tape.nodes[i].stream
+                && n_consumers[i] == 1
+                && ok[first[i]]
+                && tape.nodes[first[i]].stream == tape.nodes[i].stream
         })
         .collect();
     // Groups of at most `max_ops` ops: a node whose tree would grow past it takes none of
@@ -118,9 +124,9 @@ pub(crate) fn groups(tape: &Tape, absorb_views: bool, is_output: &[bool], max_op
     // A group root whose only consumer is a `Reduce` on its stream: the reduction joins
     // the group (a trailing reduction), so the group's values are never stored.
     let reduced_by = |root: usize| -> Option<usize> {
-        let c = *consumers[root].first()?;
-        let node = &tape.nodes[c];
-        let only = consumers[root].len() == 1 && !is_output[root];
+        let c = first[root];
+        let node = tape.nodes.get(c)?;
+        let only = n_consumers[root] == 1 && !is_output[root];
         (only && matches!(node.prim, Primitive::Reduce { .. }) && node.stream == tape.nodes[root].stream).then_some(c)
     };
     let mut replaced: Vec<(usize, TapeNode)> = Vec::new();
@@ -179,7 +185,7 @@ fn build_group(
 ) -> (crate::primitives::fused::FusedProgram, Vec<Ref>) {
     let mut b = Builder::default();
     let mut externals: Vec<Ref> = Vec::new();
-    let mut memo: HashMap<usize, Reg> = HashMap::new();
+    let mut memo: rustc_hash::FxHashMap<usize, Reg> = Default::default();
     // Register of an external ref (a load, or an inlined constant).
     let mut leaf = |b: &mut Builder, r: Ref| -> Reg {
         let mut r = r;
@@ -252,7 +258,7 @@ fn build_group(
             continue;
         }
         stack.pop();
-        let regs: Vec<Reg> = node
+        let regs: smallvec::SmallVec<[Reg; 3]> = node
             .inputs
             .iter()
             .map(|&r| match r {

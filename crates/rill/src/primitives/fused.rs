@@ -188,32 +188,36 @@ pub(crate) struct Builder {
     prog: Vec<Inst>,
     dtypes: Vec<DType>,
     inputs: Vec<DType>,
+    /// The register of each loaded input and of each constant (bits, dtype): found without
+    /// a scan of the program (fusion at eval builds programs on every evaluation).
+    loads: Vec<Option<Reg>>,
+    consts: rustc_hash::FxHashMap<(u64, DType), Reg>,
 }
 
 impl Builder {
     /// Register holding external input `k` (of dtype `d`), loaded once.
     pub fn load(&mut self, k: usize, d: DType) -> Reg {
-        if let Some(r) = self.prog.iter().position(|i| *i == Inst::Load(k)) {
+        if let Some(&Some(r)) = self.loads.get(k) {
             return r;
         }
         if self.inputs.len() <= k {
             self.inputs.resize(k + 1, d);
+            self.loads.resize(k + 1, None);
         }
         self.inputs[k] = d;
-        self.push(Inst::Load(k), d)
+        let r = self.push(Inst::Load(k), d);
+        self.loads[k] = Some(r);
+        r
     }
     /// Register holding a constant (rounded here to `d`).
     pub fn constant(&mut self, v: f64, d: DType) -> Reg {
         let v = round_const(v, d);
-        let found = self
-            .prog
-            .iter()
-            .zip(&self.dtypes)
-            .position(|(i, &rd)| rd == d && matches!(i, Inst::Const(c) if c.to_bits() == v.to_bits()));
-        match found {
-            Some(r) => r,
-            None => self.push(Inst::Const(v), d),
+        if let Some(&r) = self.consts.get(&(v.to_bits(), d)) {
+            return r;
         }
+        let r = self.push(Inst::Const(v), d);
+        self.consts.insert((v.to_bits(), d), r);
+        r
     }
     /// Appends an instruction defining a new register of dtype `d`.
     pub fn push(&mut self, inst: Inst, d: DType) -> Reg {

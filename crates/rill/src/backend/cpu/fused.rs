@@ -35,7 +35,7 @@ pub(crate) fn eval_fused(p: &FusedProgram, inputs: &[&Storage], shape: &[usize],
     }
     crate::with_dtype!(dtype, O => {
         let out = buf.typed_mut::<O>();
-        par::chunks_init(out, CHUNK, || scratch(p), |regs, c, o| run_chunk(p, inputs, &layouts, c * CHUNK, o, regs));
+        par::chunks_init(out, CHUNK, || scratch(p, n.min(CHUNK)), |regs, c, o| run_chunk(p, inputs, &layouts, c * CHUNK, o, regs));
     });
     Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape))
 }
@@ -76,7 +76,7 @@ pub(crate) fn eval_fused_reduce(
     let mut buf = CpuBuffer::alloc(dtype, n_out)?;
     crate::with_dtype!(dtype, O => {
         let src = reduce::Generated(|start: usize, out: &mut [O]| {
-            let mut regs = scratch(p);
+            let mut regs = scratch(p, out.len().min(CHUNK));
             for (k, o) in out.chunks_mut(CHUNK).enumerate() {
                 run_chunk(p, inputs, &layouts, start + k * CHUNK, o, &mut regs);
             }
@@ -114,8 +114,10 @@ fn prepare(p: &FusedProgram, inputs: &[&Storage], shape: &[usize], dtype: DType)
     Ok(layouts)
 }
 
-fn scratch(p: &FusedProgram) -> Vec<Lane> {
-    p.dtypes.iter().map(|&d| if wide_lane(d) { Lane::D(vec![0.0; CHUNK]) } else { Lane::F(vec![0.0; CHUNK]) }).collect()
+/// One lane of `len` values per instruction; `len` is the largest chunk it will see (a
+/// small array gets small lanes: a long program's full-size lanes cost page faults).
+fn scratch(p: &FusedProgram, len: usize) -> Vec<Lane> {
+    p.dtypes.iter().map(|&d| if wide_lane(d) { Lane::D(vec![0.0; len]) } else { Lane::F(vec![0.0; len]) }).collect()
 }
 
 /// A broadcast layout with size-1 axes dropped and axes merged where the row-major walk
