@@ -1,22 +1,37 @@
-//! Reductions and fused softmax. The reduced axes are moved last (a contiguous copy when
-//! needed), so every reduction is over the rows of a row-major `rows x cols` matrix.
+//! Reductions and fused softmax.
+//!
+//! A reduction of a stored array is first read in place as `[outer, red, inner]`
+//! ([`form`]: the kept and reduced axes merge, by their strides, into at most three runs,
+//! reduced in the middle), so no copy is made when
+//! - the reduced run has stride 1 (a row reduction: output `o` reduces the row that starts
+//!   at `(o / inner) * s1 + (o % inner) * s2`), or
+//! - the inner kept run has stride 1 (a column reduction, `k_col*`: each thread owns one
+//!   or, where rows are 16-byte aligned, a vector of consecutive inner columns and loops
+//!   over `red` with coalesced loads; a block is `bx` column threads by `by` threads that
+//!   split `red` and combine in a shared-memory tree; when the columns cannot fill the GPU
+//!   `red` is also split over grid y into partials that `k_colfin` combines in order).
+//!
+//! Anything else (reduced axes that merge into several runs, broadcast or negative
+//! strides, strided rows of a full reduction) is copied with the reduced axes last.
 //!
 //! Sums and products accumulate in f32 for f16/bf16/f32 and f64 for f64, integers wrap in
-//! their own type; max/min propagate NaN. Three launch shapes, chosen from rows/cols and
-//! the number of SMs:
-//! - short rows (`cols <= WARP_COLS`): one warp per row (`k_warp`);
+//! their own type; max/min propagate NaN. Every combine happens in an order fixed by the
+//! shape and the launch plan (no float atomics), so a result has the same bits every run.
+//! Three launch shapes for rows, chosen from rows/cols and the number of SMs:
+//! - short rows (`cols <= WARP_COLS`): `g` lanes of a warp per row (`k_warp`, `g` from the
+//!   row length, 16-byte vector loads of the aligned middle of each stored row);
 //! - many long rows: one block per row (`k_block`, 16-byte vector loads of the aligned
 //!   middle of each row, warp shuffles, one shared slot per warp);
 //! - few long rows (a full reduction): each row is split over many blocks (for a stored
 //!   array, [`SPLIT_BLOCK`] threads with eight vectors in flight each) that write
 //!   partial results to a temporary buffer; the block that finishes a row's last chunk
-//!   (counted with an atomic per row) combines that row's partials and writes the result,
-//!   so a full reduction is one kernel launch. The counters live with the stream (one per
-//!   possible row, zeroed once) and the last block sets its row's back to zero; launches on
-//!   one stream never overlap, so each launch starts from zeros.
+//!   (counted with an atomic per row) combines that row's partials in index order and
+//!   writes the result, so a full reduction is one kernel launch. The counters live with
+//!   the stream (one per possible row, zeroed once) and the last block sets its row's back
+//!   to zero; launches on one stream never overlap, so each launch starts from zeros.
 //!
-//! The module's source is generated for one way of reading the elements ([`Elems`]): a
-//! contiguous array, or values computed by generated code at each element (a fused
+//! The row module's source is generated for one way of reading the elements ([`Elems`]): a
+//! stored array, or values computed by generated code at each element (a fused
 //! program's, see `fused.rs`), which `k_warp` and `k_block` read through the macro
 //! `ELEM(j)` after declaring each row's state; computed rows are read one element at a
 //! time (four per thread in flight in `k_block`), not as 16-byte vectors. [`launch`]
@@ -182,7 +197,11 @@ impl Elems<'_> {
     /// (kernel data parameters, per-row statements, body of the `ELEM(j)` macro).
     fn parts(&self) -> (&str, &str, &str) {
         match self {
-            Elems::Array => ("const T* __restrict__ x", "const T* p = x + r * cols;", "p[(j)]"),
+            Elems::Array => (
+                "const T* __restrict__ x, i64 ni, i64 s1, i64 s2",
+                "const T* p = x + (r / ni) * s1 + (r % ni) * s2;",
+                "p[(j)]",
+            ),
             Elems::Computed(r) => (&r.params, &r.row, &r.elem),
         }
     }
@@ -212,7 +231,7 @@ fn reduce_source(s: &ReduceSpec, vn: usize, e: &Elems<'_>) -> String {
     };
     // This thread's share of chunk `c` of `splits` of row `r`, accumulated into `a`.
     let chunk = match e {
-        Elems::Array => "a = chunk(p, cols, c, splits);",
+        Elems::Array => "a = chunk(p, cols, c, splits, threadIdx.x, blockDim.x);",
         Elems::Computed(_) => {
             r#"{
             i64 j1 = cols * (c + 1) / splits, bd = blockDim.x;
@@ -223,6 +242,13 @@ fn reduce_source(s: &ReduceSpec, vn: usize, e: &Elems<'_>) -> String {
             }
             for (; j < j1; j += bd) { T x0 = ELEM(j); a = comb(a, ldv(x0)); }
         }"#
+        }
+    };
+    // A row's share of lane `sub` of `g`: vectors of a stored row, else one at a time.
+    let warp_body = match e {
+        Elems::Array => "a = chunk(p, cols, 0, 1, sub, g);",
+        Elems::Computed(_) => {
+            "#pragma unroll 4\n            for (i64 j = sub; j < cols; j += g) { T v = ELEM(j); a = comb(a, ldv(v)); }"
         }
     };
     format!(
@@ -255,18 +281,18 @@ __device__ __forceinline__ A block_red(A a, A* sh) {{
     }}
     return a;
 }}
-// This thread's share of chunk `c` of `splits` of the contiguous row `p` (`cols`
-// elements): the 16-byte aligned middle of the row as vectors, split evenly; chunk 0 also
-// takes the unaligned head and the tail.
-__device__ __forceinline__ A chunk(const T* p, i64 cols, i64 c, i64 splits) {{
+// The share of thread `tid` of `nt` of chunk `c` of `splits` of the contiguous row `p`
+// (`cols` elements): the 16-byte aligned middle of the row as vectors, split evenly;
+// chunk 0 also takes the unaligned head and the tail.
+__device__ __forceinline__ A chunk(const T* p, i64 cols, i64 c, i64 splits, i64 tid, i64 nt) {{
     A a = (A)({init});
     i64 head = (i64)(((16u - ((u32)(u64)p & 15u)) & 15u) / sizeof(T));
     if (head > cols) head = cols;
     i64 nvec = (cols - head) / VN;
     i64 v0 = nvec * c / splits, v1 = nvec * (c + 1) / splits;
     const V<T, VN>* pv = (const V<T, VN>*)(p + head);
-    i64 bd = blockDim.x;
-    i64 j = v0 + threadIdx.x;
+    i64 bd = nt;
+    i64 j = v0 + tid;
     // Eight vectors in flight per thread, then four, then one; four accumulators.
     A acc[4] = {{a, a, a, a}};
     for (; j + 7 * bd < v1; j += 8 * bd) {{
@@ -297,7 +323,7 @@ __device__ __forceinline__ A chunk(const T* p, i64 cols, i64 c, i64 splits) {{
     if (c == 0) {{
         i64 t0 = head + nvec * VN;
         i64 extra = head + (cols - t0);
-        for (i64 k = threadIdx.x; k < extra; k += bd) {{
+        for (i64 k = tid; k < extra; k += bd) {{
             T v = p[k < head ? k : t0 + (k - head)];
             a = comb(a, ldv(v));
         }}
@@ -344,18 +370,22 @@ extern "C" __global__ void __launch_bounds__({bound}) k_block(T* __restrict__ ou
         __syncthreads(); // `last` and `sh` are written again by the next item
     }}
 }}
-// One warp per row (rows are warp-uniform, so the shuffles see all 32 lanes).
-extern "C" __global__ void k_warp(T* __restrict__ out, {data}i64 rows, i64 cols) {{
-    int lane = threadIdx.x & 31;
+// `g` lanes (a power of two, at most 32) per row: a warp reduces `32 / g` consecutive
+// rows at a time. The row loop is warp-uniform, so the shuffles see all 32 lanes.
+extern "C" __global__ void k_warp(T* __restrict__ out, {data}i64 rows, i64 cols, int g) {{
+    int lane = threadIdx.x & 31, sub = lane & (g - 1);
+    i64 per = 32 / g;
     i64 w = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
     i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;
-    for (i64 r = w; r < rows; r += nw) {{
-        {row}
+    for (i64 r0 = w * per; r0 < rows; r0 += nw * per) {{
+        i64 r = r0 + lane / g;
         A a = (A)({init});
-#pragma unroll 4
-        for (i64 j = lane; j < cols; j += 32) {{ T v = ELEM(j); a = comb(a, ldv(v)); }}
-        a = warp_red(a);
-        if (lane == 0) out[r] = st(a);
+        if (r < rows) {{
+            {row}
+            {warp_body}
+        }}
+        for (int o = g >> 1; o > 0; o >>= 1) a = comb(a, (A)__shfl_down_sync(0xffffffffu, ({shfl})a, o));
+        if (sub == 0 && r < rows) out[r] = st(a);
     }}
 }}
 "#
@@ -365,8 +395,8 @@ extern "C" __global__ void k_warp(T* __restrict__ out, {data}i64 rows, i64 cols)
 /// How a `rows x cols` reduction is launched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Plan {
-    /// One warp per row.
-    Warp,
+    /// `lanes` lanes of a warp per row (a power of two, at most 32).
+    Warp { lanes: u32 },
     /// Each row split into `splits` chunks (1: one block per row), one block of
     /// `threads` each.
     Block { splits: usize, threads: u32 },
@@ -382,7 +412,9 @@ fn split_rows(sms: usize) -> usize {
 /// threads per block when a row is split over several blocks.
 fn plan(rows: usize, cols: usize, vn: usize, sms: usize, split: u32) -> Plan {
     if cols <= WARP_COLS {
-        return Plan::Warp;
+        // About one vector per lane: short rows leave no lanes idle.
+        let lanes = cols.div_ceil(vn).next_power_of_two().clamp(1, 32) as u32;
+        return Plan::Warp { lanes };
     }
     if rows >= split_rows(sms) {
         return Plan::Block { splits: 1, threads: RBLOCK };
@@ -419,6 +451,279 @@ fn blocks(n: usize, cap: usize) -> u32 {
     n.clamp(1, cap.min(i32::MAX as usize)) as u32
 }
 
+/// A reduction read in place from a strided array: output `o * ni + i` (`o < no`,
+/// `i < ni`) reduces the elements at `o * s1 + r * sr + i * s2` (`r < red`), counted from
+/// the array's first element.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Form {
+    pub(crate) no: usize,
+    pub(crate) red: usize,
+    pub(crate) ni: usize,
+    pub(crate) s1: i64,
+    pub(crate) sr: i64,
+    pub(crate) s2: i64,
+}
+
+/// How a [`Form`] is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Read {
+    /// The reduced run has stride 1: one row per output.
+    Rows,
+    /// The inner kept run has stride 1: threads own columns.
+    Cols,
+}
+
+impl Form {
+    /// Row-major `rows x cols` (a contiguous copy with the reduced axes last).
+    pub(crate) fn rows(rows: usize, cols: usize) -> Form {
+        Form { no: rows, red: cols, ni: 1, s1: cols as i64, sr: 1, s2: 0 }
+    }
+
+    /// How this form is read in place, if it can be.
+    pub(crate) fn read(&self) -> Option<Read> {
+        if self.sr == 1 || self.red == 1 {
+            Some(Read::Rows)
+        } else if self.s2 == 1 && self.ni > 1 {
+            Some(Read::Cols)
+        } else {
+            None
+        }
+    }
+}
+
+/// The [`Form`] of reducing `axes` of a non-empty layout of `shape` and `strides`: size-1
+/// axes are dropped and neighbouring axes merged where their strides chain; None unless
+/// that leaves at most `[kept, reduced, kept]` runs with positive strides.
+pub(crate) fn form(shape: &[usize], strides: &[isize], axes: &[usize]) -> Option<Form> {
+    // (reduced, size, stride of the run's innermost axis)
+    let mut runs: Vec<(bool, usize, i64)> = Vec::new();
+    for (i, (&n, &st)) in shape.iter().zip(strides).enumerate() {
+        if n == 1 {
+            continue;
+        }
+        if n == 0 || st <= 0 {
+            return None;
+        }
+        let (r, st) = (axes.contains(&i), st as i64);
+        match runs.last_mut() {
+            Some((lr, ln, ls)) if *lr == r && Some(*ls) == st.checked_mul(n as i64) => {
+                *ln *= n;
+                *ls = st;
+            }
+            _ => runs.push((r, n, st)),
+        }
+    }
+    let f = |no, s1, red, sr, ni, s2| Some(Form { no, red, ni, s1, sr, s2 });
+    match *runs.as_slice() {
+        [] => f(1, 0, 1, 0, 1, 0),
+        [(false, k, s)] => f(1, 0, 1, 0, k, s),
+        [(true, r, sr)] => f(1, 0, r, sr, 1, 0),
+        // A kept run of stride 1 outside a strided reduced run (a transposed view) is read
+        // as columns.
+        [(false, k, 1), (true, r, sr)] if sr != 1 => f(1, 0, r, sr, k, 1),
+        [(false, k, s1), (true, r, sr)] => f(k, s1, r, sr, 1, 0),
+        [(true, r, sr), (false, k, s2)] => f(1, 0, r, sr, k, s2),
+        [(false, k1, s1), (true, r, sr), (false, k2, s2)] => f(k1, s1, r, sr, k2, s2),
+        _ => None,
+    }
+}
+
+/// `x` as a [`Form`] read in place, or (when it cannot be) a contiguous copy with the
+/// reduced axes last and its row form.
+pub(crate) fn in_place(cs: &GpuStream<'_>, x: &Storage, axes: &[usize]) -> Result<(Storage, Form, Read)> {
+    if let Some(f) = form(&x.layout.shape, &x.layout.strides, axes)
+        && let Some(read) = f.read()
+    {
+        return Ok((x.clone(), f, read));
+    }
+    let (xs, rows, cols) = rows_last(cs, x, axes)?;
+    Ok((xs, Form::rows(rows, cols), Read::Rows))
+}
+
+/// Threads per block of the column kernels.
+const CBLOCK: usize = 256;
+/// Most column threads of a column block (the rest of the block splits the reduced axis).
+const CBX: usize = 64;
+
+/// How a column reduction is launched: blocks of `bx` column threads (each owning `vc`
+/// consecutive columns) by `by` threads that split the reduced axis, on a `gx x gy` grid
+/// (`gy > 1`: the reduced axis split into `gy` chunks whose partials are combined in order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ColPlan {
+    pub(crate) bx: u32,
+    pub(crate) by: u32,
+    pub(crate) gx: u32,
+    pub(crate) gy: u32,
+    pub(crate) vc: usize,
+}
+
+/// The column plan of `cols` columns reduced over `red` rows, `vc` columns per thread.
+pub(crate) fn col_plan(cols: usize, red: usize, vc: usize, sms: usize) -> ColPlan {
+    let tx = cols.div_ceil(vc).max(1);
+    let bx = tx.next_power_of_two().min(CBX);
+    let by = CBLOCK / bx;
+    let gx = tx.div_ceil(bx);
+    // Enough blocks for eight per SM, each chunk at least 16 rows per thread.
+    let want = (sms * 8).div_ceil(gx);
+    let most = (red / (by * 16)).clamp(1, 65535);
+    let gy = want.clamp(1, most);
+    ColPlan { bx: bx as u32, by: by as u32, gx: gx.min(i32::MAX as usize) as u32, gy: gy as u32, vc }
+}
+
+/// Columns per thread of a column read: a 16-byte vector when every row of every column
+/// group starts aligned.
+pub(crate) fn col_vec(f: &Form, px: u64, vn: usize) -> usize {
+    let vn64 = vn as i64;
+    let aligned = px % 16 == 0 && f.ni % vn == 0 && (f.no == 1 || f.s1 % vn64 == 0) && (f.red == 1 || f.sr % vn64 == 0);
+    if aligned { vn } else { 1 }
+}
+
+/// The column module: `k_col1` (one column per thread), `k_colv` (`VN` consecutive columns
+/// per thread, 16-byte loads) and `k_colfin` (the in-order combine of grid-y partials).
+///
+/// `k_col*(T* out, A* part, const T* x, i64 cols, i64 ni, i64 s1, i64 red, i64 sr)`,
+/// launched with a `(bx, by)` block (`by` a power of two) on a `(gx, gy)` grid; with
+/// `gy == 1` it writes `out`, else `part[y * cols + c]`. `k_colfin(T* out, const A* part,
+/// i64 cols, i64 gy)`, one thread per column.
+fn col_source(s: &ReduceSpec, vn: usize) -> String {
+    let ReduceSpec { t, acc, init, combine, ld, st, .. } = s;
+    format!(
+        r#"{PRELUDE}
+#define VN {vn}
+template <typename T, int N> struct alignas(sizeof(T) * N) V {{ T v[N]; }};
+typedef {t} T;
+typedef {acc} A;
+__device__ __forceinline__ A comb(A a, A b) {{ return {combine}; }}
+__device__ __forceinline__ A ldv(T v) {{ return (A)({ld}); }}
+__device__ __forceinline__ T st(A a) {{ return {st}; }}
+// Columns `c0 .. c0 + VC` (one column group: `ni % VC == 0`) over rows `r0 + ty, + by, ..`
+// below `r1`, four rows in flight in four accumulators; then the block's `by` partials of
+// each column in a shared-memory tree (a fixed order).
+template <int VC>
+__device__ __forceinline__ void col(T* __restrict__ out, A* __restrict__ part, const T* __restrict__ x, i64 cols, i64 ni, i64 s1, i64 red, i64 sr, A* sh) {{
+    int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
+    i64 c0 = ((i64)blockIdx.x * bx + tx) * VC;
+    bool ok = c0 < cols;
+    i64 gy = gridDim.y;
+    i64 r0 = red * blockIdx.y / gy, r1 = red * (blockIdx.y + 1) / gy;
+    A a[VC];
+#pragma unroll
+    for (int k = 0; k < VC; ++k) a[k] = (A)({init});
+    if (ok) {{
+        const T* p = x + (c0 / ni) * s1 + (c0 % ni);
+        A b[3][VC];
+#pragma unroll
+        for (int k = 0; k < VC; ++k) {{ b[0][k] = a[k]; b[1][k] = a[k]; b[2][k] = a[k]; }}
+        i64 r = r0 + ty;
+        for (; r + 3 * by < r1; r += 4 * by) {{
+            V<T, VC> q0 = *(const V<T, VC>*)(p + r * sr);
+            V<T, VC> q1 = *(const V<T, VC>*)(p + (r + by) * sr);
+            V<T, VC> q2 = *(const V<T, VC>*)(p + (r + 2 * by) * sr);
+            V<T, VC> q3 = *(const V<T, VC>*)(p + (r + 3 * by) * sr);
+#pragma unroll
+            for (int k = 0; k < VC; ++k) {{
+                a[k] = comb(a[k], ldv(q0.v[k]));
+                b[0][k] = comb(b[0][k], ldv(q1.v[k]));
+                b[1][k] = comb(b[1][k], ldv(q2.v[k]));
+                b[2][k] = comb(b[2][k], ldv(q3.v[k]));
+            }}
+        }}
+        for (; r < r1; r += by) {{
+            V<T, VC> q0 = *(const V<T, VC>*)(p + r * sr);
+#pragma unroll
+            for (int k = 0; k < VC; ++k) a[k] = comb(a[k], ldv(q0.v[k]));
+        }}
+#pragma unroll
+        for (int k = 0; k < VC; ++k) a[k] = comb(comb(a[k], b[0][k]), comb(b[1][k], b[2][k]));
+    }}
+    if (by > 1) {{
+        int me = (ty * bx + tx) * VC;
+#pragma unroll
+        for (int k = 0; k < VC; ++k) sh[me + k] = a[k];
+        __syncthreads();
+        for (int s = by >> 1; s > 0; s >>= 1) {{
+            if (ty < s) {{
+                int you = ((ty + s) * bx + tx) * VC;
+#pragma unroll
+                for (int k = 0; k < VC; ++k) {{ a[k] = comb(a[k], sh[you + k]); sh[me + k] = a[k]; }}
+            }}
+            __syncthreads();
+        }}
+    }}
+    if (ty == 0 && ok) {{
+        if (gy == 1) {{
+#pragma unroll
+            for (int k = 0; k < VC; ++k) out[c0 + k] = st(a[k]);
+        }} else {{
+            A* q = part + (i64)blockIdx.y * cols + c0;
+#pragma unroll
+            for (int k = 0; k < VC; ++k) q[k] = a[k];
+        }}
+    }}
+}}
+extern "C" __global__ void __launch_bounds__({CBLOCK}) k_col1(T* __restrict__ out, A* __restrict__ part, const T* __restrict__ x, i64 cols, i64 ni, i64 s1, i64 red, i64 sr) {{
+    __shared__ A sh[{CBLOCK}];
+    col<1>(out, part, x, cols, ni, s1, red, sr, sh);
+}}
+extern "C" __global__ void __launch_bounds__({CBLOCK}) k_colv(T* __restrict__ out, A* __restrict__ part, const T* __restrict__ x, i64 cols, i64 ni, i64 s1, i64 red, i64 sr) {{
+    __shared__ A sh[{CBLOCK} * VN];
+    col<VN>(out, part, x, cols, ni, s1, red, sr, sh);
+}}
+// Column `c`'s `gy` partials, combined in chunk order.
+extern "C" __global__ void k_colfin(T* __restrict__ out, const A* __restrict__ part, i64 cols, i64 gy) {{
+    for (i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += (i64)gridDim.x * blockDim.x) {{
+        A a = (A)({init});
+        for (i64 y = 0; y < gy; ++y) a = comb(a, part[y * cols + c]);
+        out[c] = st(a);
+    }}
+}}
+"#
+    )
+}
+
+/// Bytes of a reduction accumulator of `d`.
+fn acc_size(d: DType) -> usize {
+    match d {
+        DType::F16 | DType::BF16 => 4,
+        _ => d.size(),
+    }
+}
+
+/// Enqueues the column reduction of `x` (read as `f`, [`Read::Cols`]) into `po`.
+fn launch_cols(cs: &GpuStream<'_>, op: ReduceOp, d: DType, po: u64, px: u64, f: &Form) -> Result<()> {
+    let cols = f.no * f.ni;
+    let vn = vec_elems(d);
+    let vc = col_vec(f, px, vn);
+    let p = col_plan(cols, f.red, vc, cs.dev.sms as usize);
+    let key = format!("reduce_col:{op:?}:{}", d.name());
+    let src = || col_source(&reduce_spec(op, d), vn);
+    let kernel = if vc > 1 { "k_colv" } else { "k_col1" };
+    let fk = nvrtc::function(cs.driver(), &cs.dev, &key, kernel, src)?;
+    let part = if p.gy > 1 { Some(CudaBuffer::alloc(cs, p.gy as usize * cols * acc_size(d))?) } else { None };
+    let pp = part.as_ref().map(|b| b.ptr()).unwrap_or(0);
+    let (c64, ni, s1, red, sr) = (cols as i64, f.ni as i64, f.s1, f.red as i64, f.sr);
+    let launch_err = |e| super::backend_err("launch", e);
+    let _ = cs.bind();
+    let mut b = Launch::new(&fk);
+    b.arg(&po).arg(&pp).arg(&px).arg(&c64).arg(&ni).arg(&s1).arg(&red).arg(&sr);
+    let cfg = LaunchConfig { grid_dim: (p.gx, p.gy, 1), block_dim: (p.bx, p.by, 1), shared_mem_bytes: 0 };
+    // SAFETY: `x` addresses `(c / ni) * s1 + c % ni + r * sr` for every column c < cols and
+    // r < red (the form of its layout); `out` holds `cols` elements and `part` gy*cols
+    // accumulators (untouched with one chunk).
+    unsafe { b.launch(cs, cfg) }.map_err(launch_err)?;
+    if let Some(part) = part {
+        let ff = nvrtc::function(cs.driver(), &cs.dev, &key, "k_colfin", src)?;
+        let gy = p.gy as i64;
+        let mut b = Launch::new(&ff);
+        b.arg(&po).arg(&pp).arg(&c64).arg(&gy);
+        // SAFETY: `part` holds gy*cols accumulators written by the launch before, `out`
+        // `cols` elements.
+        unsafe { b.launch(cs, super::nvrtc::grid_for(cols)) }.map_err(launch_err)?;
+        drop(part);
+    }
+    Ok(())
+}
+
 pub(crate) fn reduce(
     cs: &GpuStream<'_>,
     op: ReduceOp,
@@ -427,20 +732,28 @@ pub(crate) fn reduce(
     shape: &[usize],
 ) -> Result<Storage> {
     let d = x.dtype;
-    let (xs, rows, cols) = rows_last(cs, x, axes)?;
     let out = new_storage(cs, d, shape)?;
+    let rows: usize = shape.iter().product();
     if rows == 0 {
         return Ok(out);
     }
+    let po = cuda_of(&out).map(|b| b.ptr()).unwrap_or(0);
+    // An empty reduction is a row reduction of empty rows (each output the identity).
+    let (xs, f, read) =
+        if x.layout.numel() == 0 { (x.clone(), Form::rows(rows, 0), Read::Rows) } else { in_place(cs, x, axes)? };
+    let px = elem_ptr(&xs);
+    if read == Read::Cols {
+        launch_cols(cs, op, d, po, px, &f)?;
+        return Ok(out);
+    }
     let vn = vec_elems(d);
-    let key = format!("reduce2:{op:?}:{}", d.name());
+    let key = format!("reduce3:{op:?}:{}", d.name());
     let dev = &cs.dev;
     let mut src = Some(move || reduce_source(&reduce_spec(op, d), vn, &Elems::Array));
     let mut get =
         |name: &str| nvrtc::function(cs.driver(), dev, &key, name, || src.take().map(|f| f()).unwrap_or_default());
-    let po = cuda_of(&out).map(|b| b.ptr()).unwrap_or(0);
-    let how = plan(rows, cols, vn, dev.sms as usize, SPLIT_BLOCK);
-    launch(cs, &mut get, d, how, po, &[elem_ptr(&xs)], &[], rows, cols)?;
+    let how = plan(rows, f.red, vn, dev.sms as usize, SPLIT_BLOCK);
+    launch(cs, &mut get, d, how, po, &[px], &[f.ni as i64, f.s1, f.s2], rows, f.red)?;
     Ok(out)
 }
 
@@ -488,8 +801,9 @@ pub(crate) fn launch(
     let warps = RBLOCK as usize / 32;
     let _ = cs.bind();
     match how {
-        Plan::Warp => {
+        Plan::Warp { lanes } => {
             let f = get("k_warp")?;
+            let g = lanes as i32;
             let mut b = Launch::new(&f);
             b.arg(&po);
             for p in ptrs {
@@ -498,10 +812,11 @@ pub(crate) fn launch(
             for i in ints {
                 b.arg(i);
             }
-            b.arg(&r64).arg(&c64);
+            b.arg(&r64).arg(&c64).arg(&g);
             // SAFETY: `out` holds `rows` elements; the data parameters match the module's
             // signature and address rows*cols elements (the caller's contract).
-            unsafe { b.launch(cs, cfg(blocks(rows.div_ceil(warps), sms * 64), RBLOCK)) }.map_err(launch_err)?;
+            let per_block = warps * (32 / lanes as usize);
+            unsafe { b.launch(cs, cfg(blocks(rows.div_ceil(per_block), sms * 64), RBLOCK)) }.map_err(launch_err)?;
         }
         Plan::Block { splits, threads } => {
             let acc_size = match d {
@@ -764,6 +1079,8 @@ mod tests {
                 if !check_compiles(&format!("test:reduce:{op:?}:{}", d.name()), &src) {
                     return;
                 }
+                let src = col_source(&reduce_spec(op, d), vec_elems(d));
+                check_compiles(&format!("test:reduce_col:{op:?}:{}", d.name()), &src);
             }
         }
     }
@@ -793,13 +1110,152 @@ mod tests {
         assert_eq!(plan(1, 1 << 28, 4, sms, SPLIT_BLOCK), Plan::Block { splits: sms * 4, threads: 512 });
         // Computed elements: eight blocks of 256.
         assert_eq!(plan(1, 1 << 28, 1, sms, RBLOCK), Plan::Block { splits: sms * 8, threads: 256 });
-        // Short rows: a warp each; many long rows: a block each.
-        assert_eq!(plan(1 << 20, 16, 4, sms, SPLIT_BLOCK), Plan::Warp);
+        // Short rows: lanes of a warp each (about a vector per lane); many long rows: a
+        // block each.
+        assert_eq!(plan(1 << 20, 16, 4, sms, SPLIT_BLOCK), Plan::Warp { lanes: 4 });
+        assert_eq!(plan(1 << 20, 1024, 8, sms, SPLIT_BLOCK), Plan::Warp { lanes: 32 });
+        assert_eq!(plan(1 << 20, 3, 8, sms, SPLIT_BLOCK), Plan::Warp { lanes: 1 });
+        assert_eq!(plan(1 << 20, 100, 1, sms, RBLOCK), Plan::Warp { lanes: 32 });
+        assert_eq!(plan(7, 0, 4, sms, SPLIT_BLOCK), Plan::Warp { lanes: 1 });
         assert_eq!(plan(65536, 4096, 4, sms, SPLIT_BLOCK), Plan::Block { splits: 1, threads: 256 });
         // Few rows that are not long enough to split stay one block per row.
         assert_eq!(plan(3, 2000, 4, sms, SPLIT_BLOCK), Plan::Block { splits: 1, threads: 256 });
         assert_eq!(plan(3, 40000, 4, sms, RBLOCK), Plan::Block { splits: 9, threads: 256 });
         assert_eq!(plan(3, 40000, 4, sms, SPLIT_BLOCK), Plan::Block { splits: 4, threads: 512 });
+    }
+
+    /// Every plan over generated shapes stays inside the launch limits, covers every column
+    /// and row, and splits the reduced axis only into chunks of real work.
+    #[test]
+    fn generated_plans() {
+        let sizes = [1usize, 2, 3, 7, 31, 32, 33, 100, 1000, 1024, 1025, 4096, 65537, 1 << 20, 1 << 28];
+        for sms in [1, 78, 132] {
+            for &rows in &sizes {
+                for &cols in &sizes {
+                    for vn in [1, 2, 4, 8, 16] {
+                        match plan(rows, cols, vn, sms, SPLIT_BLOCK) {
+                            Plan::Warp { lanes } => {
+                                assert!(cols <= WARP_COLS && lanes.is_power_of_two() && lanes <= 32);
+                                assert!((lanes as usize) < 2 * cols.div_ceil(vn).max(1));
+                            }
+                            Plan::Block { splits, threads } => {
+                                assert!(cols > WARP_COLS && splits >= 1);
+                                assert!(splits == 1 || rows <= split_rows(sms), "{rows} {cols}");
+                                assert!(splits == 1 || threads == SPLIT_BLOCK);
+                            }
+                        }
+                        let p = col_plan(rows, cols, vn, sms);
+                        assert_eq!(p.bx * p.by, CBLOCK as u32);
+                        assert!(p.by.is_power_of_two() && p.gy >= 1 && p.gy <= 65535);
+                        assert!(p.gx as usize * p.bx as usize * vn >= rows, "{p:?} {rows}");
+                        assert!(p.gy == 1 || cols >= p.gy as usize * p.by as usize * 16, "{p:?} {cols}");
+                        // When the columns alone fill the GPU the reduced axis is not split.
+                        if p.gx as usize >= sms * 8 {
+                            assert_eq!(p.gy, 1);
+                        }
+                    }
+                }
+            }
+        }
+        // A [2^24, 4] f32 array summed over axis 0: one column block of 4 threads by 64,
+        // its reduced axis split over the grid.
+        assert_eq!(col_plan(4, 1 << 24, 4, 132), ColPlan { bx: 1, by: 256, gx: 1, gy: 1056, vc: 4 });
+        assert_eq!(col_plan(4096, 4096, 4, 132), ColPlan { bx: 64, by: 4, gx: 16, gy: 64, vc: 4 });
+        assert_eq!(col_plan(1 << 20, 64, 1, 132), ColPlan { bx: 64, by: 4, gx: 16384, gy: 1, vc: 1 });
+    }
+
+    /// Reference reduction form by enumerating addresses: output o*ni+i reads
+    /// o*s1 + r*sr + i*s2.
+    fn addresses(f: &Form) -> Vec<Vec<i64>> {
+        let mut v = Vec::new();
+        for o in 0..f.no {
+            for i in 0..f.ni {
+                v.push((0..f.red).map(|r| o as i64 * f.s1 + r as i64 * f.sr + i as i64 * f.s2).collect());
+            }
+        }
+        v
+    }
+
+    /// The addresses each output of a strided reduction reads, by a multi-index walk.
+    fn walk(l: &Layout, axes: &[usize]) -> Vec<Vec<i64>> {
+        let nd = l.shape.len();
+        let out_shape: Vec<usize> = (0..nd).map(|i| if axes.contains(&i) { 1 } else { l.shape[i] }).collect();
+        let mut out = vec![Vec::new(); out_shape.iter().product()];
+        for flat in 0..l.numel() {
+            let mut idx = vec![0; nd];
+            let mut r = flat;
+            for i in (0..nd).rev() {
+                idx[i] = r % l.shape[i];
+                r /= l.shape[i];
+            }
+            let o = (0..nd).fold(0, |o, i| o * out_shape[i] + if axes.contains(&i) { 0 } else { idx[i] });
+            out[o].push(l.offset_of(&idx) as i64 - l.offset as i64);
+        }
+        out
+    }
+
+    /// Over generated shapes, permutations, slices and axis sets: when a form is found it
+    /// reads exactly the elements of each output (in the row-major order of the reduced
+    /// axes), and the common layouts are read in place.
+    #[test]
+    fn generated_forms() {
+        let mut seed = 7u64;
+        let mut next = |n: usize| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((seed >> 33) as usize) % n
+        };
+        let mut in_place = 0;
+        for case in 0..3000 {
+            let nd = 1 + next(4);
+            let shape: Vec<usize> = (0..nd).map(|_| [1, 2, 3, 5, 8][next(5)]).collect();
+            let mut l = Layout::contiguous(&shape);
+            match case % 4 {
+                1 => {
+                    let mut perm: Vec<usize> = (0..nd).collect();
+                    for i in (1..nd).rev() {
+                        perm.swap(i, next(i + 1));
+                    }
+                    l = l.permute(&perm);
+                }
+                2 => {
+                    // A slice: every axis of size > 1 starts at 1 (one element dropped).
+                    let mut big = shape.clone();
+                    let a = next(nd);
+                    big[a] += 2;
+                    let bl = Layout::contiguous(&big);
+                    l = Layout { shape: l.shape.clone(), strides: bl.strides.clone(), offset: bl.strides[a] as usize };
+                }
+                _ => {}
+            }
+            let mask = 1 + next((1 << nd) - 1);
+            let axes: Vec<usize> = (0..nd).filter(|i| mask & (1 << i) != 0).collect();
+            let Some(f) = form(&l.shape, &l.strides, &axes) else { continue };
+            if f.read().is_some() {
+                in_place += 1;
+            }
+            let want = walk(&l, &axes);
+            assert_eq!(addresses(&f), want, "{l:?} {axes:?} {f:?}");
+        }
+        assert!(in_place > 1000, "{in_place}");
+        let c = |shape: &[usize], axes: &[usize]| {
+            let l = Layout::contiguous(shape);
+            form(&l.shape, &l.strides, axes).map(|f| (f, f.read()))
+        };
+        let fm = |no, s1, red, sr, ni, s2| Form { no, red, ni, s1, sr, s2 };
+        assert_eq!(c(&[4, 5, 6], &[0]), Some((fm(1, 0, 4, 30, 30, 1), Some(Read::Cols))));
+        assert_eq!(c(&[4, 5, 6], &[1]), Some((fm(4, 30, 5, 6, 6, 1), Some(Read::Cols))));
+        assert_eq!(c(&[4, 5, 6], &[1, 2]), Some((fm(4, 30, 30, 1, 1, 0), Some(Read::Rows))));
+        assert_eq!(c(&[4, 5, 6], &[0, 1, 2]), Some((fm(1, 0, 120, 1, 1, 0), Some(Read::Rows))));
+        assert_eq!(c(&[4, 1, 6], &[0, 1]), Some((fm(1, 0, 4, 6, 6, 1), Some(Read::Cols))));
+        assert_eq!(c(&[4, 5, 6], &[0, 2]), None);
+        // A transposed matrix: the stride-1 axis reduced reads rows, the other columns.
+        let t = Layout::contiguous(&[6, 4]).permute(&[1, 0]);
+        let g = |axes: &[usize]| form(&t.shape, &t.strides, axes).map(|f| (f, f.read()));
+        assert_eq!(g(&[1]), Some((fm(1, 0, 6, 4, 4, 1), Some(Read::Cols))));
+        assert_eq!(g(&[0]), Some((fm(1, 0, 4, 1, 6, 4), Some(Read::Rows))));
+        // Broadcast and reversed strides are copied.
+        assert_eq!(form(&[3, 4], &[0, 1], &[0]), None);
+        assert_eq!(form(&[3, 4], &[-4, 1], &[1]), None);
     }
 
     #[test]

@@ -1,27 +1,237 @@
 //! Arg-reductions and cumulative sums along one axis.
 //!
-//! Argmax/argmin move the axis last (a contiguous copy when needed) and reduce each row
-//! in one block: every thread keeps the best `(value, index)` of its elements, then a
-//! shared-memory tree combines them. The rule matches the CPU (`backend/cpu/reduce/scan.rs`):
-//! the first NaN wins, otherwise the first maximum (minimum) wins.
+//! Argmax/argmin read the input in place as `[outer, len, inner]` (`reduce::form`; a
+//! contiguous copy with the axis last when the strides do not allow it), like the
+//! reductions:
+//! - the axis has stride 1 (rows): `g` lanes of a warp per row up to [`WARP_COLS`]
+//!   elements (`k_awarp`), else a block per row (`k_ablock`), a row split over several
+//!   blocks when the rows cannot fill the GPU, their partials combined by `k_afin`;
+//! - the inner kept run has stride 1 (columns): each thread owns a column and walks the
+//!   axis with coalesced loads (`k_acol`, the same blocks and grid-y split as the column
+//!   reductions), the grid-y partials combined by `k_afin`.
+//!
+//! Each thread walks its elements in increasing index order, keeping the first NaN or
+//! else the first strict maximum (minimum); partial results are combined with the index
+//! as the tie-break (the smaller index of two NaNs or of two equal values wins), which
+//! gives the CPU's rule (`backend/cpu/reduce/scan.rs`: the first NaN wins, otherwise the
+//! first maximum or minimum) whatever the order of the combine. Values compare in f32 for
+//! f16/bf16 (exact) and in their own type otherwise.
 //!
 //! Cumsum reads a contiguous copy as `[outer, len, inner]` and runs one thread per
 //! `(outer, inner)` column, sequentially along `len` (neighbouring threads read
 //! neighbouring elements when `inner > 1`). Floats accumulate in f32 (f64 for f64)
 //! and are rounded to the dtype at each output, integers wrap in their own type.
 
+use cudarc::driver::LaunchConfig;
+
 use crate::backend::Storage;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::primitives::ArgReduceOp;
 
-use super::buffer::new_storage;
+use super::buffer::{CudaBuffer, new_storage};
 use super::driver::GpuStream;
 use super::launch::Launch;
 use super::norm::elem_ptr;
-use super::nvrtc::{self, BLOCK, grid_for};
-use super::reduce::{launch_rows, rows_last};
+use super::nvrtc::{self, grid_for};
+use super::reduce::{Form, Read, col_plan, in_place};
 use super::source::{PRELUDE, ctype, ftype, load, store_float, utype};
+
+/// Rows up to this many elements are reduced by lanes of one warp each.
+const WARP_COLS: usize = 1024;
+/// Threads per block of `k_ablock`.
+const ABLOCK: u32 = 256;
+
+/// How an arg-reduction of `rows` rows of `cols` elements is launched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ArgPlan {
+    /// `lanes` lanes of a warp per row (a power of two, at most 32).
+    Warp { lanes: u32 },
+    /// Each row split into `splits` chunks of one block each (1: a block per row).
+    Block { splits: usize },
+}
+
+/// The row plan of an arg-reduction on a GPU of `sms` SMs.
+pub(crate) fn arg_plan(rows: usize, cols: usize, sms: usize) -> ArgPlan {
+    if cols <= WARP_COLS {
+        return ArgPlan::Warp { lanes: cols.next_power_of_two().clamp(1, 32) as u32 };
+    }
+    if rows >= 2 * sms {
+        return ArgPlan::Block { splits: 1 };
+    }
+    // Eight blocks per SM, chunks of at least 16 elements per thread.
+    let want = (sms * 8).div_ceil(rows);
+    let most = (cols / (ABLOCK as usize * 16)).max(1);
+    ArgPlan::Block { splits: want.clamp(1, most) }
+}
+
+/// The C type values of `d` compare in.
+fn val_type(d: DType) -> &'static str {
+    if d.is_float() { ftype(d) } else { ctype(d) }
+}
+
+/// The arg-reduction module of `op` over `d`: `k_awarp`, `k_ablock`, `k_acol`, `k_afin`.
+///
+/// - `k_awarp(i64* out, const T* x, i64 ni, i64 s1, i64 s2, i64 rows, i64 cols, int g)`;
+/// - `k_ablock(i64* out, V* pv, i64* pi, const T* x, i64 ni, i64 s1, i64 s2, i64 rows,
+///   i64 cols, i64 splits)`, block item `r * splits + c` (partials there when splits > 1);
+/// - `k_acol(i64* out, V* pv, i64* pi, const T* x, i64 cols, i64 ni, i64 s1, i64 red,
+///   i64 sr)` on `(bx, by)` blocks and a `(gx, gy)` grid (partials at `y * cols + c` when
+///   gy > 1);
+/// - `k_afin(i64* out, const V* pv, const i64* pi, i64 n, i64 k, i64 so, i64 sk)`: output
+///   `o` combines the `k` partials at `o * so + j * sk`.
+///
+/// Row `r` starts at `(r / ni) * s1 + (r % ni) * s2` and has stride 1; column `c` starts
+/// at `(c / ni) * s1 + c % ni` and steps by `sr`.
+fn arg_source(op: ArgReduceOp, d: DType) -> String {
+    let t = ctype(d);
+    let v = val_type(d);
+    let shfl = if d.size() < 4 { "int" } else { v };
+    let ld = load(d, "q");
+    let better = if op == ArgReduceOp::ArgMax { "bv > av" } else { "bv < av" };
+    format!(
+        r#"{PRELUDE}
+typedef {t} T;
+typedef {v} V;
+__device__ __forceinline__ V ldv(T q) {{ return (V)({ld}); }}
+// Merges (bv, bi) into (av, ai), in any order: index -1 is empty; the smaller index of
+// two NaNs or two equal values wins.
+__device__ __forceinline__ void comb(V& av, i64& ai, V bv, i64 bi) {{
+    if (bi < 0) return;
+    if (ai < 0) {{ av = bv; ai = bi; return; }}
+    bool an = av != av, bn = bv != bv;
+    if (an || bn) {{
+        if (bn && (!an || bi < ai)) {{ av = bv; ai = bi; }}
+        return;
+    }}
+    if (({better}) || (bv == av && bi < ai)) {{ av = bv; ai = bi; }}
+}}
+// Takes element `bi` (a later index than `ai`) when it is the first NaN or a strictly
+// better value.
+__device__ __forceinline__ void step(V& av, i64& ai, V bv, i64 bi) {{
+    if (ai < 0 || (av == av && (bv != bv || {better}))) {{ av = bv; ai = bi; }}
+}}
+// A combine over groups of `g` lanes; valid in each group's first lane.
+__device__ __forceinline__ void group_red(V& av, i64& ai, int g) {{
+    for (int o = g >> 1; o > 0; o >>= 1) {{
+        V bv = (V)__shfl_down_sync(0xffffffffu, ({shfl})av, o);
+        i64 bi = __shfl_down_sync(0xffffffffu, ai, o);
+        comb(av, ai, bv, bi);
+    }}
+}}
+// The block's combine, valid in thread 0.
+__device__ __forceinline__ void block_red(V& av, i64& ai, V* shv, i64* shi) {{
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    group_red(av, ai, 32);
+    __syncthreads();
+    if (lane == 0) {{ shv[w] = av; shi[w] = ai; }}
+    __syncthreads();
+    if (w == 0) {{
+        int nw = (blockDim.x + 31) >> 5;
+        av = lane < nw ? shv[lane] : (V)0;
+        ai = lane < nw ? shi[lane] : -1;
+        group_red(av, ai, 32);
+    }}
+}}
+// Elements `j0 + tid, + nt, ..` below `j1` of the row `p`, four in flight.
+__device__ __forceinline__ void span(V& av, i64& ai, const T* __restrict__ p, i64 j0, i64 j1, i64 tid, i64 nt) {{
+    i64 j = j0 + tid;
+    for (; j + 3 * nt < j1; j += 4 * nt) {{
+        T q0 = p[j], q1 = p[j + nt], q2 = p[j + 2 * nt], q3 = p[j + 3 * nt];
+        step(av, ai, ldv(q0), j);
+        step(av, ai, ldv(q1), j + nt);
+        step(av, ai, ldv(q2), j + 2 * nt);
+        step(av, ai, ldv(q3), j + 3 * nt);
+    }}
+    for (; j < j1; j += nt) {{ T q0 = p[j]; step(av, ai, ldv(q0), j); }}
+}}
+// `g` lanes per row; a warp takes `32 / g` consecutive rows at a time (a warp-uniform loop).
+extern "C" __global__ void k_awarp(i64* __restrict__ out, const T* __restrict__ x, i64 ni, i64 s1, i64 s2, i64 rows, i64 cols, int g) {{
+    int lane = threadIdx.x & 31, sub = lane & (g - 1);
+    i64 per = 32 / g;
+    i64 w = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
+    i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;
+    for (i64 r0 = w * per; r0 < rows; r0 += nw * per) {{
+        i64 r = r0 + lane / g;
+        V av = (V)0;
+        i64 ai = -1;
+        if (r < rows) span(av, ai, x + (r / ni) * s1 + (r % ni) * s2, 0, cols, sub, g);
+        group_red(av, ai, g);
+        if (sub == 0 && r < rows) out[r] = ai < 0 ? 0 : ai;
+    }}
+}}
+extern "C" __global__ void __launch_bounds__({ABLOCK}) k_ablock(i64* __restrict__ out, V* __restrict__ pv, i64* __restrict__ pi, const T* __restrict__ x, i64 ni, i64 s1, i64 s2, i64 rows, i64 cols, i64 splits) {{
+    __shared__ V shv[32];
+    __shared__ i64 shi[32];
+    i64 items = rows * splits;
+    for (i64 it = blockIdx.x; it < items; it += gridDim.x) {{
+        i64 r = it / splits, c = it - r * splits;
+        V av = (V)0;
+        i64 ai = -1;
+        span(av, ai, x + (r / ni) * s1 + (r % ni) * s2, cols * c / splits, cols * (c + 1) / splits, threadIdx.x, blockDim.x);
+        block_red(av, ai, shv, shi);
+        if (threadIdx.x == 0) {{
+            if (splits == 1) out[r] = ai < 0 ? 0 : ai;
+            else {{ pv[it] = av; pi[it] = ai; }}
+        }}
+        __syncthreads(); // the shared slots are written again by the next item
+    }}
+}}
+// Column `c` over rows `r0 + ty, + by, ..` below `r1` (in increasing order per thread),
+// then the block's `by` partials in a shared-memory tree.
+extern "C" __global__ void __launch_bounds__(256) k_acol(i64* __restrict__ out, V* __restrict__ pv, i64* __restrict__ pi, const T* __restrict__ x, i64 cols, i64 ni, i64 s1, i64 red, i64 sr) {{
+    __shared__ V shv[256];
+    __shared__ i64 shi[256];
+    int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
+    i64 c = (i64)blockIdx.x * bx + tx;
+    bool ok = c < cols;
+    i64 gy = gridDim.y;
+    i64 r0 = red * blockIdx.y / gy, r1 = red * (blockIdx.y + 1) / gy;
+    V av = (V)0;
+    i64 ai = -1;
+    if (ok) {{
+        const T* p = x + (c / ni) * s1 + (c % ni);
+        i64 r = r0 + ty;
+        for (; r + 3 * by < r1; r += 4 * by) {{
+            T q0 = p[r * sr], q1 = p[(r + by) * sr], q2 = p[(r + 2 * by) * sr], q3 = p[(r + 3 * by) * sr];
+            step(av, ai, ldv(q0), r);
+            step(av, ai, ldv(q1), r + by);
+            step(av, ai, ldv(q2), r + 2 * by);
+            step(av, ai, ldv(q3), r + 3 * by);
+        }}
+        for (; r < r1; r += by) {{ T q0 = p[r * sr]; step(av, ai, ldv(q0), r); }}
+    }}
+    if (by > 1) {{
+        int me = ty * bx + tx;
+        shv[me] = av;
+        shi[me] = ai;
+        __syncthreads();
+        for (int s = by >> 1; s > 0; s >>= 1) {{
+            if (ty < s) {{
+                int you = (ty + s) * bx + tx;
+                comb(av, ai, shv[you], shi[you]);
+                shv[me] = av;
+                shi[me] = ai;
+            }}
+            __syncthreads();
+        }}
+    }}
+    if (ty == 0 && ok) {{
+        if (gy == 1) out[c] = ai < 0 ? 0 : ai;
+        else {{ pv[blockIdx.y * cols + c] = av; pi[blockIdx.y * cols + c] = ai; }}
+    }}
+}}
+extern "C" __global__ void k_afin(i64* __restrict__ out, const V* __restrict__ pv, const i64* __restrict__ pi, i64 n, i64 k, i64 so, i64 sk) {{
+    for (i64 o = (i64)blockIdx.x * blockDim.x + threadIdx.x; o < n; o += (i64)gridDim.x * blockDim.x) {{
+        V av = (V)0;
+        i64 ai = -1;
+        for (i64 j = 0; j < k; ++j) comb(av, ai, pv[o * so + j * sk], pi[o * so + j * sk]);
+        out[o] = ai < 0 ? 0 : ai;
+    }}
+}}
+"#
+    )
+}
 
 /// Argmax/argmin over `axis` into a new i64 storage of `shape` (`axis` set to 1).
 pub(crate) fn arg_reduce(
@@ -37,54 +247,81 @@ pub(crate) fn arg_reduce(
     if n_out == 0 || x.layout.shape[axis] == 0 {
         return Ok(out);
     }
-    let t = ctype(d);
-    let v = if d.is_float() { ftype(d) } else { t };
-    let ld = load(d, "p[j]");
-    let better = if op == ArgReduceOp::ArgMax { "bv > av" } else { "bv < av" };
-    let (xs, rows, cols) = rows_last(cs, x, &[axis])?;
-    let key = format!("argreduce:{op:?}:{}", d.name());
-    let src = move || {
-        format!(
-            r#"{PRELUDE}
-__device__ __forceinline__ void comb({v}& av, i64& ai, {v} bv, i64 bi) {{
-    if (bi < 0) return;
-    if (ai < 0) {{ av = bv; ai = bi; return; }}
-    bool an = av != av, bn = bv != bv;
-    if (an || bn) {{
-        if (bn && (!an || bi < ai)) {{ av = bv; ai = bi; }}
-        return;
-    }}
-    if (({better}) || (bv == av && bi < ai)) {{ av = bv; ai = bi; }}
-}}
-extern "C" __global__ void k_rows(i64* out, const {t}* x, i64 rows, i64 cols) {{
-    __shared__ {v} sv[{BLOCK}];
-    __shared__ i64 si[{BLOCK}];
-    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {{
-        const {t}* p = x + r * cols;
-        {v} a = ({v})0;
-        i64 ai = -1;
-        for (i64 j = threadIdx.x; j < cols; j += blockDim.x) comb(a, ai, ({v})({ld}), j);
-        sv[threadIdx.x] = a;
-        si[threadIdx.x] = ai;
-        __syncthreads();
-        for (int s = blockDim.x / 2; s > 0; s >>= 1) {{
-            if (threadIdx.x < s) {{
-                {v} av = sv[threadIdx.x];
-                i64 ia = si[threadIdx.x];
-                comb(av, ia, sv[threadIdx.x + s], si[threadIdx.x + s]);
-                sv[threadIdx.x] = av;
-                si[threadIdx.x] = ia;
-            }}
-            __syncthreads();
-        }}
-        if (threadIdx.x == 0) out[r] = si[0] < 0 ? 0 : si[0];
-        __syncthreads();
-    }}
-}}
-"#
-        )
+    let (xs, f, read) = in_place(cs, x, &[axis])?;
+    let key = format!("argreduce2:{op:?}:{}", d.name());
+    let get = |name: &str| nvrtc::function(cs.driver(), &cs.dev, &key, name, || arg_source(op, d));
+    let (po, px) = (elem_ptr(&out), elem_ptr(&xs));
+    let sms = cs.dev.sms as usize;
+    let vsize = if d.is_float() && d != DType::F64 { 4 } else { d.size() };
+    let launch_err = |e| super::backend_err("launch", e);
+    let Form { ni, s1, s2, red, sr, .. } = f;
+    let (ni, red) = (ni as i64, red as i64);
+    // Partial values and indices of `n` outputs by `k` chunks, and their combine.
+    let parts = |n: usize, k: usize| -> Result<(CudaBuffer, CudaBuffer)> {
+        Ok((CudaBuffer::alloc(cs, n * k * vsize)?, CudaBuffer::alloc(cs, n * k * 8)?))
     };
-    launch_rows(cs, &key, src, elem_ptr(&out), &xs, rows, cols)?;
+    let fin = |pv: &CudaBuffer, pi: &CudaBuffer, n: usize, k: usize, so: usize, sk: usize| -> Result<()> {
+        let ff = get("k_afin")?;
+        let (n64, k64, so, sk) = (n as i64, k as i64, so as i64, sk as i64);
+        let (pvp, pip) = (pv.ptr(), pi.ptr());
+        let mut b = Launch::new(&ff);
+        b.arg(&po).arg(&pvp).arg(&pip).arg(&n64).arg(&k64).arg(&so).arg(&sk);
+        // SAFETY: the partials hold n*k values and indices at o*so + j*sk, `out` n indices.
+        unsafe { b.launch(cs, grid_for(n)) }.map_err(launch_err)
+    };
+    let _ = cs.bind();
+    match read {
+        Read::Cols => {
+            let cols = n_out;
+            let p = col_plan(cols, f.red, 1, sms);
+            let fk = get("k_acol")?;
+            let part = if p.gy > 1 { Some(parts(cols, p.gy as usize)?) } else { None };
+            let (pvp, pip) = part.as_ref().map(|(a, b)| (a.ptr(), b.ptr())).unwrap_or((0, 0));
+            let c64 = cols as i64;
+            let mut b = Launch::new(&fk);
+            b.arg(&po).arg(&pvp).arg(&pip).arg(&px).arg(&c64).arg(&ni).arg(&s1).arg(&red).arg(&sr);
+            let cfg = LaunchConfig { grid_dim: (p.gx, p.gy, 1), block_dim: (p.bx, p.by, 1), shared_mem_bytes: 0 };
+            // SAFETY: `x` addresses `(c / ni) * s1 + c % ni + r * sr` for c < cols, r < red
+            // (its layout's form); `out` holds cols indices, the partials gy*cols each.
+            unsafe { b.launch(cs, cfg) }.map_err(launch_err)?;
+            if let Some((pv, pi)) = part {
+                fin(&pv, &pi, cols, p.gy as usize, 1, cols)?;
+            }
+        }
+        Read::Rows => {
+            let rows = n_out;
+            let (r64, c64) = (rows as i64, red);
+            match arg_plan(rows, f.red, sms) {
+                ArgPlan::Warp { lanes } => {
+                    let fk = get("k_awarp")?;
+                    let g = lanes as i32;
+                    let per_block = (ABLOCK as usize / 32) * (32 / lanes as usize);
+                    let grid = rows.div_ceil(per_block).clamp(1, sms * 64) as u32;
+                    let mut b = Launch::new(&fk);
+                    b.arg(&po).arg(&px).arg(&ni).arg(&s1).arg(&s2).arg(&r64).arg(&c64).arg(&g);
+                    let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (ABLOCK, 1, 1), shared_mem_bytes: 0 };
+                    // SAFETY: row r of `x` is the `cols` elements from (r / ni) * s1 +
+                    // (r % ni) * s2 (its layout's form); `out` holds rows indices.
+                    unsafe { b.launch(cs, cfg) }.map_err(launch_err)?;
+                }
+                ArgPlan::Block { splits } => {
+                    let fk = get("k_ablock")?;
+                    let part = if splits > 1 { Some(parts(rows, splits)?) } else { None };
+                    let (pvp, pip) = part.as_ref().map(|(a, b)| (a.ptr(), b.ptr())).unwrap_or((0, 0));
+                    let s64 = splits as i64;
+                    let grid = (rows * splits).clamp(1, 1 << 30) as u32;
+                    let mut b = Launch::new(&fk);
+                    b.arg(&po).arg(&pvp).arg(&pip).arg(&px).arg(&ni).arg(&s1).arg(&s2).arg(&r64).arg(&c64).arg(&s64);
+                    let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (ABLOCK, 1, 1), shared_mem_bytes: 0 };
+                    // SAFETY: as for k_awarp; the partials hold rows*splits each.
+                    unsafe { b.launch(cs, cfg) }.map_err(launch_err)?;
+                    if let Some((pv, pi)) = part {
+                        fin(&pv, &pi, rows, splits, splits, 1)?;
+                    }
+                }
+            }
+        }
+    }
     Ok(out)
 }
 
@@ -143,4 +380,58 @@ extern "C" __global__ void k_scan({t}* out, const {t}* x, i64 outer, i64 len, i6
     // the kernel's signature.
     unsafe { b.launch(cs, grid_for(cols)) }.map_err(|e| super::backend_err("launch", e))?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::nvrtc::check_compiles;
+
+    #[test]
+    fn arg_kernels_compile() {
+        for d in [
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::F64,
+            DType::I32,
+            DType::I64,
+            DType::U32,
+            DType::U8,
+            DType::Bool,
+        ] {
+            for op in [ArgReduceOp::ArgMax, ArgReduceOp::ArgMin] {
+                if !check_compiles(&format!("test:argreduce:{op:?}:{}", d.name()), &arg_source(op, d)) {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Over generated shapes: short rows take lanes of a warp (at least one element per
+    /// lane), long rows a block, and few long rows split into chunks of real work.
+    #[test]
+    fn arg_plans() {
+        let sizes = [1usize, 2, 3, 31, 32, 33, 1000, 1024, 1025, 4096, 65537, 1 << 20, 1 << 28];
+        for sms in [1, 132] {
+            for &rows in &sizes {
+                for &cols in &sizes {
+                    match arg_plan(rows, cols, sms) {
+                        ArgPlan::Warp { lanes } => {
+                            assert!(cols <= WARP_COLS && lanes.is_power_of_two() && lanes <= 32);
+                            assert!((lanes as usize) < 2 * cols);
+                        }
+                        ArgPlan::Block { splits } => {
+                            assert!(cols > WARP_COLS && splits >= 1);
+                            assert!(splits == 1 || (rows < 2 * sms && cols >= splits * ABLOCK as usize * 16));
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(arg_plan(1, 1 << 28, 132), ArgPlan::Block { splits: 1056 });
+        assert_eq!(arg_plan(1 << 16, 4096, 132), ArgPlan::Block { splits: 1 });
+        assert_eq!(arg_plan(100, 5000, 132), ArgPlan::Block { splits: 1 });
+        assert_eq!(arg_plan(1 << 20, 10, 132), ArgPlan::Warp { lanes: 16 });
+    }
 }
