@@ -24,7 +24,7 @@ use crate::sync::Arc;
 use super::buffer::{cuda_of, download, scalar_on_device, slab_scalar, upload};
 use super::driver::{Driver, GpuStream};
 use super::handles::{CudaStreamHandle, Ev};
-use super::{copy, elementwise as ew, fused, launch, matmul, norm, random, reduce, scan};
+use super::{check, copy, elementwise as ew, fused, launch, matmul, norm, random, reduce, scan, take};
 use smallvec::SmallVec;
 
 /// One batch on a GPU stream, from its first node to the hand-over of its fence.
@@ -39,6 +39,8 @@ pub(crate) struct BatchRun<'a> {
     /// ordered on this stream after the batch's kernels).
     read: Vec<Storage>,
     any_ok: bool,
+    /// Index checks still pending on the device (`check.rs`), and what depends on them.
+    checks: check::Batch,
     fence: Arc<Fence>,
     ev: Option<Arc<Ev>>,
 }
@@ -48,7 +50,9 @@ impl<'a> BatchRun<'a> {
     pub(crate) fn begin(d: Driver<'a>, handle: &'a CudaStreamHandle, len: usize) -> BatchRun<'a> {
         let cs = GpuStream::new(d, handle);
         let rec = launch::Recording::begin(cs, len);
-        BatchRun { cs, rec, waited: Vec::new(), read: Vec::new(), any_ok: false, fence: Fence::new(), ev: None }
+        let fence = Fence::new();
+        let checks = check::Batch::new(fence.clone());
+        BatchRun { cs, rec, waited: Vec::new(), read: Vec::new(), any_ok: false, checks, fence, ev: None }
     }
 
     /// Enqueues one node's work.
@@ -57,7 +61,13 @@ impl<'a> BatchRun<'a> {
             r.node(op.id);
         }
         prepare_inputs(&self.cs, inputs, &mut self.waited)?;
-        let r = eval(&self.cs, op.prim, op.shape, op.dtype, inputs, &mut self.read);
+        // A result inherits its inputs' pending index checks (an input whose check
+        // already failed fails the node here).
+        let conds = self.checks.inputs(inputs)?;
+        let r = eval(&self.cs, op.prim, op.shape, op.dtype, inputs, &mut self.read, &mut self.checks);
+        if let Ok(s) = &r {
+            self.checks.taint(s, &conds);
+        }
         self.any_ok |= r.is_ok();
         r
     }
@@ -101,7 +111,8 @@ impl<'a> BatchRun<'a> {
                     let _ = b.produced.set((ev.clone(), cs.id));
                 }
             }
-            s.fence = Some(self.fence.clone());
+            // The batch's fence, or one that also waits for the result's index checks.
+            s.fence = Some(self.checks.fence_for(s));
         }
     }
 
@@ -112,7 +123,11 @@ impl<'a> BatchRun<'a> {
         drop(self.rec.take());
         match self.ev.take() {
             Some(ev) => self.cs.dev.complete_later(self.cs.driver(), ev, self.fence.clone()),
-            None => self.fence.signal(Ok(())),
+            None => {
+                // Work may still run unobserved: check slots are then not reused.
+                self.checks.abandon();
+                self.fence.signal(Ok(()))
+            }
         }
     }
 }
@@ -164,6 +179,7 @@ fn eval(
     dtype: DType,
     raw: &[&Storage],
     read: &mut Vec<Storage>,
+    checks: &mut check::Batch,
 ) -> Result<Storage> {
     use Primitive::*;
     let mut keep = |s: &Storage| {
@@ -240,7 +256,7 @@ fn eval(
         BroadcastTo => Ok(x().with_layout(x().layout.broadcast_to(shape))),
         Slice { start, step } => Ok(crate::backend::cpu::movement::slice_view(x(), start, step, shape)),
         Contiguous => ew::copy(cs, x()),
-        Take { axis } => copy::take(cs, x(), inputs[1], *axis, shape),
+        Take { axis } => take::take(cs, x(), inputs[1], *axis, shape, checks),
         Concatenate { axis } => copy::concatenate(cs, &owned(), *axis, shape),
         Pad { widths, value } => copy::pad(cs, x(), widths, *value, shape),
         Placeholder { .. } => Err(Error::invalid("placeholder", "a compile placeholder cannot be evaluated")),

@@ -17,7 +17,9 @@
 //! | reductions, softmax | `reduce.rs` | nothing |
 //! | layer/RMS norm | `norm.rs` | nothing |
 //! | argmax/argmin, cumsum | `scan.rs` | nothing |
-//! | take (checked indices), concatenate, pad | `copy.rs` | nothing |
+//! | take: one gather kernel that checks its own indices | `take.rs` | nothing |
+//! | index checks reported at batch completion (no host wait): check slots, check fences | `check.rs` | one slab of check slots per device (device and host-mapped memory, kept for the process) |
+//! | concatenate, pad | `copy.rs` | nothing |
 //! | threefry random arrays (the CPU's values) | `random.rs` | nothing |
 //! | matmul | `matmul.rs` | nothing |
 //! | fused elementwise programs and fused reductions (`rill::compile`) | `fused.rs` | nothing |
@@ -38,6 +40,7 @@
 
 mod buffer;
 mod cache;
+mod check;
 mod copy;
 mod device;
 #[allow(clippy::disallowed_methods)] // the one file that calls the backend libraries
@@ -58,6 +61,7 @@ mod random;
 mod reduce;
 mod scan;
 mod source;
+mod take;
 
 pub(crate) use buffer::{CudaBuffer, ready_scalar, recycle};
 pub(crate) use device::{clear_cache, device, device_count, shutdown};

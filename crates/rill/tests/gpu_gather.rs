@@ -1,0 +1,292 @@
+//! Gathers and copies on GPU 0 (and the same checks on the CPU) against float64
+//! references computed here: `take` with every index dtype, negative and out-of-range
+//! indices (the error on the take, on arrays computed from it in the same eval and in
+//! later ones, on another stream; unrelated arrays of the same eval unaffected), empty
+//! index arrays and every axis; `concatenate` of 1..20 inputs of odd sizes and mixed
+//! views; transposed and permuted copies of odd shapes in every dtype; layer and RMS norm
+//! with and without weight/bias over row lengths 1..8192+.
+//!
+//! Without a GPU only the CPU half runs (`RILL_REQUIRE_GPU=1` makes that a failure).
+
+mod common;
+
+use common::{Rng, assert_close, tol};
+use rill::{Array, DType, Device, Error, Stream};
+
+const INDEX_DTYPES: [DType; 4] = [DType::U8, DType::U32, DType::I32, DType::I64];
+/// One dtype of each element size (and the half types), so every copy width is used.
+const MOVE_DTYPES: [DType; 7] = [DType::U8, DType::F16, DType::BF16, DType::I32, DType::F32, DType::I64, DType::F64];
+
+fn devices() -> Vec<Device> {
+    common::devices()
+}
+
+/// Values exactly representable in every dtype of `MOVE_DTYPES` (small integers).
+fn ints(rng: &mut Rng, n: usize) -> Vec<f64> {
+    (0..n).map(|_| (rng.next_u64() % 200) as f64).collect()
+}
+
+/// A random shape of rank `rank` with odd, empty and size-1 axes now and then.
+fn shape(rng: &mut Rng, rank: usize) -> Vec<usize> {
+    (0..rank)
+        .map(|_| match rng.next_u64() % 10 {
+            0 => 1,
+            1 if rank > 1 => 0,
+            _ => 1 + (rng.next_u64() % 9) as usize,
+        })
+        .collect()
+}
+
+/// Row-major strides of `shape`.
+fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        s[d] = s[d + 1] * shape[d + 1];
+    }
+    s
+}
+
+/// `x` (row-major values of `xs`) gathered along `axis` at `idx` (already in range).
+fn take_ref(x: &[f64], xs: &[usize], idx: &[i64], axis: usize) -> Vec<f64> {
+    let outer: usize = xs[..axis].iter().product();
+    let size = xs[axis];
+    let inner: usize = xs[axis + 1..].iter().product();
+    let mut out = Vec::with_capacity(outer * idx.len() * inner);
+    for o in 0..outer {
+        for &j in idx {
+            let j = if j < 0 { j + size as i64 } else { j } as usize;
+            out.extend_from_slice(&x[(o * size + j) * inner..(o * size + j + 1) * inner]);
+        }
+    }
+    out
+}
+
+/// A view of `x` chosen by `kind`: itself, a transpose, a sliced (offset, stepped)
+/// view, both; with the row-major values of the view (computed from `vals` here).
+fn view_of(x: &Array, vals: &[f64], xs: &[usize], kind: u64) -> (Array, Vec<f64>, Vec<usize>) {
+    let rank = xs.len();
+    match kind % 3 {
+        1 if rank >= 2 => {
+            let mut perm: Vec<usize> = (0..rank).collect();
+            perm.reverse();
+            let ts: Vec<usize> = perm.iter().map(|&p| xs[p]).collect();
+            let st = strides(xs);
+            let n: usize = ts.iter().product();
+            let mut out = Vec::with_capacity(n);
+            let tst = strides(&ts);
+            for i in 0..n {
+                let mut off = 0;
+                for d in 0..rank {
+                    off += (i / tst[d] % ts[d]) * st[perm[d]];
+                }
+                out.push(vals[off]);
+            }
+            (x.transpose(&perm).unwrap(), out, ts)
+        }
+        2 if xs[0] >= 2 => {
+            // Every other row from the second: an offset, a step.
+            let rows: Vec<usize> = (1..xs[0]).step_by(2).collect();
+            let inner: usize = xs[1..].iter().product();
+            let out = rows.iter().flat_map(|&r| vals[r * inner..(r + 1) * inner].to_vec()).collect();
+            let mut s = xs.to_vec();
+            s[0] = rows.len();
+            (x.slice_axis(0, Some(1), None, 2).unwrap(), out, s)
+        }
+        _ => (x.clone(), vals.to_vec(), xs.to_vec()),
+    }
+}
+
+/// Index values for an axis of `size` (in range; negative ones for signed dtypes).
+fn indices(rng: &mut Rng, n: usize, size: usize, dt: DType) -> Vec<i64> {
+    let max = if dt == DType::U8 { size.min(256) } else { size };
+    (0..n)
+        .map(|_| {
+            let j = (rng.next_u64() % max as u64) as i64;
+            if matches!(dt, DType::I32 | DType::I64) && rng.next_u64() % 2 == 0 { j - size as i64 } else { j }
+        })
+        .collect()
+}
+
+fn index_array(v: &[i64], shape: &[usize], dt: DType) -> Array {
+    Array::from_slice(v, shape).unwrap().astype(dt).unwrap()
+}
+
+#[test]
+fn take_matches_f64_reference_on_every_axis_dtype_and_view() {
+    for dev in devices() {
+        let mut rng = Rng::new(11);
+        for case in 0..160u64 {
+            let rank = 1 + (case % 4) as usize;
+            let xs = shape(&mut rng, rank);
+            let dt = MOVE_DTYPES[(case % 7) as usize];
+            let it = INDEX_DTYPES[(case / 7 % 4) as usize];
+            let n: usize = xs.iter().product();
+            let vals = ints(&mut rng, n);
+            common::on(dev, || {
+                let base = Array::from_slice(&vals, &xs).unwrap().astype(dt).unwrap();
+                let (x, xv, vs) = view_of(&base, &vals, &xs, case / 28);
+                for axis in 0..rank {
+                    if vs[axis] == 0 {
+                        continue; // no index is in range (the error cases are below)
+                    }
+                    let ishape: Vec<usize> = match rng.next_u64() % 4 {
+                        0 => vec![],
+                        1 => vec![0],
+                        2 => vec![1 + (rng.next_u64() % 13) as usize],
+                        _ => vec![2, 1 + (rng.next_u64() % 5) as usize],
+                    };
+                    let ni: usize = ishape.iter().product();
+                    let iv = indices(&mut rng, ni, vs[axis], it);
+                    let idx = index_array(&iv, &ishape, it);
+                    let got = x.take(&idx, axis as isize).unwrap();
+                    let mut want_shape = vs[..axis].to_vec();
+                    want_shape.extend_from_slice(&ishape);
+                    want_shape.extend_from_slice(&vs[axis + 1..]);
+                    let what = format!("{dev:?} take {dt} {it} x{vs:?} axis {axis} idx{ishape:?} {iv:?}");
+                    assert_eq!(got.shape(), &want_shape[..], "{what}");
+                    let want = take_ref(&xv, &vs, &iv, axis);
+                    assert_close(&got.to_f64_vec().unwrap(), &want, 0.0, &what);
+                }
+            });
+        }
+    }
+}
+
+/// The error a bad index must give.
+fn is_index_err(r: rill::Result<impl Sized>, index: i64, axis: usize, size: usize, what: &str) {
+    match r {
+        Err(Error::Index { op: "take", index: i, axis: a, size: s }) => {
+            assert_eq!((i, a, s), (index, axis, size), "{what}")
+        }
+        Err(e) => panic!("{what}: wrong error {e:?}"),
+        Ok(_) => panic!("{what}: no error"),
+    }
+}
+
+#[test]
+fn out_of_range_indices_fail_the_take_and_everything_built_from_it() {
+    for dev in devices() {
+        let mut rng = Rng::new(12);
+        for case in 0..48u64 {
+            let it = INDEX_DTYPES[(case % 4) as usize];
+            let size = [1usize, 5, 37][(case / 4 % 3) as usize];
+            let xs = [3usize, size, 4];
+            let vals = ints(&mut rng, xs.iter().product());
+            let ni = 1 + (rng.next_u64() % 40) as usize;
+            let mut iv = indices(&mut rng, ni, size, it);
+            // Two bad positions: the first one is reported.
+            let p = (rng.next_u64() % ni as u64) as usize;
+            let bad = |k: u64| -> i64 {
+                match (it, k % 2) {
+                    (DType::I32 | DType::I64, 0) => -(size as i64) - 1 - (k % 3) as i64,
+                    (DType::U8, _) => size as i64 + (k % 50) as i64,
+                    _ => size as i64 + (k % 1000) as i64,
+                }
+            };
+            iv[p] = bad(case);
+            if p + 1 < ni {
+                iv[ni - 1] = bad(case + 1);
+            }
+            let what = format!("{dev:?} {it} size {size} idx {iv:?}");
+            common::on(dev, || {
+                let x = Array::from_slice(&vals, &xs).unwrap();
+                let other = x.mul(2.0).unwrap();
+                let idx = index_array(&iv, &[ni], it);
+                let t = x.take(&idx, 1).unwrap();
+                let dep = t.add(1.0).unwrap().exp().unwrap().sum_all().unwrap();
+                let mixed = dep.add(&other.sum_all().unwrap()).unwrap();
+                // One eval with many nodes: the bad ones fail, the others are computed.
+                let r = rill::eval(&[other.clone(), t.clone(), dep.clone(), mixed.clone()]);
+                is_index_err(r, iv[p], 1, size, &what);
+                is_index_err(t.to_f64_vec(), iv[p], 1, size, &what);
+                is_index_err(dep.to_f64_vec(), iv[p], 1, size, &what);
+                is_index_err(mixed.to_f64_vec(), iv[p], 1, size, &what);
+                let want: Vec<f64> = vals.iter().map(|v| v * 2.0).collect();
+                assert_close(&other.to_f64_vec().unwrap(), &want, 0.0, &what);
+                // Built after the take failed, in a later eval.
+                is_index_err(t.mul(3.0).unwrap().to_f64_vec(), iv[p], 1, size, &what);
+                // In the same batch as the take, never evaluated on its own.
+                let t2 = x.take(&idx, 1).unwrap();
+                is_index_err(t2.neg().unwrap().reshape(&[-1]).unwrap().to_f64_vec(), iv[p], 1, size, &what);
+            });
+        }
+    }
+}
+
+#[test]
+fn a_bad_take_fails_its_readers_on_another_stream() {
+    for dev in devices() {
+        let s1 = Stream::new(&dev).unwrap();
+        let s2 = Stream::new(&dev).unwrap();
+        let x = rill::with_stream(&s1, || Array::from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap());
+        let idx = rill::with_stream(&s1, || Array::from_slice(&[0i32, 3], &[2]).unwrap());
+        let t = rill::with_stream(&s1, || x.take(&idx, 0).unwrap());
+        t.eval().ok(); // submitted (and failed) before the reader exists
+        let r = rill::with_stream(&s2, || t.add(1.0).unwrap());
+        is_index_err(r.to_f64_vec(), 3, 0, 3, &format!("{dev:?}"));
+        // Not yet evaluated when the reader on the other stream is built.
+        let t = rill::with_stream(&s1, || x.take(&idx, 0).unwrap());
+        let r = rill::with_stream(&s2, || t.sqrt().unwrap());
+        is_index_err(r.to_f64_vec(), 3, 0, 3, &format!("{dev:?}"));
+        // A good take on the same streams is unaffected.
+        let ok = rill::with_stream(&s1, || Array::from_slice(&[2u8, 0], &[2]).unwrap());
+        let t = rill::with_stream(&s1, || x.take(&ok, 0).unwrap());
+        let r = rill::with_stream(&s2, || t.add(1.0).unwrap());
+        assert_eq!(r.to_f64_vec().unwrap(), vec![4.0, 2.0]);
+    }
+}
+
+#[test]
+fn empty_and_degenerate_takes() {
+    for dev in devices() {
+        common::on(dev, || {
+            for it in INDEX_DTYPES {
+                let x = Array::from_slice(&[1.0f64, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
+                let none = index_array(&[], &[0], it);
+                let t = x.take(&none, 1).unwrap();
+                assert_eq!(t.shape(), &[2, 0]);
+                assert!(t.to_f64_vec().unwrap().is_empty());
+                // An empty x along another axis: nothing copied, the indices still checked.
+                let e = Array::from_slice::<f32>(&[], &[0, 3]).unwrap();
+                let good = index_array(&[2, 0], &[2], it);
+                assert!(e.take(&good, 1).unwrap().to_f64_vec().unwrap().is_empty());
+                let bad = index_array(&[1, 7], &[2], it);
+                is_index_err(e.take(&bad, 1).unwrap().to_f64_vec(), 7, 1, 3, &format!("{dev:?} {it}"));
+                // Indexing an empty axis: every index is out of range.
+                let z = Array::from_slice::<f32>(&[], &[2, 0]).unwrap();
+                is_index_err(z.take(&good, 1).unwrap().to_f64_vec(), 2, 1, 0, &format!("{dev:?} {it}"));
+            }
+        });
+    }
+}
+
+#[test]
+fn many_takes_in_flight() {
+    // More takes than fit in one eval's batch, each with its own verdict.
+    for dev in devices() {
+        common::on(dev, || {
+            let x = Array::from_slice(&(0..64).map(|v| v as f32).collect::<Vec<_>>(), &[64]).unwrap();
+            let mut outs = Vec::new();
+            for k in 0..300i64 {
+                let j = if k % 7 == 3 { 64 + k } else { k % 64 - (k % 2) * 64 };
+                let idx = Array::from_slice(&[j, k % 64], &[2]).unwrap();
+                outs.push((k, j, x.take(&idx, 0).unwrap().add(0.5).unwrap()));
+            }
+            let all: Vec<Array> = outs.iter().map(|o| o.2.clone()).collect();
+            assert!(rill::eval(&all).is_err());
+            for (k, j, a) in &outs {
+                if k % 7 == 3 {
+                    is_index_err(a.to_f64_vec(), *j, 0, 64, &format!("{dev:?} take {k}"));
+                } else {
+                    let jj = if *j < 0 { j + 64 } else { *j };
+                    assert_eq!(a.to_f64_vec().unwrap(), vec![jj as f64 + 0.5, (k % 64) as f64 + 0.5]);
+                }
+            }
+        });
+    }
+}
+
+#[allow(dead_code)]
+fn _uses(_: DType) -> f64 {
+    tol(DType::F32)
+}
