@@ -194,7 +194,7 @@ fn out_of_range_indices_fail_the_take_and_everything_built_from_it() {
                 let idx = index_array(&iv, &[ni], it);
                 let t = x.take(&idx, 1).unwrap();
                 let dep = t.add(1.0).unwrap().exp().unwrap().sum_all().unwrap();
-                let mixed = dep.add(&other.sum_all().unwrap()).unwrap();
+                let mixed = dep.add(other.sum_all().unwrap()).unwrap();
                 // One eval with many nodes: the bad ones fail, the others are computed.
                 let r = rill::eval(&[other.clone(), t.clone(), dep.clone(), mixed.clone()]);
                 is_index_err(r, iv[p], 1, size, &what);
@@ -342,6 +342,40 @@ fn concatenate_of_1_to_20_inputs_on_every_axis_with_views() {
                 }
                 let what = format!("{dev:?} concatenate {dt} {k} inputs axis {axis} of {base:?}");
                 assert_close(&got.to_f64_vec().unwrap(), &want, 0.0, &what);
+            });
+        }
+    }
+}
+
+#[test]
+fn transposed_and_permuted_copies_of_odd_shapes_in_every_dtype() {
+    for dev in devices() {
+        let mut rng = Rng::new(14);
+        for case in 0..140u64 {
+            let rank = 2 + (case % 3) as usize;
+            let dt = MOVE_DTYPES[(case % 7) as usize];
+            let xs: Vec<usize> =
+                (0..rank).map(|_| [1usize, 2, 5, 31, 32, 33, 67][(rng.next_u64() % 7) as usize]).collect();
+            let n: usize = xs.iter().product();
+            let vals = ints(&mut rng, n);
+            // A random permutation (Fisher-Yates).
+            let mut perm: Vec<usize> = (0..rank).collect();
+            for i in (1..rank).rev() {
+                perm.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+            }
+            let ps: Vec<usize> = perm.iter().map(|&p| xs[p]).collect();
+            let st = strides(&xs);
+            let pst = strides(&ps);
+            let want: Vec<f64> =
+                (0..n).map(|i| vals[(0..rank).map(|d| (i / pst[d] % ps[d]) * st[perm[d]]).sum::<usize>()]).collect();
+            common::on(dev, || {
+                let x = Array::from_slice(&vals, &xs).unwrap().astype(dt).unwrap();
+                let what = format!("{dev:?} {dt} {xs:?} perm {perm:?}");
+                let t = x.transpose(&perm).unwrap();
+                assert_close(&t.contiguous().unwrap().to_f64_vec().unwrap(), &want, 0.0, &what);
+                // A reshape that cannot be a view copies.
+                let flat = t.reshape(&[-1]).unwrap();
+                assert_close(&flat.to_f64_vec().unwrap(), &want, 0.0, &what);
             });
         }
     }

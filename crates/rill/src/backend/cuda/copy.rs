@@ -185,6 +185,86 @@ pub(crate) fn pad(
     Ok(out)
 }
 
+/// A 2-D transpose (or a batch of them) that makes a view contiguous: element
+/// `[b][i][j]` of the result is `src[b * sb + i + j * sj]` (the view is unit-stride
+/// along `i`, the result along `j`).
+struct Tile {
+    batch: usize,
+    rows: usize,
+    cols: usize,
+    sj: i64,
+    sb: i64,
+}
+
+/// The tile plan of a layout that is, after merging axes, a batch of 2-D transposes.
+fn tile_plan(l: &Layout) -> Option<Tile> {
+    let out = Layout::contiguous(&l.shape);
+    let (dims, st) = merge_dims(&l.shape, &[&out.strides[..], &l.strides[..]]);
+    let d = dims.len();
+    if !(2..=3).contains(&d) || st[1][d - 2] != 1 || st[1][d - 1] == 1 {
+        return None;
+    }
+    let batch = if d == 3 { dims[0] } else { 1 };
+    let sb = if d == 3 { st[1][0] as i64 } else { 0 };
+    (batch <= 65535).then_some(Tile { batch, rows: dims[d - 2], cols: dims[d - 1], sj: st[1][d - 1] as i64, sb })
+}
+
+/// The tiled transpose `k_tr` for elements of C type `b`: 32x32 tiles through shared
+/// memory (a padding column against bank conflicts), 256 threads as 32 x 8.
+pub(crate) fn transpose_source(b: &str) -> String {
+    format!(
+        r#"{PRELUDE}
+extern "C" __global__ void __launch_bounds__(256) k_tr({b}* out, const {b}* src, i64 R, i64 C, i64 sj, i64 sb, i64 tiles_c) {{
+    __shared__ {b} tile[32][33];
+    const i64 t = blockIdx.x, ti = t / tiles_c, tj = t - ti * tiles_c;
+    const i64 i0 = ti * 32, j0 = tj * 32;
+    const {b}* s = src + (i64)blockIdx.y * sb;
+    {b}* o = out + (i64)blockIdx.y * R * C;
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    for (int jj = ty; jj < 32; jj += 8) {{
+        i64 i = i0 + tx, j = j0 + jj;
+        if (i < R && j < C) tile[jj][tx] = s[i + j * sj];
+    }}
+    __syncthreads();
+    for (int ii = ty; ii < 32; ii += 8) {{
+        i64 i = i0 + ii, j = j0 + tx;
+        if (i < R && j < C) o[i * C + j] = tile[tx][ii];
+    }}
+}}
+"#
+    )
+}
+
+/// A contiguous copy of `x` (`Contiguous`, and reshapes that need a copy): the tiled
+/// transpose when the view is a batch of 2-D transposes, the elementwise copy otherwise.
+pub(crate) fn make_contiguous(cs: &GpuStream<'_>, x: &Storage) -> Result<Storage> {
+    let Some(t) = (!x.layout.is_contiguous()).then(|| tile_plan(&x.layout)).flatten() else {
+        return super::elementwise::copy(cs, x);
+    };
+    let out = new_storage(cs, x.dtype, &x.layout.shape)?;
+    if t.rows * t.cols * t.batch == 0 {
+        return Ok(out);
+    }
+    let b = bits_type(x.dtype.size());
+    let key = format!("transpose:{b}");
+    let f = nvrtc::function(cs.driver(), &cs.dev, &key, "k_tr", || transpose_source(b))?;
+    let (tr, tc) = (t.rows.div_ceil(32), t.cols.div_ceil(32));
+    let tiles = tr * tc;
+    if tiles >= (1usize << 31) {
+        return super::elementwise::copy(cs, x);
+    }
+    let cfg = LaunchConfig { grid_dim: (tiles as u32, t.batch as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let (po, px) = (elem_ptr(&out), elem_ptr(x));
+    let (r, c, tc64) = (t.rows as i64, t.cols as i64, tc as i64);
+    let _ = cs.bind();
+    let mut lb = Launch::new(&f);
+    lb.arg(&po).arg(&px).arg(&r).arg(&c).arg(&t.sj).arg(&t.sb).arg(&tc64);
+    // SAFETY: every (b, i, j) read is an element of the view `x` (checked by the op
+    // layer); `out` is a new contiguous buffer of batch * rows * cols elements.
+    unsafe { lb.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))?;
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,5 +279,30 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn transpose_kernels_compile_for_every_element_size() {
+        for b in ["u8", "u16", "u32", "u64"] {
+            if !check_compiles(&format!("test:transpose:{b}"), &transpose_source(b)) {
+                return;
+            }
+        }
+    }
+
+    #[test]
+    fn tile_plans_only_batches_of_2d_transposes() {
+        let c = Layout::contiguous(&[5, 7]);
+        assert!(tile_plan(&c).is_none());
+        let t = tile_plan(&c.permute(&[1, 0])).unwrap();
+        assert_eq!((t.batch, t.rows, t.cols, t.sj, t.sb), (1, 7, 5, 7, 0));
+        let c3 = Layout::contiguous(&[3, 5, 7]);
+        let t = tile_plan(&c3.permute(&[0, 2, 1])).unwrap();
+        assert_eq!((t.batch, t.rows, t.cols, t.sj, t.sb), (3, 7, 5, 7, 35));
+        // Axes that merge: [7, 3, 5] with strides [1, 35, 7] is one 7 x 15 transpose.
+        let t = tile_plan(&c3.permute(&[2, 0, 1])).unwrap();
+        assert_eq!((t.batch, t.rows, t.cols, t.sj, t.sb), (1, 7, 15, 7, 0));
+        // Unit stride along the result's last axis: the elementwise copy.
+        assert!(tile_plan(&c3.permute(&[1, 0, 2])).is_none());
     }
 }
