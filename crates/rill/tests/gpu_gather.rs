@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{Rng, assert_close, tol};
+use common::{Rng, assert_close};
 use rill::{Array, DType, Device, Error, Stream};
 
 const INDEX_DTYPES: [DType; 4] = [DType::U8, DType::U32, DType::I32, DType::I64];
@@ -194,7 +194,7 @@ fn out_of_range_indices_fail_the_take_and_everything_built_from_it() {
                 let idx = index_array(&iv, &[ni], it);
                 let t = x.take(&idx, 1).unwrap();
                 let dep = t.add(1.0).unwrap().exp().unwrap().sum_all().unwrap();
-                let mixed = dep.add(&other.sum_all().unwrap()).unwrap();
+                let mixed = dep.add(other.sum_all().unwrap()).unwrap();
                 // One eval with many nodes: the bad ones fail, the others are computed.
                 let r = rill::eval(&[other.clone(), t.clone(), dep.clone(), mixed.clone()]);
                 is_index_err(r, iv[p], 1, size, &what);
@@ -286,7 +286,97 @@ fn many_takes_in_flight() {
     }
 }
 
-#[allow(dead_code)]
-fn _uses(_: DType) -> f64 {
-    tol(DType::F32)
+#[test]
+fn concatenate_of_1_to_20_inputs_on_every_axis_with_views() {
+    for dev in devices() {
+        let mut rng = Rng::new(13);
+        for case in 0..120u64 {
+            let rank = 1 + (case % 3) as usize;
+            let axis = (case / 3 % rank as u64) as usize;
+            let k = 1 + (rng.next_u64() % 20) as usize;
+            let dt = MOVE_DTYPES[(case % 7) as usize];
+            let base = shape(&mut rng, rank);
+            common::on(dev, || {
+                let mut parts = Vec::new();
+                let mut refs = Vec::new();
+                for j in 0..k {
+                    let mut s = base.clone();
+                    s[axis] = (rng.next_u64() % 6) as usize + (j % 2);
+                    let n: usize = s.iter().product();
+                    let vals = ints(&mut rng, n);
+                    let x = Array::from_slice(&vals, &s).unwrap().astype(dt).unwrap();
+                    // Now and then a view: a double transpose (same values, strided) or a
+                    // contiguous input at an odd offset of a larger buffer.
+                    let (x, vals, s) = match rng.next_u64() % 4 {
+                        0 if rank >= 2 => {
+                            let mut perm: Vec<usize> = (0..rank).collect();
+                            perm.reverse();
+                            let t = x.transpose(&perm).unwrap().contiguous().unwrap();
+                            (t.transpose(&perm).unwrap(), vals, s)
+                        }
+                        1 => {
+                            let mut big = s.clone();
+                            big[0] += 1;
+                            let bn: usize = big.iter().product();
+                            let mut bv = ints(&mut rng, bn);
+                            let row: usize = s[1..].iter().product();
+                            bv[row..].copy_from_slice(&vals);
+                            let b = Array::from_slice(&bv, &big).unwrap().astype(dt).unwrap();
+                            (b.slice_axis(0, Some(1), None, 1).unwrap(), vals, s)
+                        }
+                        _ => (x, vals, s),
+                    };
+                    refs.push((vals, s));
+                    parts.push(x);
+                }
+                let views: Vec<&Array> = parts.iter().collect();
+                let got = rill::concatenate(&views, axis as isize).unwrap();
+                let outer: usize = base[..axis].iter().product();
+                let inner: usize = base[axis + 1..].iter().product();
+                let mut want = Vec::new();
+                for o in 0..outer {
+                    for (v, s) in &refs {
+                        let row = s[axis] * inner;
+                        want.extend_from_slice(&v[o * row..(o + 1) * row]);
+                    }
+                }
+                let what = format!("{dev:?} concatenate {dt} {k} inputs axis {axis} of {base:?}");
+                assert_close(&got.to_f64_vec().unwrap(), &want, 0.0, &what);
+            });
+        }
+    }
+}
+
+#[test]
+fn transposed_and_permuted_copies_of_odd_shapes_in_every_dtype() {
+    for dev in devices() {
+        let mut rng = Rng::new(14);
+        for case in 0..140u64 {
+            let rank = 2 + (case % 3) as usize;
+            let dt = MOVE_DTYPES[(case % 7) as usize];
+            let xs: Vec<usize> =
+                (0..rank).map(|_| [1usize, 2, 5, 31, 32, 33, 67][(rng.next_u64() % 7) as usize]).collect();
+            let n: usize = xs.iter().product();
+            let vals = ints(&mut rng, n);
+            // A random permutation (Fisher-Yates).
+            let mut perm: Vec<usize> = (0..rank).collect();
+            for i in (1..rank).rev() {
+                perm.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+            }
+            let ps: Vec<usize> = perm.iter().map(|&p| xs[p]).collect();
+            let st = strides(&xs);
+            let pst = strides(&ps);
+            let want: Vec<f64> =
+                (0..n).map(|i| vals[(0..rank).map(|d| (i / pst[d] % ps[d]) * st[perm[d]]).sum::<usize>()]).collect();
+            common::on(dev, || {
+                let x = Array::from_slice(&vals, &xs).unwrap().astype(dt).unwrap();
+                let what = format!("{dev:?} {dt} {xs:?} perm {perm:?}");
+                let t = x.transpose(&perm).unwrap();
+                assert_close(&t.contiguous().unwrap().to_f64_vec().unwrap(), &want, 0.0, &what);
+                // A reshape that cannot be a view copies.
+                let flat = t.reshape(&[-1]).unwrap();
+                assert_close(&flat.to_f64_vec().unwrap(), &want, 0.0, &what);
+            });
+        }
+    }
 }

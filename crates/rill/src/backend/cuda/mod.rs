@@ -19,7 +19,7 @@
 //! | argmax/argmin, cumsum | `scan.rs` | nothing |
 //! | take: one gather kernel that checks its own indices | `take.rs` | nothing |
 //! | index checks reported at batch completion (no host wait): check slots, check fences | `check.rs` | one slab of check slots per device (device and host-mapped memory, kept for the process) |
-//! | concatenate, pad | `copy.rs` | nothing |
+//! | concatenate (one kernel per 16 inputs), pad, tiled transposes making views contiguous | `copy.rs` | nothing |
 //! | threefry random arrays (the CPU's values) | `random.rs` | nothing |
 //! | matmul | `matmul.rs` | nothing |
 //! | fused elementwise programs and fused reductions (`rill::compile`) | `fused.rs` | nothing |
