@@ -239,12 +239,25 @@ element_prim!(f32 => F32, f64 => F64, i32 => I32, i64 => I64, u32 => U32, u8 => 
 /// 56832, not 57088). Rounding to f32 *to odd* first keeps the sticky information, so the
 /// second rounding is exact (f32 has more than 8 + 2 significant bits).
 fn bf16_from_f64(v: f64) -> bf16 {
+    bf16::from_f32(f32_to_odd(v))
+}
+
+/// f64 to f16 rounded once to nearest even. `f16::from_f64` rounds through f32 twice on
+/// x86 with F16C (and the software path drops the low mantissa bits before rounding), so
+/// a value just above an f16 midpoint came out one ulp low; f32 rounded to odd keeps the
+/// sticky bit (f32 has more than 11 + 2 significant bits, also for f16 subnormals).
+fn f16_from_f64(v: f64) -> f16 {
+    f16::from_f32(f32_to_odd(v))
+}
+
+/// `v` rounded to f32 towards zero, with the last bit set when inexact (round to odd).
+fn f32_to_odd(v: f64) -> f32 {
     let a = v.abs();
     let mut t = a as f32;
     if t.is_finite() && t as f64 != a && t.to_bits() & 1 == 0 {
         t = f32::from_bits(if t as f64 > a { t.to_bits() - 1 } else { t.to_bits() + 1 });
     }
-    bf16::from_f32(if v.is_sign_negative() { -t } else { t })
+    if v.is_sign_negative() { -t } else { t }
 }
 
 macro_rules! element_half {
@@ -262,7 +275,7 @@ macro_rules! element_half {
         }
     )*};
 }
-element_half!(f16 => F16, f16::from_f64, bf16 => BF16, bf16_from_f64);
+element_half!(f16 => F16, f16_from_f64, bf16 => BF16, bf16_from_f64);
 
 /// Runs `$body` with `$T` bound to the storage type of `$dtype` (bool is `u8`).
 #[macro_export]
@@ -343,6 +356,35 @@ mod tests {
         }
         assert_eq!(<bf16 as Element>::from_f64(-3.5e38), bf16::NEG_INFINITY);
         assert!(<bf16 as Element>::from_f64(f64::NAN).is_nan());
+    }
+    #[test]
+    fn f16_from_f64_rounds_once_to_nearest_even() {
+        let mut x = 0x0fed_cba9_8765_4321u64;
+        // Just above a midpoint (rounding through f32 to nearest lands on it), a midpoint,
+        // f16 subnormals, the overflow edge and values f32 cannot hold.
+        let above = 1.0 + 2f64.powi(-11) + 2f64.powi(-40);
+        let mut values = vec![above, -above, 1.0 + 2f64.powi(-11), 3e-8, 6e-8, 65519.999, 65520.0, 1e300, 1e-300];
+        for _ in 0..200_000 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+            values.push((u - 0.5) * 2f64.powi((x % 48) as i32 - 30));
+        }
+        for v in values {
+            let h = <f16 as Element>::from_f64(v);
+            let g = h.to_f64();
+            // IEEE overflow: from 65520 (the midpoint past the largest f16) up, infinity.
+            assert_eq!(g.is_infinite(), v.abs() >= 65520.0, "{v:e}: got {g:e}");
+            if g.is_infinite() {
+                continue;
+            }
+            for n in [f16::from_bits(h.to_bits().wrapping_add(1)), f16::from_bits(h.to_bits().wrapping_sub(1))] {
+                let (dg, dn) = ((g - v).abs(), (n.to_f64() - v).abs());
+                assert!(dg < dn || (dg == dn && h.to_bits() & 1 == 0) || n.is_nan(), "{v:e}: got {g:e}, {n} is nearer");
+            }
+        }
+        assert_eq!(<f16 as Element>::from_f64(above).to_f64(), 1.0 + 2f64.powi(-10));
+        assert_eq!(<f16 as Element>::from_f64(-7e4), f16::NEG_INFINITY);
+        assert!(<f16 as Element>::from_f64(f64::NAN).is_nan());
     }
     #[test]
     fn scalars_do_not_widen() {

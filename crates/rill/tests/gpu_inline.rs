@@ -46,6 +46,8 @@ fn check(got: &Array, want: &[f64], what: &str) {
 #[test]
 fn a_blocking_eval_runs_an_idle_gpu_streams_batches_on_the_calling_thread() {
     let Some(g) = gpu() else { return };
+    // Counts batches of one node per op: no fusion at eval.
+    rill::runtime::set_eval_fusion(false);
     let s = Stream::new(&g).unwrap();
     let start = [1.0f32, -2.0, 3.5, 40.0];
     // 600 nodes: several batches of at most 128 run on the caller in a row.

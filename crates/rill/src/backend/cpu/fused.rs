@@ -331,7 +331,7 @@ fn cast(a: &Lane, out: &mut Lane, len: usize, to: DType) {
             let o = &mut o[..len];
             match to {
                 DType::Bool => o.iter_mut().zip(x).for_each(|(o, &x)| *o = (x != 0.0) as u8 as f32),
-                DType::F16 => o.iter_mut().zip(x).for_each(|(o, &x)| *o = f16::from_f64(x).to_f32()),
+                DType::F16 => o.iter_mut().zip(x).for_each(|(o, &x)| *o = <f16 as Element>::from_f64(x).to_f32()),
                 // `Element::from_f64`, not the inherent `bf16::from_f64`, which rounds twice.
                 DType::BF16 => o.iter_mut().zip(x).for_each(|(o, &x)| *o = <bf16 as Element>::from_f64(x).to_f32()),
                 _ => o.iter_mut().zip(x).for_each(|(o, &x)| *o = x as f32),

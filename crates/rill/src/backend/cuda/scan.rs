@@ -86,7 +86,9 @@ fn val_type(d: DType) -> &'static str {
 fn arg_source(op: ArgReduceOp, d: DType) -> String {
     let t = ctype(d);
     let v = val_type(d);
-    let shfl = if d.size() < 4 { "int" } else { v };
+    // The value is shuffled as its own type; only 1-byte integers widen to `int` (f16 and
+    // bf16 values are already `float`: an `int` shuffle would truncate them).
+    let shfl = if d.is_float() || d.size() >= 4 { v } else { "int" };
     let ld = load(d, "q");
     let better = if op == ArgReduceOp::ArgMax { "bv > av" } else { "bv < av" };
     format!(
