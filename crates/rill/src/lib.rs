@@ -21,7 +21,6 @@ mod array;
 mod backend;
 pub mod dtype;
 mod error;
-/// Model files: safetensors, Hugging Face configs, the tokenizer and the model cache.
 pub mod io;
 pub mod ops;
 pub mod primitives;

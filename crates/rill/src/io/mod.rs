@@ -9,7 +9,7 @@
 //! | batched tokenization over the `tokenizers` crate | `tokenizer.rs` |
 //!
 //! [`ModelDir`] ties them together for a directory in Hugging Face layout. Every failure
-//! (a missing or malformed file) is an [`Error::Io`](crate::Error::Io) naming the file.
+//! (a missing or malformed file) is an [`Error::Io`] naming the file.
 
 pub mod cache;
 pub mod config;
