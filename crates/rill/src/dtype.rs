@@ -337,49 +337,49 @@ mod tests {
         assert_eq!(promote(DType::I64, DType::F16), DType::F16);
         assert_eq!(promote(DType::Bool, DType::U8), DType::U8);
     }
-    #[test]
-    fn bf16_from_f64_rounds_once_to_nearest_even() {
-        let mut x = 0x1234_5678_9abc_def0u64;
-        let mut values = vec![56960.002790807746, 1_077_936_129.0, -1_077_936_129.0, 1e-40, 3.3e38];
-        for _ in 0..200_000 {
+    /// `fixed`, then `n` values `(u - 0.5) * 2^e` of a seeded LCG, `e` uniform in `exps`.
+    fn sweep(seed: u64, fixed: &[f64], n: usize, exps: std::ops::Range<i32>) -> Vec<f64> {
+        let mut x = seed;
+        let mut values = fixed.to_vec();
+        for _ in 0..n {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             let u = (x >> 11) as f64 / (1u64 << 53) as f64;
-            values.push((u - 0.5) * 2f64.powi((x % 64) as i32 - 32));
+            values.push((u - 0.5) * 2f64.powi((x % exps.len() as u64) as i32 + exps.start));
         }
-        for v in values {
+        values
+    }
+    /// No neighbour of the 16-bit float `bits` (value `val(bits)`) is nearer to `v`, and a
+    /// tie went to the even one.
+    fn assert_nearest_even(v: f64, bits: u16, val: impl Fn(u16) -> f64) {
+        let g = val(bits);
+        for n in [bits.wrapping_add(1), bits.wrapping_sub(1)] {
+            let nv = val(n);
+            let (dg, dn) = ((g - v).abs(), (nv - v).abs());
+            assert!(dg < dn || (dg == dn && bits & 1 == 0) || nv.is_nan(), "{v:e}: got {g:e}, {nv:e} is nearer");
+        }
+    }
+    #[test]
+    fn bf16_from_f64_rounds_once_to_nearest_even() {
+        let fixed = [56960.002790807746, 1_077_936_129.0, -1_077_936_129.0, 1e-40, 3.3e38];
+        for v in sweep(0x1234_5678_9abc_def0, &fixed, 200_000, -32..32) {
             let b = <bf16 as Element>::from_f64(v);
-            let g = b.to_f64();
-            for n in [bf16::from_bits(b.to_bits().wrapping_add(1)), bf16::from_bits(b.to_bits().wrapping_sub(1))] {
-                let (dg, dn) = ((g - v).abs(), (n.to_f64() - v).abs());
-                assert!(dg < dn || (dg == dn && b.to_bits() & 1 == 0) || n.is_nan(), "{v:e}: got {g:e}, {n} is nearer");
-            }
+            assert_nearest_even(v, b.to_bits(), |b| bf16::from_bits(b).to_f64());
         }
         assert_eq!(<bf16 as Element>::from_f64(-3.5e38), bf16::NEG_INFINITY);
         assert!(<bf16 as Element>::from_f64(f64::NAN).is_nan());
     }
     #[test]
     fn f16_from_f64_rounds_once_to_nearest_even() {
-        let mut x = 0x0fed_cba9_8765_4321u64;
         // Just above a midpoint (rounding through f32 to nearest lands on it), a midpoint,
         // f16 subnormals, the overflow edge and values f32 cannot hold.
         let above = 1.0 + 2f64.powi(-11) + 2f64.powi(-40);
-        let mut values = vec![above, -above, 1.0 + 2f64.powi(-11), 3e-8, 6e-8, 65519.999, 65520.0, 1e300, 1e-300];
-        for _ in 0..200_000 {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            let u = (x >> 11) as f64 / (1u64 << 53) as f64;
-            values.push((u - 0.5) * 2f64.powi((x % 48) as i32 - 30));
-        }
-        for v in values {
+        let fixed = [above, -above, 1.0 + 2f64.powi(-11), 3e-8, 6e-8, 65519.999, 65520.0, 1e300, 1e-300];
+        for v in sweep(0x0fed_cba9_8765_4321, &fixed, 200_000, -30..18) {
             let h = <f16 as Element>::from_f64(v);
-            let g = h.to_f64();
             // IEEE overflow: from 65520 (the midpoint past the largest f16) up, infinity.
-            assert_eq!(g.is_infinite(), v.abs() >= 65520.0, "{v:e}: got {g:e}");
-            if g.is_infinite() {
-                continue;
-            }
-            for n in [f16::from_bits(h.to_bits().wrapping_add(1)), f16::from_bits(h.to_bits().wrapping_sub(1))] {
-                let (dg, dn) = ((g - v).abs(), (n.to_f64() - v).abs());
-                assert!(dg < dn || (dg == dn && h.to_bits() & 1 == 0) || n.is_nan(), "{v:e}: got {g:e}, {n} is nearer");
+            assert_eq!(h.to_f64().is_infinite(), v.abs() >= 65520.0, "{v:e}: got {h}");
+            if !h.is_infinite() {
+                assert_nearest_even(v, h.to_bits(), |b| f16::from_bits(b).to_f64());
             }
         }
         assert_eq!(<f16 as Element>::from_f64(above).to_f64(), 1.0 + 2f64.powi(-10));
