@@ -102,12 +102,21 @@ pub(crate) fn poll_until(mut done: impl FnMut() -> bool, until: std::time::Durat
 
 /// A host-visible completion flag for device work, waitable by threads and wakers.
 #[derive(Default)]
-pub(crate) struct Fence(crate::runtime::completion::Completion<crate::error::Result<()>>);
+pub(crate) struct Fence(crate::runtime::completion::Completion<crate::error::Result<()>>, bool);
 
 #[allow(dead_code)]
 impl Fence {
     pub fn new() -> Arc<Fence> {
         Arc::new(Fence::default())
+    }
+    /// A fence that carries the verdict of device-side index checks (`cuda/check.rs`):
+    /// readers of its storage inherit it while it is unsignalled.
+    pub fn new_check() -> Arc<Fence> {
+        Arc::new(Fence(Default::default(), true))
+    }
+    /// Whether this is a check fence not yet signalled.
+    pub fn is_open_check(&self) -> bool {
+        self.1 && !self.0.is_done()
     }
     pub fn is_signalled(&self) -> bool {
         self.0.is_done()
@@ -129,6 +138,11 @@ impl Fence {
     /// The outcome once signalled (`Ok` before).
     pub fn result(&self) -> crate::error::Result<()> {
         self.0.get().unwrap_or(Ok(()))
+    }
+    /// Runs `cb` once signalled: at once when already signalled, else on the signalling
+    /// thread. It must not block.
+    pub fn on_done(&self, cb: crate::runtime::completion::Callback) {
+        self.0.on_done(cb);
     }
 }
 

@@ -84,9 +84,14 @@ pub(crate) fn next_down(dtype: DType, x: f64) -> f64 {
     match dtype {
         DType::F64 => f64::from_bits(bits_down(x.to_bits(), 1 << 63)),
         DType::F32 => f32::from_bits(bits_down((x as f32).to_bits() as u64, 1 << 31) as u32) as f64,
-        DType::F16 => half::f16::from_bits(bits_down(half::f16::from_f64(x).to_bits() as u64, 1 << 15) as u16).to_f64(),
+        // Through `Element::from_f64`: one rounding, as the CUDA side converts.
+        DType::F16 => {
+            half::f16::from_bits(bits_down(<half::f16 as Element>::from_f64(x).to_bits() as u64, 1 << 15) as u16)
+                .to_f64()
+        }
         DType::BF16 => {
-            half::bf16::from_bits(bits_down(half::bf16::from_f64(x).to_bits() as u64, 1 << 15) as u16).to_f64()
+            half::bf16::from_bits(bits_down(<half::bf16 as Element>::from_f64(x).to_bits() as u64, 1 << 15) as u16)
+                .to_f64()
         }
         _ => x,
     }

@@ -14,16 +14,15 @@
 //!   earlier batch on any stream) gets a fence that waits for the batch and every one of
 //!   those checks and takes the first error among them; a check fence already failed
 //!   fails the node at once. Nodes that read nothing checked keep the plain batch fence.
-//! - Open check fences are listed in [`OPEN`] by address (an entry lives exactly as long
-//!   as its fence is unsignalled; it is removed after the signal, so a fence not listed
-//!   is either no check or already signalled).
+//! - A check fence is marked as one (`Fence::new_check`), so a reader asks its input's
+//!   fence, without a lock, whether it is a check still open; a count of open check
+//!   fences lets nodes skip even that while no take is pending anywhere.
 //!
 //! Nothing here calls the driver after the slab is made: the completions only read host
 //! memory and signal fences, on the completion worker's thread.
 
 use std::mem::ManuallyDrop;
 
-use rustc_hash::FxHashSet;
 use smallvec::SmallVec;
 
 use crate::backend::{Fence, Storage};
@@ -49,38 +48,23 @@ struct Slab {
 }
 
 static SLABS: Mutex<Vec<Option<Arc<Slab>>>> = Mutex::new(Vec::new());
-/// Addresses of the check fences not yet signalled.
-static OPEN: Mutex<Option<FxHashSet<usize>>> = Mutex::new(None);
-/// `OPEN`'s size (read without the lock on the hot path).
+/// Check fences made and not yet signalled (read without a lock on the hot path).
 static OPEN_COUNT: AtomicUsize = AtomicUsize::new(0);
 /// Check fences ever signalled with an error: until one is, no input fence is looked at.
 static FAILED: AtomicUsize = AtomicUsize::new(0);
 
-fn key(f: &Arc<Fence>) -> usize {
-    Arc::as_ptr(f) as usize
+fn open() -> Arc<Fence> {
+    OPEN_COUNT.fetch_add(1, SeqCst);
+    Fence::new_check()
 }
 
-fn open(f: &Arc<Fence>) {
-    let mut g = OPEN.lock();
-    if g.get_or_insert_with(FxHashSet::default).insert(key(f)) {
-        OPEN_COUNT.fetch_add(1, SeqCst);
-    }
-}
-
-fn is_open(f: &Arc<Fence>) -> bool {
-    OPEN.lock().as_ref().is_some_and(|s| s.contains(&key(f)))
-}
-
-/// Signals a check fence, then takes it off the open list (in this order: see the module docs).
+/// Signals a check fence and counts it closed.
 fn finish(f: &Arc<Fence>, r: Result<()>) {
     if r.is_err() {
         FAILED.fetch_add(1, SeqCst);
     }
     f.signal(r);
-    let mut g = OPEN.lock();
-    if g.as_mut().is_some_and(|s| s.remove(&key(f))) {
-        OPEN_COUNT.fetch_sub(1, SeqCst);
-    }
+    OPEN_COUNT.fetch_sub(1, SeqCst);
 }
 
 /// The device's slab, made on first use (`None`: the device has no unified addressing,
@@ -217,7 +201,7 @@ impl Batch {
                 continue;
             }
             let Some(f) = &s.fence else { continue };
-            if open && is_open(f) {
+            if open && f.is_open_check() {
                 add(&mut c, f);
             } else if failed && f.is_signalled() {
                 f.result()?;
@@ -241,10 +225,9 @@ impl Batch {
     /// Registers the check of a take whose result is `out`: its verdict is read from
     /// `slot` when the batch's work is complete, as `Error::Index` of `axis` and `size`.
     pub(crate) fn take(&mut self, out: &Storage, slot: Slot, axis: usize, size: usize) {
-        let cf = Fence::new();
-        open(&cf);
+        let cf = open();
         let (batch, mine, abandoned) = (self.fence.clone(), cf.clone(), self.abandoned.clone());
-        self.fence.0.on_done(Box::new(move || {
+        self.fence.on_done(Box::new(move || {
             let r = match batch.result() {
                 // The kernel may not have run to its end: the slot is not reused.
                 Err(e) => Err(e),
@@ -300,8 +283,7 @@ fn same(a: &Conds, b: &Conds) -> bool {
 /// A check fence signalled once every one of `parts` is, with the first error among
 /// them in their order.
 fn all_of(parts: &Conds) -> Arc<Fence> {
-    let out = Fence::new();
-    open(&out);
+    let out = open();
     struct Join {
         left: AtomicUsize,
         parts: Mutex<Vec<Option<Arc<Fence>>>>,
@@ -314,7 +296,7 @@ fn all_of(parts: &Conds) -> Arc<Fence> {
     });
     for p in parts {
         let j = j.clone();
-        p.0.on_done(Box::new(move || {
+        p.on_done(Box::new(move || {
             if j.left.fetch_sub(1, SeqCst) == 1 {
                 // Every part is signalled: the first error in order, and the parts let go.
                 let ps = std::mem::take(&mut *j.parts.lock());
