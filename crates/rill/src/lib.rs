@@ -24,6 +24,7 @@ mod error;
 pub mod io;
 pub mod ops;
 pub mod primitives;
+pub mod quant;
 pub mod runtime;
 pub mod shape;
 mod sync;

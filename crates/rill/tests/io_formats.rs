@@ -1,7 +1,9 @@
 //! rill::io: safetensors round trips for every dtype and odd shapes, fuzzed headers and
 //! bodies (only errors, never a panic or a read outside the file), config parsing, and,
 //! when the default model can be had (cache, pip, network), the real model's files and
-//! the tokenizer's ids against the Python tokenizer's fixture.
+//! the tokenizer's ids against the Python tokenizer's fixture. GGUF: a file made by
+//! llama.cpp's Python writer (fixture), its Q4_0/Q4_1/Q8_0 block math, round trips of
+//! generated files, and fuzzed files (only errors, never a panic).
 
 mod common;
 
@@ -914,4 +916,334 @@ fn device_placement_follows_the_ambient_stream() {
         assert_eq!(got.to_vec::<f32>().unwrap(), vec![1.0, 2.0]);
     }
     assert_eq!(t.get_on("a", &Device::cpu().default_stream().unwrap()).unwrap().device(), Device::cpu());
+}
+
+// ---------------------------------------------------------------- GGUF
+
+mod gguf_files {
+    use super::*;
+    use rill::io::gguf::{self, GgmlType, Gguf, Value as GV};
+    use rill::quant::{self, QuantFormat};
+
+    fn fixture() -> Value {
+        let dir = std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR");
+        let text = std::fs::read_to_string(Path::new(&dir).join("tests/fixtures/gguf_fixture.json"))
+            .expect("tests/fixtures/gguf_fixture.json (made by make_gguf_fixture.py)");
+        serde_json::from_str(&text).expect("fixture JSON")
+    }
+
+    fn hex(s: &str) -> Vec<u8> {
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex")).collect()
+    }
+
+    fn f32s(v: &Value) -> Vec<f32> {
+        v.as_array().expect("array").iter().map(|x| x.as_f64().expect("number") as f32).collect()
+    }
+
+    fn format_of(name: &str) -> QuantFormat {
+        *QuantFormat::ALL.iter().find(|f| f.name() == name).expect("format name")
+    }
+
+    #[test]
+    fn a_file_written_by_the_reference_writer_reads_back() {
+        let fx = fixture();
+        let g = Gguf::from_bytes(hex(fx["file_hex"].as_str().unwrap()), "fixture.gguf").expect("fixture parses");
+        assert_eq!(g.version(), 3);
+        for m in fx["metadata"].as_array().unwrap() {
+            let key = m["key"].as_str().unwrap();
+            let v = g.value(key).unwrap_or_else(|| panic!("metadata {key} missing"));
+            let want = &m["value"];
+            let ty = m["type"].as_str().unwrap();
+            match ty {
+                "string" => assert_eq!(v.as_str(), want.as_str(), "{key}"),
+                "bool" => assert_eq!(v.as_bool(), want.as_bool(), "{key}"),
+                "f32" | "f64" => assert_eq!(v.as_f64().map(|x| x as f32), want.as_f64().map(|x| x as f32), "{key}"),
+                "array:string" => {
+                    let got: Vec<&str> = v.as_array().unwrap().iter().map(|x| x.as_str().unwrap()).collect();
+                    let want: Vec<&str> = want.as_array().unwrap().iter().map(|x| x.as_str().unwrap()).collect();
+                    assert_eq!(got, want, "{key}");
+                }
+                "array:i32" => {
+                    let got: Vec<f64> = v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+                    let want: Vec<f64> = want.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+                    assert_eq!(got, want, "{key}");
+                }
+                _ => {
+                    // Integers of every width keep their type and value.
+                    let ok = matches!(
+                        (ty, v),
+                        ("u8", GV::U8(_))
+                            | ("i8", GV::I8(_))
+                            | ("u16", GV::U16(_))
+                            | ("i16", GV::I16(_))
+                            | ("u32", GV::U32(_))
+                            | ("i32", GV::I32(_))
+                            | ("u64", GV::U64(_))
+                            | ("i64", GV::I64(_))
+                    );
+                    assert!(ok, "{key}: {v:?} is not a {ty}");
+                    assert_eq!(v.as_f64(), want.as_f64(), "{key}");
+                }
+            }
+        }
+        assert_eq!(g.require_u64("test.u32").unwrap(), 4_000_000_000);
+        assert!(g.require_u64("test.i64").is_err(), "a negative value is no u64");
+        assert!(g.require_str("test.u8").is_err() && g.require("no.such.key").is_err());
+        let tensors = fx["tensors"].as_array().unwrap();
+        assert_eq!(g.tensors().len(), tensors.len());
+        for t in tensors {
+            let name = t["name"].as_str().unwrap();
+            let info = g.tensor(name).unwrap_or_else(|| panic!("tensor {name}"));
+            let shape: Vec<usize> =
+                t["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
+            assert_eq!(info.shape(), &shape[..], "{name}");
+            assert_eq!(info.ggml_type().name(), t["type"].as_str().unwrap(), "{name}");
+            let want = f32s(&t["values"]);
+            let got = g.to_f32(name).unwrap();
+            assert_eq!(got.len(), want.len(), "{name}");
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "{name}[{i}]: {a} vs the reference's {b}");
+            }
+            let arr = g.get_on(name, &Device::cpu().default_stream().unwrap()).unwrap();
+            assert_eq!(arr.shape(), &shape[..]);
+            assert_eq!(arr.to_vec::<f32>().unwrap(), want, "{name} as an array");
+        }
+        assert!(g.to_f32("missing").is_err());
+    }
+
+    #[test]
+    fn block_math_equals_the_reference_bytes_and_values() {
+        let fx = fixture();
+        for (name, case) in fx["quant"].as_object().unwrap() {
+            let f = format_of(name);
+            let x = f32s(&case["input"]);
+            let want = hex(case["bytes_hex"].as_str().unwrap());
+            let got = quant::quantize(f, &x).unwrap();
+            assert_eq!(got.len(), want.len(), "{name}");
+            for (b, (g, w)) in got.chunks(f.block_bytes()).zip(want.chunks(f.block_bytes())).enumerate() {
+                assert_eq!(g, w, "{name} block {b}: input {:?}", &x[b * quant::BLOCK..(b + 1) * quant::BLOCK]);
+            }
+            let mut y = vec![0f32; x.len()];
+            quant::dequantize(f, &want, &mut y).unwrap();
+            assert_eq!(y, f32s(&case["values"]), "{name} dequantized");
+        }
+    }
+
+    fn meta_strategy() -> impl Strategy<Value = GV> {
+        let leaf = prop_oneof![
+            any::<u8>().prop_map(GV::U8),
+            any::<i8>().prop_map(GV::I8),
+            any::<u16>().prop_map(GV::U16),
+            any::<i32>().prop_map(GV::I32),
+            any::<u64>().prop_map(GV::U64),
+            any::<i64>().prop_map(GV::I64),
+            (-1e6f32..1e6).prop_map(GV::F32),
+            (-1e9f64..1e9).prop_map(GV::F64),
+            any::<bool>().prop_map(GV::Bool),
+            "\\PC{0,12}".prop_map(GV::String),
+        ];
+        prop_oneof![
+            3 => leaf,
+            1 => prop::collection::vec(any::<i32>().prop_map(GV::I32), 0..6).prop_map(GV::Array),
+            1 => prop::collection::vec("\\PC{0,5}".prop_map(GV::String), 0..6).prop_map(GV::Array),
+        ]
+    }
+
+    fn ty_strategy() -> impl Strategy<Value = GgmlType> {
+        prop_oneof![
+            Just(GgmlType::F32),
+            Just(GgmlType::F16),
+            Just(GgmlType::BF16),
+            Just(GgmlType::Quant(QuantFormat::Q4_0)),
+            Just(GgmlType::Quant(QuantFormat::Q4_1)),
+            Just(GgmlType::Quant(QuantFormat::Q8_0)),
+        ]
+    }
+
+    /// Metadata entries, and tensors as (shape, type, seed of their values).
+    type FileSpec = (Vec<(String, GV)>, Vec<(Vec<usize>, GgmlType, u64)>);
+    /// A tensor as (name, shape, type, bytes, values).
+    type Made = (String, Vec<usize>, GgmlType, Vec<u8>, Vec<f32>);
+
+    /// A generated file: metadata, and tensors with random shapes and values.
+    fn file_strategy() -> impl Strategy<Value = FileSpec> {
+        (
+            prop::collection::vec(("[a-z.]{1,10}", meta_strategy()), 0..6),
+            prop::collection::vec(
+                (prop::collection::vec(1usize..4, 0..3), 1usize..3, ty_strategy(), any::<u64>()),
+                0..5,
+            )
+            .prop_map(|v| {
+                v.into_iter()
+                    .map(|(mut outer, row, ty, seed)| {
+                        // Rows of whole blocks for the quantized types.
+                        let per = ty.block().unwrap().0;
+                        outer.push(row * per.max(3));
+                        (outer, ty, seed)
+                    })
+                    .collect()
+            }),
+        )
+    }
+
+    fn tensor_bytes(shape: &[usize], ty: GgmlType, seed: u64) -> (Vec<u8>, Vec<f32>) {
+        let n: usize = shape.iter().product();
+        let mut rng = common::Rng::new(seed);
+        let x: Vec<f32> = (0..n).map(|_| (rng.next_u64() >> 40) as f32 / (1u64 << 22) as f32 - 2.0).collect();
+        match ty {
+            GgmlType::F32 => (x.iter().flat_map(|v| v.to_le_bytes()).collect(), x),
+            GgmlType::F16 => {
+                let h: Vec<half::f16> = x.iter().map(|&v| half::f16::from_f32(v)).collect();
+                (h.iter().flat_map(|v| v.to_le_bytes()).collect(), h.iter().map(|v| v.to_f32()).collect())
+            }
+            GgmlType::BF16 => {
+                let h: Vec<half::bf16> = x.iter().map(|&v| half::bf16::from_f32(v)).collect();
+                (h.iter().flat_map(|v| v.to_le_bytes()).collect(), h.iter().map(|v| v.to_f32()).collect())
+            }
+            GgmlType::Quant(f) => {
+                let b = quant::quantize(f, &x).unwrap();
+                let mut y = vec![0f32; n];
+                quant::dequantize(f, &b, &mut y).unwrap();
+                (b, y)
+            }
+            GgmlType::Other(_) => unreachable!(),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        #[test]
+        fn generated_files_round_trip((meta, tensors) in file_strategy()) {
+            let mut meta = meta;
+            meta.sort_by(|a, b| a.0.cmp(&b.0));
+            meta.dedup_by(|a, b| a.0 == b.0);
+            let made: Vec<Made> = tensors
+                .iter()
+                .enumerate()
+                .map(|(i, (s, ty, seed))| {
+                    let (b, y) = tensor_bytes(s, *ty, *seed);
+                    (format!("w{i}"), s.clone(), *ty, b, y)
+                })
+                .collect();
+            let m: Vec<(&str, GV)> = meta.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+            let t: Vec<(&str, &[usize], GgmlType, &[u8])> =
+                made.iter().map(|(n, s, ty, b, _)| (n.as_str(), &s[..], *ty, &b[..])).collect();
+            let bytes = gguf::to_bytes(&m, &t).unwrap();
+            let g = Gguf::from_bytes(bytes, "generated").unwrap();
+            for (k, v) in &meta {
+                prop_assert_eq!(g.value(k), Some(v));
+            }
+            for (n, s, ty, b, y) in &made {
+                let info = g.tensor(n).unwrap();
+                prop_assert_eq!(info.shape(), &s[..]);
+                prop_assert_eq!(info.ggml_type(), *ty);
+                prop_assert_eq!(g.bytes(n).unwrap(), &b[..]);
+                prop_assert_eq!(&g.to_f32(n).unwrap(), y);
+            }
+        }
+
+        #[test]
+        fn mutated_files_are_errors_or_read_within_bounds(
+            edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+            cut in any::<prop::sample::Index>(),
+            truncate in any::<bool>(),
+            word in any::<Option<(prop::sample::Index, u64)>>(),
+        ) {
+            let mut b = hex(fixture()["file_hex"].as_str().unwrap());
+            for (i, v) in edits {
+                let i = i.index(b.len());
+                b[i] = v;
+            }
+            if let Some((i, v)) = word {
+                // A lying count, length, dimension or offset.
+                let i = i.index(b.len() - 8);
+                b[i..i + 8].copy_from_slice(&v.to_le_bytes());
+            }
+            if truncate {
+                b.truncate(cut.index(b.len()));
+            }
+            if let Ok(g) = Gguf::from_bytes(b, "mutated") {
+                for t in g.tensors() {
+                    let _ = g.bytes(t.name()).unwrap();
+                    let _ = g.to_f32(t.name());
+                }
+            }
+        }
+    }
+
+    /// A minimal valid file: one F32 tensor of 8 values (offset 0).
+    fn minimal() -> Vec<u8> {
+        let data: Vec<u8> = (0..8).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        gguf::to_bytes(&[("general.architecture", GV::String("llama".into()))], &[("w", &[2, 4], GgmlType::F32, &data)])
+            .unwrap()
+    }
+
+    #[test]
+    fn malformed_files_name_what_is_wrong() {
+        let base = minimal();
+        // Offsets in `minimal()`: magic 0, version 4, tensor count 8, metadata count 16, key at 24.
+        let key_len = "general.architecture".len();
+        let meta_end = 24 + 8 + key_len + 4 + 8 + "llama".len();
+        let tensor_at = meta_end; // name length, name "w", dims, ne0, ne1, type, offset
+        let dims_at = tensor_at + 8 + 1;
+        let type_at = dims_at + 4 + 16;
+        let offset_at = type_at + 4;
+        let set = |at: usize, v: &[u8]| {
+            let mut b = base.clone();
+            b[at..at + v.len()].copy_from_slice(v);
+            b
+        };
+        let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+            ("magic", set(0, b"GGUG"), "not a GGUF file"),
+            ("version 1", set(4, &1u32.to_le_bytes()), "version 1"),
+            ("version 4", set(4, &4u32.to_le_bytes()), "version 4"),
+            ("tensor count", set(8, &u64::MAX.to_le_bytes()), "tensor count"),
+            ("metadata count", set(16, &(1u64 << 40).to_le_bytes()), "metadata count"),
+            ("key length", set(24, &(1u64 << 50).to_le_bytes()), "metadata key"),
+            ("value type", set(24 + 8 + key_len, &77u32.to_le_bytes()), "unknown metadata value type"),
+            ("dimensions", set(dims_at, &9u32.to_le_bytes()), "dimensions"),
+            ("overflow", set(dims_at + 4, &u64::MAX.to_le_bytes()), "overflow"),
+            ("unknown type", set(type_at, &99u32.to_le_bytes()), "type code 99"),
+            ("whole blocks", set(type_at, &2u32.to_le_bytes()), "whole blocks"),
+            ("misaligned", set(offset_at, &4u64.to_le_bytes()), "alignment"),
+            ("past the end", set(offset_at, &64u64.to_le_bytes()), "pass the end"),
+            ("truncated", base[..base.len() - 1].to_vec(), "pass the end"),
+            ("truncated header", base[..30].to_vec(), "bytes left"),
+        ];
+        for (what, bytes, needle) in cases {
+            let e = Gguf::from_bytes(bytes.clone(), "bad.gguf").expect_err(what);
+            let msg = e.to_string();
+            assert!(msg.contains(needle) && msg.contains("bad.gguf"), "{what}: {msg}");
+            // The same from disk, through the memory map.
+            let dir = tmpdir();
+            let p = dir.path().join("bad.gguf");
+            std::fs::write(&p, &bytes).unwrap();
+            assert!(gguf::load(&p).is_err(), "{what} from disk");
+        }
+        assert!(Gguf::from_bytes(base.clone(), "ok").is_ok());
+        // Duplicates, a bad alignment and overlapping tensors.
+        let d4: Vec<u8> = (0..4).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        let dup = gguf::to_bytes(&[("a", GV::U8(1)), ("a", GV::U8(2))], &[]).unwrap();
+        assert!(Gguf::from_bytes(dup, "dup").unwrap_err().to_string().contains("twice"));
+        let dup_t = gguf::to_bytes(&[], &[("w", &[4], GgmlType::F32, &d4), ("w", &[4], GgmlType::F32, &d4)]).unwrap();
+        assert!(Gguf::from_bytes(dup_t, "dup").unwrap_err().to_string().contains("twice"));
+        for a in [GV::U32(3), GV::U32(0), GV::U64(32)] {
+            let f = gguf::to_bytes(&[("general.alignment", a.clone())], &[]).unwrap();
+            assert!(Gguf::from_bytes(f, "al").unwrap_err().to_string().contains("alignment"), "{a:?}");
+        }
+        let mut two =
+            gguf::to_bytes(&[], &[("a", &[8], GgmlType::F32, &[0; 32]), ("b", &[8], GgmlType::F32, &[0; 32])]).unwrap();
+        // The second tensor's offset (the last 8 bytes of its entry) moved onto the first.
+        let at = two.windows(9).rposition(|w| w == [1, 0, 0, 0, 0, 0, 0, 0, b'b']).unwrap() + 9 + 4 + 8 + 4;
+        two[at..at + 8].copy_from_slice(&0u64.to_le_bytes());
+        assert!(Gguf::from_bytes(two, "ov").unwrap_err().to_string().contains("overlap"));
+        // Arrays nested past the limit.
+        let mut nest = GV::U8(0);
+        for _ in 0..6 {
+            nest = GV::Array(vec![nest]);
+        }
+        let f = gguf::to_bytes(&[("n", nest)], &[]).unwrap();
+        assert!(Gguf::from_bytes(f, "nest").unwrap_err().to_string().contains("nested"));
+    }
 }

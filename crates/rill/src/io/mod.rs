@@ -13,6 +13,7 @@
 
 pub mod cache;
 pub mod config;
+pub mod gguf;
 pub mod safetensors;
 pub mod tokenizer;
 

@@ -120,13 +120,14 @@ impl TensorInfo {
     }
 }
 
-enum Bytes {
+/// A model file's bytes: memory-mapped, or held in memory (`gguf.rs` shares it).
+pub(crate) enum Bytes {
     Mapped(memmap2::Mmap),
     Owned(Vec<u8>),
 }
 
 impl Bytes {
-    fn as_slice(&self) -> &[u8] {
+    pub(crate) fn as_slice(&self) -> &[u8] {
         match self {
             Bytes::Mapped(m) => m,
             Bytes::Owned(v) => v,
