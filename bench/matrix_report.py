@@ -4,14 +4,15 @@
     rill bench matrix --cases cases.jsonl > rill.jsonl
     python3 bench/torch_matrix.py cases.jsonl > torch.jsonl
     python3 bench/matrix_report.py cases.jsonl rill.jsonl torch.jsonl [--md OUT.md]
-        [--png OUT.png] [--title TEXT] [--all | --rows N] [--fallback-png]
+        [--png OUT.png] [--title TEXT] [--all | --rows N] [--worst K] [--fallback-png]
     python3 bench/matrix_report.py --selftest     checks the pure-Python PNG writer
 
 Per case: ratio = torch seconds / rill seconds (>= 1.0: rill at least as fast), rill's
 GB/s from `bytes` (GFLOP/s from `flops` for matmul). Prints (and writes to --md) a
 Markdown summary (cases compared, shares with ratio >= 1.0 and >= 0.9, geometric mean
-ratio per family, missing results) and a table per family, worst ratio first (40 rows
-unless --all or --rows). --png draws ratio (log y) against bytes moved (log x), one colour
+ratio per family and per family and dtype, the worst cases of each family (--worst, 5),
+missing results) and a table per family, worst ratio first (40 rows unless --all or
+--rows). --png draws ratio (log y) against bytes moved (log x), one colour
 per family, with lines at 1.0 and 0.9: with matplotlib when it is importable, otherwise
 (or with --fallback-png) with a small pure-Python renderer (zlib + struct).
 Standard library only; matplotlib optional.
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import zlib
 
+DTYPES = ["f32", "bf16", "f16", "u8", "u32", "i32", "i64"]
 FAMILIES = ["unary", "binary", "cast", "where", "reduce", "argreduce", "softmax", "log_softmax",
             "layer_norm", "rms_norm", "take", "concatenate", "transpose", "matmul"]
 COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
@@ -124,7 +126,13 @@ def family_order(rows, cases):
     return [f for f in FAMILIES if f in fams] + sorted(fams - set(FAMILIES))
 
 
-def report(cases, rows, missing, notes, title, max_rows):
+def dtype_of(case_id):
+    """The dtype part of a case id (family/op/dtype/...)."""
+    parts = case_id.split("/")
+    return parts[2] if len(parts) > 2 else "?"
+
+
+def report(cases, rows, missing, notes, title, max_rows, worst=5):
     """The Markdown report as a string."""
     out = [f"# {title}", ""]
     n_ids = len({c["id"] for c in cases})
@@ -151,6 +159,23 @@ def report(cases, rows, missing, notes, title, max_rows):
                        f"{w['ratio']:.3f} |")
         else:
             out.append(f"| {f} | 0 | - | - | - | - | - |")
+    out += ["", "Geometric mean ratio by family and dtype (cases in parentheses):", "",
+            "| family | " + " | ".join(DTYPES) + " |", "|---|" + "---:|" * len(DTYPES)]
+    for f in fams:
+        fr = [r for r in rows if r["family"] == f]
+        if not fr:
+            continue
+        cells = []
+        for d in DTYPES:
+            dr = [r for r in fr if dtype_of(r["id"]) == d]
+            cells.append(f"{geomean([r['ratio'] for r in dr]):.2f} ({len(dr)})" if dr else "-")
+        out.append(f"| {f} | " + " | ".join(cells) + " |")
+    if worst:
+        out += ["", f"The {worst} worst cases of each family:", ""]
+        for f in fams:
+            fr = sorted((r for r in rows if r["family"] == f), key=lambda r: r["ratio"])[:worst]
+            if fr:
+                out.append(f"- **{f}**: " + ", ".join(f"`{r['id']}` {r['ratio']:.2f}" for r in fr))
     for side in ("rill", "torch"):  # missing results grouped by reason, most frequent first
         groups = {}
         for i, why in missing[side]:
@@ -368,6 +393,7 @@ def selftest():
     rows, missing, notes = join(cases, rill, torch)
     md = report(cases, rows, missing, notes, "selftest", 40)
     assert len(rows) == len(cases) - 1 and len(missing["torch"]) == 1 and "## matmul" in md, md
+    assert "worst cases of each family" in md and "| matmul | " in md, md
     path = os.path.join(tempfile.mkdtemp(), "selftest.png")
     chart(path, rows, family_order(rows, cases), "selftest: synthetic data", force_fallback=True)
     w, h = check_png(path)
@@ -382,6 +408,7 @@ def main():
     ap.add_argument("--title", default="rill vs torch: benchmark matrix")
     ap.add_argument("--all", action="store_true", help="every row of every family's table")
     ap.add_argument("--rows", type=int, default=40, help="rows per family table (default 40)")
+    ap.add_argument("--worst", type=int, default=5, help="worst cases listed per family (default 5)")
     ap.add_argument("--fallback-png", action="store_true", help="do not use matplotlib")
     ap.add_argument("--selftest", action="store_true", help="check the report and PNG writer")
     a = ap.parse_args()
@@ -392,7 +419,7 @@ def main():
         ap.error("expects CASES.jsonl RILL.jsonl TORCH.jsonl (or --selftest)")
     cases = read_jsonl(a.files[0], "case")
     rows, missing, notes = join(cases, read_jsonl(a.files[1], "result"), read_jsonl(a.files[2], "result"))
-    md = report(cases, rows, missing, notes, a.title, None if a.all else a.rows)
+    md = report(cases, rows, missing, notes, a.title, None if a.all else a.rows, a.worst)
     sys.stdout.write(md)
     if a.md:
         with open(a.md, "w") as f:

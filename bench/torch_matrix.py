@@ -21,9 +21,15 @@ even count, as rill) divided by 8. On the CPU there is nothing to synchronise.
 
 Inputs (seeded, input k with seed 7 + k): floats uniform in [-1, 1), positive [0.5, 1.5)
 for log, log1p, sqrt, rsqrt, reciprocal and pow's base; integers uniform in [-100, 100)
-(pow's exponent in [0, 4); u8 in [0, 100)); bool uniform; take's index uniform in
+(pow's exponent in [0, 4); u8 and u32 in [0, 100)); bool uniform; take's index uniform in
 [0, shape[axis]). An integer div's divisor has its zeros replaced by 1 (rill's div is true
 division, integers giving f32, as torch.div; the time does not depend on the divisor).
+Integer sums and products are asked for in rill's result dtype (i32 for i32, i64 for i64;
+u8 and u32, which torch cannot sum into u32, as int32, of u32's size). Matmul cases with
+"tf32" set torch.backends.cuda.matmul.allow_tf32 for their timing (restored afterwards).
+Families: every one of matrix.rs (unary, binary, cast, where, reduce, argreduce, softmax,
+log_softmax, layer_norm, rms_norm, take, concatenate of 2 to 8 inputs, transpose, matmul);
+torch's missing kernels (most ops on uint32) are reported as errors.
 Only torch and the standard library are needed.
 """
 import argparse
@@ -37,7 +43,7 @@ WARMUP = 3
 MIN_REPS, MAX_REPS, TARGET_S = 5, 50, 0.02
 
 TORCH_DTYPES = {"f32": "float32", "f64": "float64", "bf16": "bfloat16", "f16": "float16",
-                "i32": "int32", "i64": "int64", "u8": "uint8", "bool": "bool"}
+                "i32": "int32", "i64": "int64", "u8": "uint8", "u32": "uint32", "bool": "bool"}
 FLOAT_DTYPES = {"f32", "f64", "bf16", "f16"}
 POSITIVE_UNARY = {"log", "log1p", "sqrt", "rsqrt", "reciprocal"}
 
@@ -53,10 +59,13 @@ BINARY = {"add": "torch.add", "sub": "torch.sub", "mul": "torch.mul", "div": "to
           "less_equal": "torch.le", "greater": "torch.gt", "greater_equal": "torch.ge",
           "logical_and": "torch.logical_and", "logical_or": "torch.logical_or"}
 REDUCE = {"sum": "torch.sum", "mean": "torch.mean", "max": "torch.amax", "min": "torch.amin"}
+# The dtype of an integer sum or product: rill keeps i32, i64 and u32 and sums u8 as u32
+# (torch would give int64 and has no uint32 sums: int32 has u32's size).
+SUM_DTYPES = {"i32": "int32", "i64": "int64", "u8": "int32", "u32": "int32"}
 # Number of inputs each family takes (min, max).
 ARITY = {"unary": (1, 1), "binary": (2, 2), "cast": (1, 1), "where": (3, 3), "reduce": (1, 1),
          "argreduce": (1, 1), "softmax": (1, 1), "log_softmax": (1, 1), "layer_norm": (1, 3),
-         "rms_norm": (1, 2), "take": (2, 2), "concatenate": (2, 2), "transpose": (1, 1),
+         "rms_norm": (1, 2), "take": (2, 2), "concatenate": (2, 8), "transpose": (1, 1),
          "matmul": (2, 2)}
 
 
@@ -112,7 +121,7 @@ def input_specs(case):
             lo, hi = (0.5, 1.5) if positive else (-1.0, 1.0)
             specs.append(Spec(shape, dtype, strided, "float", lo, hi))
         else:
-            lo, hi = (0, 4) if op == "pow" and k == 1 else (0 if dtype == "u8" else -100, 100)
+            lo, hi = (0, 4) if op == "pow" and k == 1 else (0 if dtype in ("u8", "u32") else -100, 100)
             nonzero = fam == "binary" and op == "div" and k == 1
             specs.append(Spec(shape, dtype, strided, "int", lo, hi, nonzero))
     return specs
@@ -147,16 +156,18 @@ def op_expr(case):
         axes, rank = sorted(need(case, "axes")), len(ins[0]["shape"])
         if not axes or any(a < 0 or a >= rank for a in axes) or len(set(axes)) != len(axes):
             raise CaseError(f"bad axes {axes} for rank {rank}")
+        dt = ins[0]["dtype"]
+        kw = f", dtype=torch.{SUM_DTYPES[dt]}" if op in ("sum", "prod") and dt in SUM_DTYPES else ""
         if op == "prod":  # torch.prod takes one dim: all axes at once, else one by one
             if len(axes) == rank:
-                return "torch.prod(x0)"
+                return f"torch.prod(x0{kw})"
             e = "x0"
             for a in reversed(axes):
-                e = f"torch.prod({e}, dim={a})"
+                e = f"torch.prod({e}, dim={a}{kw})"
             return e
         if op not in REDUCE:
             raise CaseError(f"unknown reduce op {op!r}")
-        return f"{REDUCE[op]}(x0, dim={tuple(axes)})"
+        return f"{REDUCE[op]}(x0, dim={tuple(axes)}{kw})"
     if fam == "argreduce":
         if op not in ("argmax", "argmin"):
             raise CaseError(f"unknown argreduce op {op!r}")
@@ -165,15 +176,21 @@ def op_expr(case):
         return f"torch.{fam}(x0, dim={int(need(case, 'axis'))})"
     if fam in ("layer_norm", "rms_norm"):
         eps, n = float(need(case, "eps")), ins[0]["shape"][-1]
-        w = "x1" if len(ins) > 1 else "None"
+        weight, bias = bool(need(case, "weight")), bool(case.get("bias", False))
+        if len(ins) != 1 + weight + bias:
+            raise CaseError(f"{fam} with weight {weight}, bias {bias} and {len(ins)} inputs")
+        w = "x1" if weight else "None"
         if fam == "rms_norm":
+            if bias:
+                raise CaseError("rms_norm with a bias")
             return f"rms_norm(x0, ({n},), {w}, eps={eps!r})"
-        b = "x2" if len(ins) > 2 else "None"
+        b = f"x{1 + weight}" if bias else "None"
         return f"F.layer_norm(x0, ({n},), {w}, {b}, eps={eps!r})"
     if fam == "take":
         return f"torch.index_select(x0, {int(need(case, 'axis'))}, x1)"
     if fam == "concatenate":
-        return f"torch.cat((x0, x1), dim={int(need(case, 'axis'))})"
+        xs = ", ".join(f"x{k}" for k in range(len(ins)))
+        return f"torch.cat(({xs}), dim={int(need(case, 'axis'))})"
     if fam == "transpose":
         perm = [int(p) for p in need(case, "perm")]
         if sorted(perm) != list(range(len(ins[0]["shape"]))):

@@ -11,7 +11,16 @@ mod bench;
 mod demo;
 mod matrix;
 
+use clap::Parser;
 use rill::Device;
+
+/// `rill bench matrix`'s options, parsed by clap.
+#[derive(Parser)]
+#[command(name = "rill bench matrix", about = "The benchmark matrix (JSON lines: crates/rill-cli/src/matrix.rs)")]
+struct MatrixCli {
+    #[command(flatten)]
+    args: matrix::MatrixArgs,
+}
 
 fn usage() -> ! {
     eprintln!(
@@ -20,7 +29,7 @@ fn usage() -> ! {
          demo [--device cpu|gpu] [--threads N] [--tasks N]   evaluate arrays from threads and tasks\n  \
          bench [--device cpu|gpu] [NAME...]                  time the benchmarks (all when no NAME)\n  \
          bench matrix [--list] [--device cpu|gpu] [--sizes MIN:MAX:STEP] [--family A,B] [--filter TEXT]\n  \
-         \x20            [--cases FILE]                          the benchmark matrix (JSON lines: crates/rill-cli/src/matrix.rs)\n  \
+         \x20            [--cases FILE] [--check [--sample N] [--seed S]]   the benchmark matrix (rill bench matrix --help)\n  \
          info                                                devices and runtime configuration"
     );
     std::process::exit(2)
@@ -65,14 +74,11 @@ fn main() {
             demo::run(d, threads, tasks).map_err(|e| e.to_string())
         }),
         "bench" if rest.first().map(String::as_str) == Some("matrix") => {
-            // The cases depend only on the kind of device named (its default sizes), so
-            // `--list` needs none.
-            let gpu = match flag(rest, "--device").as_deref() {
-                Some("gpu") => true,
-                Some(_) => false,
-                None => Device::best().is_gpu(),
-            };
-            matrix::run(gpu, || parse_device(rest), &rest[1..])
+            let argv = std::iter::once("rill bench matrix".to_string()).chain(rest[1..].iter().cloned());
+            match MatrixCli::try_parse_from(argv) {
+                Ok(cli) => matrix::run(&cli.args),
+                Err(e) => e.exit(),
+            }
         }
         "bench" => parse_device(rest).and_then(|d| {
             let names: Vec<String> = rest

@@ -1,17 +1,35 @@
 //! `rill bench matrix`: a benchmark matrix generated from rules, not picked by hand.
 //!
-//! Every unary and binary op (from `UnaryOp::ALL`, `BinaryOp::ALL`), casts between the
-//! benchmarked dtypes, `where`, every reduction over the last, first, middle and all
-//! axes, arg-reductions, softmax and log-softmax, layer and RMS norm, take, concatenate,
-//! transpose copies and matmul (f32 with and without TF32, bf16, f16; plain, batched and
-//! with a broadcast batch), each in f32, bf16 and f16 (and i32 where it applies), over
-//! sizes from 2^10 to 2^28 elements, contiguous and strided, and for binary ops every
-//! broadcasting pattern (same shape, row, column, scalar, outer).
+//! Families and what each case varies (the dtypes: f32, bf16, f16 and the integers u8,
+//! u32, i32, i64 where rill's op takes them; sizes are `2^l` elements for `l` in `--sizes`):
+//!
+//! - `unary`: every op of `UnaryOp::ALL`, contiguous and strided (integers only for the ops
+//!   that do not convert them to a float first).
+//! - `binary`: every op of `BinaryOp::ALL`, for the patterns same shape, strided, row,
+//!   column, scalar and outer.
+//! - `cast`: every ordered pair of the seven dtypes, contiguous and strided.
+//! - `where`: the condition full, a row or a column, with the values both full, the second
+//!   a scalar, or both a row; and a strided value.
+//! - `reduce` (sum, prod, max, min, mean; mean of floats only) over the last, first, middle
+//!   and all axes; `argreduce` (argmax, argmin) over the last and first axis.
+//! - `softmax`, `log_softmax` over the last and a middle axis (floats); `layer_norm` with
+//!   neither, either or both of weight and bias, `rms_norm` with and without weight.
+//! - `take` of rows and of columns; `concatenate` of 2 to 8 inputs along the first and the
+//!   last axis; `transpose` copies of every permutation of 2 and 3 axes and of the 4-axis
+//!   ones that keep the batch axis first (`[0, 2, 1, 3]`...).
+//! - `matmul` in f32, f32 with TF32 (`rill::set_allow_tf32`), bf16 and f16: for even `l`
+//!   with side `s = 2^(l/2) <= 8192`, the (M, N, K) grid of `{16, s}^3` but `16^3`, each
+//!   plain `[M,K] x [K,N]`, batched `[8,M,K] x [8,K,N]` and broadcast `[8,M,K] x [K,N]`
+//!   (the sides `s` halved in the batched forms).
+//!
+//! A case whose one pass reads and writes more than [`MAX_BYTES`] is not generated. Ids are
+//! `family/op/dtype/tag/2^l` (the dtype of the values; `where`'s condition is bool).
 //!
 //! ```text
 //! rill bench matrix --list [OPTIONS] > cases.jsonl      the cases, one JSON object a line
 //! rill bench matrix [OPTIONS] > rill.jsonl              time them: {"id", "impl", "seconds"}
 //! rill bench matrix --cases cases.jsonl > rill.jsonl    time the cases of a list
+//! rill bench matrix --check [--sample N --seed S]       compare with a float64 reference
 //! python3 bench/torch_matrix.py cases.jsonl > torch.jsonl
 //! python3 bench/matrix_report.py cases.jsonl rill.jsonl torch.jsonl --md m.md --png m.png
 //! ```
@@ -23,8 +41,19 @@
 //! one `rill::eval` (the peer launches 8 and synchronises once); the figure is the median
 //! repetition divided by 8, after 3 warm-up repetitions, with 5 to 50 repetitions (about
 //! 20 ms of timing). `bytes` counts what the op reads and writes.
+//!
+//! `--check` computes each selected case on the device and compares it with a float64
+//! reference computed on the CPU from the same inputs by `check.rs` (plain loops, not
+//! rill's kernels); `--sample N` checks N of them, seeded by `--seed`, covering every
+//! family, dtype and layout once before any twice. It prints each failure and a summary
+//! and fails when any case differs.
+
+mod check;
+#[cfg(test)]
+mod tests;
 
 use std::fmt::Write as _;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use rill::primitives::{BinaryOp, UnaryOp};
@@ -48,6 +77,7 @@ pub struct Params {
     pub axis: Option<usize>,
     pub perm: Option<Vec<usize>>,
     pub weight: Option<bool>,
+    pub bias: Option<bool>,
     pub tf32: Option<bool>,
 }
 
@@ -80,8 +110,12 @@ pub const FAMILIES: [&str; 14] = [
     "matmul",
 ];
 
+/// The largest case generated: bytes one pass reads and writes (the timing holds 8
+/// outputs besides the inputs, so about 30 GiB of device memory at most).
+pub const MAX_BYTES: u64 = 4 << 30;
+
 const FLOATS: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
-const WITH_INT: [DType; 4] = [DType::F32, DType::BF16, DType::F16, DType::I32];
+const DTYPES: [DType; 7] = [DType::F32, DType::BF16, DType::F16, DType::U8, DType::U32, DType::I32, DType::I64];
 const EPS: f64 = 1e-5;
 
 /// A 2-D shape of `2^l` elements: rows by columns, with at most 4096 columns.
@@ -96,12 +130,42 @@ fn shape3(l: u32) -> Vec<usize> {
     vec![1 << a, 1 << b, 1 << (l - a - b)]
 }
 
+/// A shape of `rank` axes and `2^l` elements, the larger axes last.
+fn shape_n(l: u32, rank: u32) -> Vec<usize> {
+    (0..rank).map(|k| 1 << (l / rank + u32::from(k >= rank - l % rank))).collect()
+}
+
+/// Every permutation of `0..n`, in lexicographic order.
+fn permutations(n: usize) -> Vec<Vec<usize>> {
+    if n == 0 {
+        return vec![vec![]];
+    }
+    let mut out = Vec::new();
+    for first in 0..n {
+        for rest in permutations(n - 1) {
+            let mut p = vec![first];
+            p.extend(rest.into_iter().map(|r| if r >= first { r + 1 } else { r }));
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// `total` split into `n` parts that differ by at most one, the larger first.
+fn split(total: usize, n: usize) -> Vec<usize> {
+    (0..n).map(|k| total / n + usize::from(k < total % n)).collect()
+}
+
 fn numel(s: &[usize]) -> u64 {
     s.iter().product::<usize>() as u64
 }
 
 fn inp(shape: &[usize], dtype: DType) -> Input {
     Input { shape: shape.to_vec(), dtype, strided: false }
+}
+
+fn strided(shape: &[usize], dtype: DType) -> Input {
+    Input { shape: shape.to_vec(), dtype, strided: true }
 }
 
 fn nbytes(inputs: &[Input]) -> u64 {
@@ -119,6 +183,11 @@ fn broadcast_numel(inputs: &[Input]) -> u64 {
         .product()
 }
 
+/// The dtype `sum` and `prod` give (u8 sums as u32).
+fn sum_dtype(d: DType) -> DType {
+    if d == DType::U8 { DType::U32 } else { d }
+}
+
 struct Gen {
     cases: Vec<Case>,
     /// The size being generated (log2 of the main input's element count).
@@ -134,13 +203,17 @@ impl Gen {
         inputs: Vec<Input>,
         params: Params,
         out: (u64, DType),
-    ) {
+    ) -> Option<&mut Case> {
         // `where`'s first input is its bool condition: the id names the values' dtype. The
         // last part is the size the case was generated for, `2^l`.
         let dtype = inputs[if family == "where" { 1 } else { 0 }].dtype;
         let id = format!("{family}/{op}/{dtype}/{tag}{}2^{}", if tag.is_empty() { "" } else { "/" }, self.l);
         let bytes = nbytes(&inputs) + out.0 * out.1.size() as u64;
+        if bytes > MAX_BYTES {
+            return None;
+        }
         self.cases.push(Case { id, family, op: op.to_string(), inputs, params, bytes, flops: 0 });
+        self.cases.last_mut()
     }
 }
 
@@ -154,23 +227,29 @@ pub fn cases(sizes: &[u32]) -> Vec<Case> {
         let (r, c) = (s2[0], s2[1]);
         let n = 1u64 << l;
         for op in UnaryOp::ALL {
-            for d in WITH_INT {
-                if d == DType::I32 && op.needs_float() {
+            for d in DTYPES {
+                if d.is_int() && op.needs_float() {
                     continue;
                 }
                 let out = if op == UnaryOp::LogicalNot { DType::Bool } else { d };
-                for strided in [false, true] {
-                    let x = Input { shape: s2.clone(), dtype: d, strided };
-                    g.push("unary", op.name(), if strided { "strided" } else { "" }, vec![x], none(), (n, out));
+                for x in [inp(&s2, d), strided(&s2, d)] {
+                    let tag = if x.strided { "strided" } else { "" };
+                    g.push("unary", op.name(), tag, vec![x], none(), (n, out));
                 }
             }
         }
         for op in BinaryOp::ALL {
-            for d in WITH_INT {
-                let out = if op.is_predicate() { DType::Bool } else { d };
+            for d in DTYPES {
+                let out = if op.is_predicate() {
+                    DType::Bool
+                } else if op == BinaryOp::Div && d.is_int() {
+                    DType::F32
+                } else {
+                    d
+                };
                 let patterns: [(&str, Vec<Input>); 6] = [
                     ("same", vec![inp(&s2, d), inp(&s2, d)]),
-                    ("strided", vec![Input { strided: true, ..inp(&s2, d) }, inp(&s2, d)]),
+                    ("strided", vec![strided(&s2, d), inp(&s2, d)]),
                     ("row", vec![inp(&s2, d), inp(&[c], d)]),
                     ("column", vec![inp(&s2, d), inp(&[r, 1], d)]),
                     ("scalar", vec![inp(&s2, d), inp(&[], d)]),
@@ -182,25 +261,38 @@ pub fn cases(sizes: &[u32]) -> Vec<Case> {
                 }
             }
         }
-        for from in WITH_INT {
-            for to in WITH_INT {
+        for from in DTYPES {
+            for to in DTYPES {
                 if from != to {
-                    let p = Params { to: Some(to), ..none() };
-                    g.push("cast", "astype", &format!("to_{to}"), vec![inp(&s2, from)], p, (n, to));
+                    for x in [inp(&s2, from), strided(&s2, from)] {
+                        let tag = format!("to_{to}{}", if x.strided { "/strided" } else { "" });
+                        g.push("cast", "astype", &tag, vec![x], Params { to: Some(to), ..none() }, (n, to));
+                    }
                 }
             }
         }
-        for d in WITH_INT {
-            g.push("where", "where", "", vec![inp(&s2, DType::Bool), inp(&s2, d), inp(&s2, d)], none(), (n, d));
+        for d in DTYPES {
+            let conds = [("full", s2.clone()), ("row", vec![c]), ("column", vec![r, 1])];
+            let values = [("same", s2.clone(), s2.clone()), ("scalar", s2.clone(), vec![]), ("row", vec![c], vec![c])];
+            for (cf, cond) in &conds {
+                for (vf, x, y) in &values {
+                    let inputs = vec![inp(cond, DType::Bool), inp(x, d), inp(y, d)];
+                    // Only the patterns whose output has all `2^l` elements.
+                    if broadcast_numel(&inputs) == n {
+                        g.push("where", "where", &format!("cond_{cf}/xy_{vf}"), inputs, none(), (n, d));
+                    }
+                }
+            }
+            let inputs = vec![inp(&s2, DType::Bool), strided(&s2, d), inp(&s2, d)];
+            g.push("where", "where", "strided", inputs, none(), (n, d));
         }
         let s3 = shape3(l);
         for op in ["sum", "prod", "max", "min", "mean"] {
-            for d in WITH_INT {
-                if d == DType::I32 && op == "mean" {
+            for d in DTYPES {
+                if d.is_int() && op == "mean" {
                     continue;
                 }
-                // Integers keep their dtype (sums wrap), as floats do.
-                let out_dtype = d;
+                let out_dtype = if matches!(op, "sum" | "prod") { sum_dtype(d) } else { d };
                 let modes: [(&str, Vec<usize>, Vec<usize>); 4] = [
                     ("last", s2.clone(), vec![1]),
                     ("first", s2.clone(), vec![0]),
@@ -216,7 +308,7 @@ pub fn cases(sizes: &[u32]) -> Vec<Case> {
             }
         }
         for op in ["argmax", "argmin"] {
-            for d in WITH_INT {
+            for d in DTYPES {
                 for (tag, axis) in [("last", 1), ("first", 0)] {
                     let p = Params { axis: Some(axis), ..none() };
                     g.push("argreduce", op, tag, vec![inp(&s2, d)], p, (numel(&s2) / s2[axis] as u64, DType::I64));
@@ -225,77 +317,108 @@ pub fn cases(sizes: &[u32]) -> Vec<Case> {
         }
         for fam in ["softmax", "log_softmax"] {
             for d in FLOATS {
-                for (tag, axis) in [("last", 1), ("first", 0)] {
-                    let p = Params { axis: Some(axis), ..none() };
-                    g.push(fam, fam, tag, vec![inp(&s2, d)], p, (n, d));
+                for (tag, shape) in [("last", &s2), ("middle", &s3)] {
+                    let p = Params { axis: Some(if tag == "last" { shape.len() - 1 } else { 1 }), ..none() };
+                    g.push(fam, fam, tag, vec![inp(shape, d)], p, (n, d));
                 }
             }
         }
-        for fam in ["layer_norm", "rms_norm"] {
-            for d in FLOATS {
-                for weight in [false, true] {
-                    let mut inputs = vec![inp(&s2, d)];
-                    if weight {
-                        inputs.push(inp(&[c], d));
-                        if fam == "layer_norm" {
-                            inputs.push(inp(&[c], d));
-                        }
-                    }
+        for d in FLOATS {
+            for (weight, bias) in [(false, false), (true, false), (false, true), (true, true)] {
+                let tag = match (weight, bias) {
+                    (false, false) => "plain",
+                    (true, false) => "weight",
+                    (false, true) => "bias",
+                    (true, true) => "weight_bias",
+                };
+                let mut inputs = vec![inp(&s2, d)];
+                inputs.extend((0..usize::from(weight) + usize::from(bias)).map(|_| inp(&[c], d)));
+                let p = Params { weight: Some(weight), bias: Some(bias), ..none() };
+                g.push("layer_norm", "layer_norm", tag, inputs.clone(), p, (n, d));
+                if !bias {
                     let p = Params { weight: Some(weight), ..none() };
-                    g.push(fam, fam, if weight { "weight" } else { "plain" }, inputs, p, (n, d));
+                    g.push("rms_norm", "rms_norm", tag, inputs, p, (n, d));
                 }
             }
         }
-        for d in WITH_INT {
+        for d in DTYPES {
             for (tag, axis) in [("rows", 0), ("columns", 1)] {
                 let idx = inp(&[s2[axis]], DType::I64);
                 let p = Params { axis: Some(axis), ..none() };
                 g.push("take", "take", tag, vec![inp(&s2, d), idx], p, (n, d));
             }
-            if l > 10 {
-                let half = shape2(l - 1);
+            for parts in (2..=8).filter(|&p| p <= r.min(c)) {
                 for (tag, axis) in [("first", 0), ("last", 1)] {
+                    let inputs = split(s2[axis], parts)
+                        .into_iter()
+                        .map(|k| {
+                            let mut shape = s2.clone();
+                            shape[axis] = k;
+                            inp(&shape, d)
+                        })
+                        .collect();
                     let p = Params { axis: Some(axis), ..none() };
-                    g.push("concatenate", "concatenate", tag, vec![inp(&half, d), inp(&half, d)], p, (n, d));
+                    g.push("concatenate", "concatenate", &format!("{tag}/n{parts}"), inputs, p, (n, d));
                 }
             }
         }
-        for d in FLOATS {
-            let perms: [(&str, Vec<usize>, Vec<usize>); 3] = [
-                ("2d", s2.clone(), vec![1, 0]),
-                ("last2", s3.clone(), vec![0, 2, 1]),
-                ("first_last", s3.clone(), vec![2, 1, 0]),
-            ];
-            for (tag, shape, perm) in perms {
+        for d in DTYPES {
+            // Every permutation of 2 and 3 axes, and the 4-axis ones that keep axis 0
+            // (batch) in place: head splits and merges such as [0, 2, 1, 3].
+            let perms = (2..=4).flat_map(|rank| {
+                permutations(rank).into_iter().filter(move |p| p.iter().enumerate().any(|(k, &a)| k != a))
+            });
+            for perm in perms.filter(|p| p.len() < 4 || p[0] == 0) {
+                let shape = shape_n(l, perm.len() as u32);
+                let tag: String = std::iter::once('p').chain(perm.iter().map(|&a| (b'0' + a as u8) as char)).collect();
                 let p = Params { perm: Some(perm), ..none() };
-                g.push("transpose", "transpose", tag, vec![inp(&shape, d)], p, (n, d));
+                g.push("transpose", "transpose", &tag, vec![inp(&shape, d)], p, (n, d));
             }
         }
-        // Square products whose output has 2^l elements (sides up to 8192); batched and
-        // broadcast-batch products of 8 with half the side.
-        if l % 2 == 0 && l / 2 <= 13 {
-            let m = 1usize << (l / 2);
-            let h = (m / 2).max(16);
-            for (d, tf32) in
-                [(DType::F32, Some(false)), (DType::F32, Some(true)), (DType::BF16, None), (DType::F16, None)]
-            {
-                let forms: [(&str, Vec<usize>, Vec<usize>); 3] = [
-                    ("plain", vec![m, m], vec![m, m]),
-                    ("batched", vec![8, h, h], vec![8, h, h]),
-                    ("broadcast", vec![8, h, h], vec![h, h]),
-                ];
-                for (tag, a, b) in forms {
-                    let (batch, side) = if a.len() == 3 { (8u64, h as u64) } else { (1, m as u64) };
-                    let tag = if tf32 == Some(true) { format!("{tag}/tf32") } else { tag.to_string() };
-                    let p = Params { tf32, ..none() };
-                    let out = batch * side * side;
-                    g.push("matmul", "matmul", &tag, vec![inp(&a, d), inp(&b, d)], p, (out, d));
-                    g.cases.last_mut().expect("pushed").flops = 2 * batch * side * side * side;
+        if l % 2 == 0 && (10..=26).contains(&l) {
+            matmuls(&mut g, 1 << (l / 2));
+        }
+    }
+    g.cases
+}
+
+/// The matmul cases of side `s` (see the module docs).
+fn matmuls(g: &mut Gen, s: usize) {
+    const SMALL: usize = 16;
+    const BATCH: usize = 8;
+    for (d, tf32) in [(DType::F32, Some(false)), (DType::F32, Some(true)), (DType::BF16, None), (DType::F16, None)] {
+        for form in ["plain", "batched", "broadcast"] {
+            // Bit 2, 1, 0 of `small`: M, N, K is 16 instead of the side.
+            for small in 0..7u32 {
+                let side = if form == "plain" { s } else { s / 2 };
+                let dim = |bit: u32| if small >> bit & 1 == 1 { SMALL } else { side };
+                let (m, nn, k) = (dim(2), dim(1), dim(0));
+                let shape_name = match small {
+                    0 => "square".to_string(),
+                    _ => format!(
+                        "small_{}",
+                        ["m", "n", "k"]
+                            .iter()
+                            .enumerate()
+                            .filter(|(i, _)| small >> (2 - i) & 1 == 1)
+                            .map(|(_, n)| *n)
+                            .collect::<String>()
+                    ),
+                };
+                let (a, b, batch) = match form {
+                    "plain" => (vec![m, k], vec![k, nn], 1),
+                    "batched" => (vec![BATCH, m, k], vec![BATCH, k, nn], BATCH),
+                    _ => (vec![BATCH, m, k], vec![k, nn], BATCH),
+                };
+                let tag = format!("{form}/{shape_name}{}", if tf32 == Some(true) { "/tf32" } else { "" });
+                let p = Params { tf32, ..Params::default() };
+                let out = (batch * m * nn) as u64;
+                if let Some(c) = g.push("matmul", "matmul", &tag, vec![inp(&a, d), inp(&b, d)], p, (out, d)) {
+                    c.flops = 2 * (batch * m * nn * k) as u64;
                 }
             }
         }
     }
-    g.cases
 }
 
 /// A case as one JSON object (the schema `bench/torch_matrix.py` reads).
@@ -330,6 +453,9 @@ pub fn to_json(c: &Case) -> String {
     if let Some(w) = p.weight {
         let _ = write!(s, ", \"weight\": {w}, \"eps\": {EPS:e}");
     }
+    if let Some(b) = p.bias {
+        let _ = write!(s, ", \"bias\": {b}");
+    }
     if let Some(t) = p.tf32 {
         let _ = write!(s, ", \"tf32\": {t}");
     }
@@ -342,7 +468,8 @@ pub fn to_json(c: &Case) -> String {
 }
 
 /// Inputs that stay in each op's domain: positive for the logarithms, roots and
-/// reciprocals (and pow's base), small integers, bool conditions, valid indices.
+/// reciprocals (and pow's base), small integers (unsigned ones not negative), an integer
+/// divisor without zeros, bool conditions, valid indices.
 fn build_input(c: &Case, k: usize, seed: u64) -> Result<Array> {
     let i = &c.inputs[k];
     let key = Key::new(seed);
@@ -355,13 +482,16 @@ fn build_input(c: &Case, k: usize, seed: u64) -> Result<Array> {
     }
     let x = match i.dtype {
         DType::Bool => uniform(key, &shape, 0.0, 1.0, DType::F32)?.lt(0.5)?,
-        DType::I64 => {
+        DType::I64 if c.family == "take" => {
             let len = c.inputs[0].shape[c.params.axis.unwrap_or(0)] as f64;
             uniform(key, &shape, 0.0, len, DType::F32)?.floor()?.astype(DType::I64)?
         }
         d if d.is_int() => {
-            let (lo, hi) = if c.op == "pow" && k == 1 { (0.0, 4.0) } else { (-100.0, 100.0) };
-            uniform(key, &shape, lo, hi, DType::F32)?.floor()?.astype(d)?
+            let unsigned = matches!(d, DType::U8 | DType::U32);
+            let (lo, hi) =
+                if c.op == "pow" && k == 1 { (0.0, 4.0) } else { (if unsigned { 0.0 } else { -100.0 }, 100.0) };
+            let x = uniform(key, &shape, lo, hi, DType::F32)?.floor()?.astype(d)?;
+            if c.op == "div" && k == 1 { rill::where_(&x.eq(0)?, 1, &x)? } else { x }
         }
         d => {
             let (lo, hi) = if positive { (0.5, 1.5) } else { (-1.0, 1.0) };
@@ -406,10 +536,14 @@ pub fn record(c: &Case, x: &[Array]) -> Result<Array> {
         "argreduce" => x[0].argmin(axis, false),
         "softmax" => x[0].softmax(axis),
         "log_softmax" => x[0].log_softmax(axis),
-        "layer_norm" => x[0].layer_norm(x.get(1), x.get(2), EPS),
+        "layer_norm" => {
+            let w = p.weight == Some(true);
+            let b = p.bias == Some(true);
+            x[0].layer_norm(x.get(1).filter(|_| w), x.get(if w { 2 } else { 1 }).filter(|_| b), EPS)
+        }
         "rms_norm" => x[0].rms_norm(x.get(1), EPS),
         "take" => x[0].take(&x[1], axis),
-        "concatenate" => rill::concatenate(&[&x[0], &x[1]], axis),
+        "concatenate" => rill::concatenate(&x.iter().collect::<Vec<_>>(), axis),
         "transpose" => x[0].transpose(p.perm.as_deref().ok_or_else(bad)?)?.contiguous(),
         "matmul" => x[0].matmul(&x[1]),
         _ => Err(bad()),
@@ -450,96 +584,17 @@ pub fn time_case(c: &Case) -> Result<f64> {
     })
 }
 
-/// The float64 reference of a case on the CPU: its inputs' values (the float ones as f64,
-/// the others in their dtype) through the same op.
-fn reference(c: &Case, inputs: &[Array]) -> Result<Array> {
-    let cpu = Device::cpu().default_stream()?;
-    let ins: Vec<Array> = inputs
-        .iter()
-        .map(|x| {
-            let v = x.to_f64_vec()?;
-            let d = if x.dtype().is_float() { DType::F64 } else { x.dtype() };
-            rill::with_stream(&cpu, || Array::from_slice(&v, x.shape())?.astype(d))
-        })
-        .collect::<Result<_>>()?;
-    // A cast's reference converts the f64 values to the target dtype, rounding once.
-    rill::with_stream(&cpu, || record(c, &ins))
-}
-
-/// How far a case's result may be from its float64 reference: relative to the dtype's
-/// precision, and to the magnitude a reduction or product sums over.
-fn tolerance(c: &Case, out: DType) -> f64 {
-    let eps = |d: DType| match d {
-        DType::BF16 => 2f64.powi(-8),
-        DType::F16 => 2f64.powi(-11),
-        DType::F32 if c.params.tf32 == Some(true) => 2f64.powi(-11),
-        DType::F32 => 2f64.powi(-23),
-        _ => 0.0,
-    };
-    let e = eps(out).max(eps(c.inputs[0].dtype));
-    match c.family {
-        // Sums over up to millions of elements (relative to the sum of magnitudes).
-        "reduce" | "matmul" => 128.0 * e,
-        // Row statistics over up to 4096 columns, then one elementwise pass.
-        "softmax" | "log_softmax" | "layer_norm" | "rms_norm" => 32.0 * e,
-        _ => 4.0 * e,
-    }
-}
-
-/// The smallest positive value of a float dtype (the spacing of its subnormals): a
-/// product accumulated in the dtype may keep one where the exact value underflows.
-fn tiny(d: DType) -> f64 {
-    match d {
-        DType::BF16 => 2f64.powi(-133),
-        DType::F16 => 2f64.powi(-24),
-        DType::F32 => 2f64.powi(-149),
-        _ => 0.0,
-    }
-}
-
-/// Compares one case's result on the current stream with its float64 reference on the
-/// CPU; `Some(description)` of the first element out of tolerance.
-pub fn check_case(c: &Case) -> Result<Option<String>> {
-    let (inputs, out, got) = with_inputs(c, |inputs| {
-        let y = record(c, inputs)?;
-        Ok((inputs.to_vec(), y.dtype(), y.to_f64_vec()?))
-    })?;
-    let want = reference(c, &inputs)?.to_f64_vec()?;
-    // The magnitude each output element sums over: the same op on |inputs|.
-    let scale = if matches!(c.family, "reduce" | "matmul") && c.op != "max" && c.op != "min" {
-        let abs: Vec<Array> =
-            inputs.iter().map(|x| if x.dtype().is_float() { x.abs() } else { Ok(x.clone()) }).collect::<Result<_>>()?;
-        reference(c, &abs)?.to_f64_vec()?.into_iter().map(f64::abs).collect()
-    } else {
-        vec![1.0; want.len()]
-    };
-    if got.len() != want.len() {
-        return Ok(Some(format!("{} elements, the reference has {}", got.len(), want.len())));
-    }
-    // The reference rounded to the output dtype too: a product that underflows, or a value
-    // among the subnormals, is compared with what the dtype can hold.
-    let cpu = Device::cpu().default_stream()?;
-    let rounded = rill::with_stream(&cpu, || Array::from_slice(&want, &[want.len()])?.astype(out)?.to_f64_vec())?;
-    let tol = tolerance(c, out);
-    for (k, ((&g, &w), &r)) in got.iter().zip(&want).zip(&rounded).enumerate() {
-        let near = |w: f64| (g - w).abs() <= tol * w.abs().max(scale[k]) + tiny(out);
-        let same = g == w || g == r || (g.is_nan() && w.is_nan()) || near(w) || near(r);
-        if !same {
-            return Ok(Some(format!("element {k}: {g} against the float64 reference {w} (tolerance {tol:e})")));
-        }
-    }
-    Ok(None)
-}
-
 /// Parses `MIN:MAX:STEP` into the log2 sizes.
-pub fn parse_sizes(s: &str) -> std::result::Result<Vec<u32>, String> {
+pub fn parse_sizes(s: &str) -> std::result::Result<Sizes, String> {
     let v: Vec<u32> = s
         .split(':')
         .map(|x| x.parse())
         .collect::<std::result::Result<_, _>>()
         .map_err(|_| format!("--sizes expects MIN:MAX:STEP, got {s:?}"))?;
     match v[..] {
-        [lo, hi, step] if lo >= 4 && lo <= hi && hi <= 31 && step > 0 => Ok((lo..=hi).step_by(step as usize).collect()),
+        [lo, hi, step] if lo >= 4 && lo <= hi && hi <= 31 && step > 0 => {
+            Ok(Sizes((lo..=hi).step_by(step as usize).collect()))
+        }
         _ => Err(format!("--sizes expects MIN:MAX:STEP with 4 <= MIN <= MAX <= 31 and STEP > 0, got {s:?}")),
     }
 }
@@ -552,57 +607,122 @@ pub fn ids_of(list: &str) -> Vec<String> {
         .collect()
 }
 
-/// `rill bench matrix ...` (see the module docs): lists the cases for a GPU (`gpu`) or
-/// the CPU, or times them on `device`.
-pub fn run(
-    gpu: bool,
-    device: impl FnOnce() -> std::result::Result<Device, String>,
-    args: &[String],
-) -> std::result::Result<(), String> {
-    let flag = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned());
-    let sizes = parse_sizes(&flag("--sizes").unwrap_or_else(|| if gpu { "10:28:2" } else { "10:22:4" }.into()))?;
-    let families: Option<Vec<String>> = flag("--family").map(|f| f.split(',').map(str::to_string).collect());
-    if let Some(f) = families.iter().flatten().find(|f| !FAMILIES.contains(&f.as_str())) {
-        return Err(format!("unknown family {f:?} (one of {})", FAMILIES.join(", ")));
-    }
-    let filter = flag("--filter");
-    let mut all = cases(&sizes);
-    if let Some(path) = flag("--cases") {
-        let list = std::fs::read_to_string(&path).map_err(|e| format!("cannot read {path}: {e}"))?;
-        let ids = ids_of(&list);
-        let mut wide = cases(&(4..=31).collect::<Vec<_>>());
-        wide.retain(|c| ids.contains(&c.id));
-        all = wide;
-    }
-    all.retain(|c| families.as_ref().is_none_or(|f| f.iter().any(|x| x == c.family)));
-    all.retain(|c| filter.as_ref().is_none_or(|f| c.id.contains(f.as_str())));
-    if args.iter().any(|a| a == "--check") {
-        let device = device()?;
-        let s = device.default_stream().map_err(|e| e.to_string())?;
-        let _g = s.enter();
-        let mut failed = 0;
-        for c in &all {
-            let r = check_case(c).map_err(|e| e.to_string());
-            if let Err(e) | Ok(Some(e)) = &r {
-                failed += 1;
-                println!("{}: {e}", c.id);
-            }
+/// The log2 element counts of `--sizes`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sizes(pub Vec<u32>);
+
+/// Where `rill bench matrix` runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum MatrixDevice {
+    Cpu,
+    Gpu,
+}
+
+/// The options of `rill bench matrix` (see the module docs).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct MatrixArgs {
+    /// Print the selected cases as JSON lines instead of running them.
+    #[arg(long)]
+    pub list: bool,
+    /// The device (default: a GPU when one is usable, else the CPU); also picks the
+    /// default sizes.
+    #[arg(long, value_enum)]
+    pub device: Option<MatrixDevice>,
+    /// log2 of the element counts: MIN:MAX:STEP (default 10:28:2 on a GPU, 10:22:4 on the CPU).
+    #[arg(long, value_name = "MIN:MAX:STEP", value_parser = parse_sizes)]
+    pub sizes: Option<Sizes>,
+    /// Only these families (comma-separated).
+    #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(FAMILIES))]
+    pub family: Vec<String>,
+    /// Only the cases whose id contains this text.
+    #[arg(long, value_name = "TEXT")]
+    pub filter: Option<String>,
+    /// Only the cases of this list (made by --list; any sizes).
+    #[arg(long, value_name = "FILE")]
+    pub cases: Option<PathBuf>,
+    /// Compare each case with its float64 reference instead of timing it; fails when any differs.
+    #[arg(long)]
+    pub check: bool,
+    /// With --check: only N of the selected cases, every family, dtype and layout first.
+    #[arg(long, value_name = "N", requires = "check")]
+    pub sample: Option<usize>,
+    /// The seed of --sample.
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl MatrixArgs {
+    fn device(&self) -> std::result::Result<Device, String> {
+        match self.device {
+            None => Ok(Device::best()),
+            Some(MatrixDevice::Cpu) => Ok(Device::cpu()),
+            Some(MatrixDevice::Gpu) => Device::gpu(0).map_err(|e| e.to_string()),
         }
-        println!(
-            "rill bench matrix --check on {device}: {} cases, {failed} differ from the float64 reference",
-            all.len()
-        );
-        return if failed == 0 { Ok(()) } else { Err(format!("{failed} cases differ")) };
     }
-    if args.iter().any(|a| a == "--list") {
+
+    /// The cases the options select.
+    pub fn selected(&self) -> std::result::Result<Vec<Case>, String> {
+        // The cases depend only on the kind of device named (its default sizes), so
+        // `--list` needs none.
+        let gpu = match self.device {
+            Some(d) => d == MatrixDevice::Gpu,
+            None => Device::best().is_gpu(),
+        };
+        let sizes = match &self.sizes {
+            Some(s) => s.0.clone(),
+            None => parse_sizes(if gpu { "10:28:2" } else { "10:22:4" })?.0,
+        };
+        let mut all = match &self.cases {
+            Some(path) => {
+                let list = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                let ids: std::collections::HashSet<String> = ids_of(&list).into_iter().collect();
+                let mut wide = cases(&(4..=31).collect::<Vec<_>>());
+                wide.retain(|c| ids.contains(&c.id));
+                wide
+            }
+            None => cases(&sizes),
+        };
+        all.retain(|c| self.family.is_empty() || self.family.iter().any(|x| x == c.family));
+        all.retain(|c| self.filter.as_ref().is_none_or(|f| c.id.contains(f.as_str())));
+        Ok(all)
+    }
+}
+
+/// `rill bench matrix ...` (see the module docs).
+pub fn run(args: &MatrixArgs) -> std::result::Result<(), String> {
+    let all = args.selected()?;
+    if args.list {
         for c in &all {
             println!("{}", to_json(c));
         }
         return Ok(());
     }
-    let device = device()?;
+    let device = args.device()?;
     let s = device.default_stream().map_err(|e| e.to_string())?;
     let _g = s.enter();
+    if args.check {
+        let chosen: Vec<&Case> = match args.sample {
+            Some(n) => check::sample(&all, n, args.seed),
+            None => all.iter().collect(),
+        };
+        let mut failed = 0;
+        for c in &chosen {
+            let r = check::check_case(c).map_err(|e| e.to_string());
+            if let Err(e) | Ok(Some(e)) = &r {
+                failed += 1;
+                println!("{}: {e}", c.id);
+            }
+        }
+        let strata: std::collections::HashSet<String> = chosen.iter().map(|c| check::stratum(c)).collect();
+        println!(
+            "rill bench matrix --check on {device}: {} of {} selected cases ({} family/dtype/layout groups), \
+             {failed} differ from the float64 reference",
+            chosen.len(),
+            all.len(),
+            strata.len()
+        );
+        return if failed == 0 { Ok(()) } else { Err(format!("{failed} cases differ")) };
+    }
     eprintln!("rill bench matrix on {device}: {} cases", all.len());
     for c in &all {
         match time_case(c) {
@@ -611,89 +731,4 @@ pub fn run(
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_matrix_covers_every_op_dtype_and_pattern_once() {
-        let all = cases(&(4..=31).collect::<Vec<_>>());
-        let mut ids: Vec<&str> = all.iter().map(|c| c.id.as_str()).collect();
-        ids.sort();
-        let n = ids.len();
-        ids.dedup();
-        assert_eq!(ids.len(), n, "case ids are unique");
-        for f in FAMILIES {
-            assert!(all.iter().any(|c| c.family == f), "{f}");
-        }
-        for d in FLOATS {
-            for op in UnaryOp::ALL {
-                for strided in [false, true] {
-                    let found = all
-                        .iter()
-                        .any(|c| c.op == op.name() && c.inputs[0].dtype == d && c.inputs[0].strided == strided);
-                    assert!(found, "unary {op:?} {d} strided {strided}");
-                }
-            }
-            for op in BinaryOp::ALL {
-                for tag in ["same", "strided", "row", "column", "scalar", "outer"] {
-                    let id = format!("binary/{}/{d}/{tag}/", op.name());
-                    assert!(all.iter().any(|c| c.id.starts_with(&id)), "{id}");
-                }
-            }
-        }
-        for tag in ["last", "first", "middle", "all"] {
-            assert!(all.iter().any(|c| c.family == "reduce" && c.id.contains(&format!("/{tag}/"))), "{tag}");
-        }
-        // Sizes: the element count of every case's main input follows the size list.
-        assert!(all.iter().any(|c| c.family == "unary" && numel(&c.inputs[0].shape) == 1 << 28));
-        assert!(to_json(&all[0]).starts_with("{\"id\": \""));
-        assert_eq!(parse_sizes("10:28:6"), Ok(vec![10, 16, 22, 28]));
-        assert!(parse_sizes("28:10:2").is_err() && parse_sizes("x").is_err());
-    }
-
-    /// Every case of the matrix at small sizes (on the CPU here; `rill bench matrix
-    /// --check --device gpu` checks all of it on a GPU) equals its float64 reference.
-    #[test]
-    fn a_sample_of_the_matrix_matches_float64() {
-        let s = Device::cpu().default_stream().unwrap();
-        let _g = s.enter();
-        // Small sizes of everything, and the row statistics of the norms and softmax over
-        // 1024 rows of 4096 columns, where an accumulation in one running sum per row is
-        // out of tolerance in f32.
-        let mut all = cases(&[10, 14]);
-        all.extend(
-            cases(&[22])
-                .into_iter()
-                .filter(|c| matches!(c.family, "layer_norm" | "rms_norm" | "softmax" | "log_softmax")),
-        );
-        let failures: Vec<String> = all
-            .iter()
-            .filter_map(|c| check_case(c).unwrap_or_else(|e| Some(e.to_string())).map(|f| format!("{}: {f}", c.id)))
-            .collect();
-        assert!(
-            failures.is_empty(),
-            "{} of {} cases: {:#?}",
-            failures.len(),
-            all.len(),
-            &failures[..failures.len().min(10)]
-        );
-    }
-
-    /// The check finds a wrong result: a case recorded with another op than its reference.
-    #[test]
-    fn the_check_rejects_a_wrong_op() {
-        let s = Device::cpu().default_stream().unwrap();
-        let _g = s.enter();
-        let mut c = cases(&[10]).into_iter().find(|c| c.id == "unary/exp/f32/2^10").unwrap();
-        assert_eq!(check_case(&c).unwrap(), None);
-        let inputs: Vec<Array> = vec![build_input(&c, 0, 7).unwrap()];
-        c.op = "sin".into();
-        let wrong = record(&c, &inputs).unwrap().to_f64_vec().unwrap();
-        c.op = "exp".into();
-        let want = reference(&c, &inputs).unwrap().to_f64_vec().unwrap();
-        assert!(wrong.iter().zip(&want).any(|(a, b)| (a - b).abs() > tolerance(&c, DType::F32) * b.abs()));
-    }
 }
