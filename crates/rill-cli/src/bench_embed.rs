@@ -71,7 +71,11 @@ pub fn run(device: Device, model: Option<&Path>) -> Result<(), String> {
     println!("rill bench embed on {device}: {}", dir.display());
     for &dt in dtypes {
         let e = Embedder::load(&dir, device, dt).and_then(|e| e.with_batch_size(batch)).map_err(|e| e.to_string())?;
-        let tokens: usize = texts.iter().map(|s| e.token_ids(s).map(|t| t.len())).sum::<rill::Result<usize>>().map_err(|e| e.to_string())?;
+        let tokens: usize = texts
+            .iter()
+            .map(|s| e.token_ids(s).map(|t| t.len()))
+            .sum::<rill::Result<usize>>()
+            .map_err(|e| e.to_string())?;
         let mean_tokens = tokens as f64 / texts.len() as f64;
         let reps = if gpu { 10 } else { 3 };
         let t = median_secs(1, reps, || e.embed(&texts).map(|_| ())).map_err(|e| e.to_string())?;

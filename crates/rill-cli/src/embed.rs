@@ -53,7 +53,7 @@ pub struct EmbedArgs {
     #[arg(long, value_enum)]
     pub device: Option<DeviceArg>,
     /// Sentences per batch
-    #[arg(long, default_value_t = Embedder::DEFAULT_BATCH_SIZE, value_parser = clap::value_parser!(u32).range(1..).map(|v| v as usize))]
+    #[arg(long, default_value_t = Embedder::DEFAULT_BATCH_SIZE, value_parser = positive)]
     pub batch_size: usize,
     /// The dtype the model runs in (embeddings are written as float32)
     #[arg(long, value_enum, default_value = "f32")]
@@ -61,6 +61,15 @@ pub struct EmbedArgs {
     /// Sentences to embed
     #[arg(value_name = "SENTENCE")]
     pub sentences: Vec<String>,
+}
+
+/// A count of at least 1.
+fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// The lines of `text`: an empty line is an empty sentence; a final newline ends the

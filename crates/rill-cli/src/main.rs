@@ -21,7 +21,12 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use rill::Device;
 
 #[derive(Parser)]
-#[command(name = "rill", version, about = "Lazy arrays on explicit streams: sentence embeddings, the runtime demo, benchmarks")]
+#[command(
+    name = "rill",
+    version,
+    propagate_version = true,
+    about = "Lazy arrays on explicit streams: sentence embeddings, the runtime demo, benchmarks"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

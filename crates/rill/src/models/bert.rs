@@ -248,21 +248,23 @@ impl Bert {
                 ff_ln_w,
                 ff_ln_b,
             };
-            all.extend([
-                &layer.qkv_w,
-                &layer.qkv_b,
-                &layer.attn_out_w,
-                &layer.attn_out_b,
-                &layer.attn_ln_w,
-                &layer.attn_ln_b,
-                &layer.ff_in_w,
-                &layer.ff_in_b,
-                &layer.ff_out_w,
-                &layer.ff_out_b,
-                &layer.ff_ln_w,
-                &layer.ff_ln_b,
-            ]
-            .map(Array::clone));
+            all.extend(
+                [
+                    &layer.qkv_w,
+                    &layer.qkv_b,
+                    &layer.attn_out_w,
+                    &layer.attn_out_b,
+                    &layer.attn_ln_w,
+                    &layer.attn_ln_b,
+                    &layer.ff_in_w,
+                    &layer.ff_in_b,
+                    &layer.ff_out_w,
+                    &layer.ff_out_b,
+                    &layer.ff_ln_w,
+                    &layer.ff_ln_b,
+                ]
+                .map(Array::clone),
+            );
             layers.push(layer);
         }
         // Every conversion and transpose at once; the file's host copies are freed after.
@@ -395,12 +397,20 @@ fn read_modules(dir: &Path) -> Result<bool> {
     };
     let mut normalize = false;
     for m in &mods {
-        let ty = m.get("type").and_then(Value::as_str).ok_or_else(|| io_err(&path, format!("a module without a \"type\": {m}")))?;
+        let ty = m
+            .get("type")
+            .and_then(Value::as_str)
+            .ok_or_else(|| io_err(&path, format!("a module without a \"type\": {m}")))?;
         let short = ty.rsplit('.').next().unwrap_or(ty);
         match short {
             "Transformer" | "Pooling" => {}
             "Normalize" => normalize = true,
-            _ => return Err(io_err(&path, format!("module type {ty:?} is not supported (Transformer, Pooling and Normalize are)"))),
+            _ => {
+                return Err(io_err(
+                    &path,
+                    format!("module type {ty:?} is not supported (Transformer, Pooling and Normalize are)"),
+                ));
+            }
         }
     }
     Ok(normalize)
@@ -485,7 +495,13 @@ impl Embedder {
         let model = Arc::new(Model { bert, pooling, normalize });
         let m = model.clone();
         let forward = compile(move |x: &[Array]| m.embed_arrays(x));
-        Ok(Embedder { model, tokenizer, forward, batch_size: Embedder::DEFAULT_BATCH_SIZE, max_length: md.max_length() })
+        Ok(Embedder {
+            model,
+            tokenizer,
+            forward,
+            batch_size: Embedder::DEFAULT_BATCH_SIZE,
+            max_length: md.max_length(),
+        })
     }
 
     /// The same embedder with at most `n` sentences per batch (`n >= 1`).
@@ -618,11 +634,8 @@ impl Embedder {
         }
         let stream = &self.model.bert.stream;
         crate::with_stream(stream, || {
-            let inputs = [
-                Array::from_vec(ids, &[b, t])?,
-                Array::from_vec(mask, &[b, t])?,
-                Array::from_vec(types, &[b, t])?,
-            ];
+            let inputs =
+                [Array::from_vec(ids, &[b, t])?, Array::from_vec(mask, &[b, t])?, Array::from_vec(types, &[b, t])?];
             let mut y = self.forward.call(&inputs)?;
             Ok(y.remove(0))
         })
