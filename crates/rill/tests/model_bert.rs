@@ -228,7 +228,7 @@ fn tiny_model(real: &Path, dir: &Path, prefix: &str, skip: Option<&str>, reshape
 }
 
 fn err_of(dir: &Path) -> String {
-    Embedder::load(dir, Device::cpu(), DType::F32).err().expect("load must fail").to_string()
+    Embedder::load(dir, Device::cpu(), DType::F32).expect_err("load must fail").to_string()
 }
 
 #[test]
