@@ -89,6 +89,21 @@ fn batched(op: impl Fn() -> Result<Array>) -> Result<f64> {
     Ok(t / BATCH as f64)
 }
 
+/// The benchmarks `run` knows, with what each times (`rill bench --list`).
+pub const BENCHMARKS: &[(&str, &str)] = &[
+    ("add", "elementwise add of two f32 vectors (GB/s)"),
+    ("sum", "sum of an f32 vector (GB/s)"),
+    ("unary", "square and exp of an f32 vector (GB/s)"),
+    ("softmax", "softmax over the rows of an f32 matrix (GB/s)"),
+    ("matmul", "square matrix product (GFLOP/s)"),
+    ("fused", "an 8-op elementwise chain, compiled and not"),
+    ("fused_reduce", "a reduction after an elementwise chain, compiled and not"),
+    ("overhead", "the fixed cost of one eval of one small op"),
+    ("record", "recording one lazy op"),
+    ("chain", "dependent tiny ops"),
+    ("chain_wide", "dependent ops on 2^20 elements"),
+];
+
 pub fn run(device: Device, names: &[String]) -> Result<()> {
     let s = device.default_stream()?;
     let _g = s.enter();

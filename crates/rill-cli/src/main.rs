@@ -1,5 +1,7 @@
-//! `rill`: the command-line demo and benchmark driver.
+//! `rill`: sentence embeddings, the runtime demo and the benchmark driver.
 //!
+//! `rill embed` embeds sentences with a sentence-transformers model on the best device
+//! present (`embed.rs`; docs/MODELS.md).
 //! `rill demo` builds and evaluates arrays on the best device present (a GPU when one is
 //! usable, else the CPU) from several OS threads and tokio tasks, each on its own
 //! stream, and prints results, timings and the runtime's counters.
@@ -8,51 +10,133 @@
 //! `rill info` prints the devices and the runtime configuration.
 
 mod bench;
+mod bench_embed;
 mod demo;
+mod embed;
 mod matrix;
 
-use clap::Parser;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use rill::Device;
 
-/// `rill bench matrix`'s options, parsed by clap.
 #[derive(Parser)]
-#[command(name = "rill bench matrix", about = "The benchmark matrix (JSON lines: crates/rill-cli/src/matrix.rs)")]
-struct MatrixCli {
-    #[command(flatten)]
-    args: matrix::MatrixArgs,
+#[command(
+    name = "rill",
+    version,
+    propagate_version = true,
+    about = "Lazy arrays on explicit streams: sentence embeddings, the runtime demo, benchmarks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
 }
 
-fn usage() -> ! {
-    eprintln!(
-        "usage: rill <command> [options]\n\n\
-         commands:\n  \
-         demo [--device cpu|gpu] [--threads N] [--tasks N]   evaluate arrays from threads and tasks\n  \
-         bench [--device cpu|gpu] [NAME...]                  time the benchmarks (all when no NAME)\n  \
-         bench matrix [--list] [--device cpu|gpu] [--sizes MIN:MAX:STEP] [--family A,B] [--filter TEXT]\n  \
-         \x20            [--cases FILE] [--check [--sample N] [--seed S]]   the benchmark matrix (rill bench matrix --help)\n  \
-         info                                                devices and runtime configuration"
-    );
-    std::process::exit(2)
+#[derive(Subcommand)]
+enum Command {
+    /// Embed sentences with a sentence-transformers model (JSON lines or a .npy file)
+    Embed(embed::EmbedArgs),
+    /// Evaluate arrays from several OS threads and tokio tasks, each on its own stream
+    Demo(DemoArgs),
+    /// Time the benchmarks (all but `embed` when no NAME is given)
+    Bench(BenchArgs),
+    /// Print the devices and the runtime configuration
+    Info,
 }
 
-/// Parses `--device`; the best device present when absent.
-fn parse_device(args: &[String]) -> Result<Device, String> {
-    match flag(args, "--device").as_deref() {
+/// `--device cpu|gpu`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DeviceArg {
+    /// The CPU.
+    Cpu,
+    /// GPU 0.
+    Gpu,
+}
+
+/// The device named by `--device`; the best device present when absent.
+pub fn device_of(arg: Option<DeviceArg>) -> Result<Device, String> {
+    match arg {
         None => Ok(Device::best()),
-        Some("cpu") => Ok(Device::cpu()),
-        Some("gpu") => Device::gpu(0).map_err(|e| e.to_string()),
-        Some(other) => Err(format!("unknown device {other:?} (expected cpu or gpu)")),
+        Some(DeviceArg::Cpu) => Ok(Device::cpu()),
+        Some(DeviceArg::Gpu) => Device::gpu(0).map_err(|e| format!("no GPU: {e}")),
     }
 }
 
-fn flag(args: &[String], name: &str) -> Option<String> {
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+#[derive(Args)]
+struct DemoArgs {
+    /// The device (default: the best present)
+    #[arg(long, value_enum)]
+    device: Option<DeviceArg>,
+    /// OS threads evaluating at once
+    #[arg(long, default_value_t = 4)]
+    threads: usize,
+    /// tokio tasks evaluating at once
+    #[arg(long, default_value_t = 8)]
+    tasks: usize,
 }
 
-fn flag_usize(args: &[String], name: &str, default: usize) -> Result<usize, String> {
-    match flag(args, name) {
-        None => Ok(default),
-        Some(v) => v.parse().map_err(|_| format!("{name} expects a number, got {v:?}")),
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
+struct BenchArgs {
+    #[command(subcommand)]
+    sub: Option<BenchCommand>,
+    /// List the benchmarks and exit
+    #[arg(long)]
+    list: bool,
+    /// The device (default: the best present)
+    #[arg(long, value_enum)]
+    device: Option<DeviceArg>,
+    /// The model directory of the `embed` benchmark (default: the cached default model)
+    #[arg(long, value_name = "DIR")]
+    model: Option<PathBuf>,
+    /// Benchmarks to run (see --list)
+    #[arg(value_name = "NAME")]
+    names: Vec<String>,
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// List or time the generated benchmark matrix (JSON lines; see crates/rill-cli/src/matrix.rs)
+    Matrix(matrix::MatrixArgs),
+}
+
+fn bench(args: &BenchArgs) -> Result<(), String> {
+    if let Some(BenchCommand::Matrix(m)) = &args.sub {
+        return matrix::run(m);
+    }
+    if args.list {
+        for (name, what) in bench::BENCHMARKS.iter().chain(bench_embed::BENCHMARKS) {
+            println!("{name:<14} {what}");
+        }
+        println!("{:<14} the generated benchmark matrix (rill bench matrix --help)", "matrix");
+        return Ok(());
+    }
+    let known = |n: &str| bench::BENCHMARKS.iter().chain(bench_embed::BENCHMARKS).any(|(b, _)| *b == n);
+    if let Some(n) = args.names.iter().find(|n| !known(n)) {
+        return Err(format!("unknown benchmark {n:?} (rill bench --list names them)"));
+    }
+    let device = device_of(args.device)?;
+    let ops: Vec<String> = args.names.iter().filter(|n| *n != "embed").cloned().collect();
+    if args.names.is_empty() || !ops.is_empty() {
+        bench::run(device, &ops).map_err(|e| e.to_string())?;
+    }
+    if args.names.iter().any(|n| n == "embed") {
+        bench_embed::run(device, args.model.as_deref())?;
+    }
+    Ok(())
+}
+
+fn info() {
+    println!("rill {}", env!("CARGO_PKG_VERSION"));
+    println!("cpu worker threads: {}", rill::runtime::cpu_threads());
+    println!("gpus: {}", Device::gpu_count());
+    match Device::gpu(0) {
+        Ok(d) => println!("best device: {d}"),
+        Err(e) => println!("best device: cpu ({e})"),
+    }
+    match rill::io::cache::cache_dir() {
+        Ok(d) => println!("model cache: {}", d.display()),
+        Err(e) => println!("model cache: none ({e})"),
     }
 }
 
@@ -64,43 +148,17 @@ fn main() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let Some(cmd) = args.first().cloned() else { usage() };
-    let rest = &args[1..];
-    let result = match cmd.as_str() {
-        "demo" => parse_device(rest).and_then(|d| {
-            let threads = flag_usize(rest, "--threads", 4)?;
-            let tasks = flag_usize(rest, "--tasks", 8)?;
-            demo::run(d, threads, tasks).map_err(|e| e.to_string())
-        }),
-        "bench" if rest.first().map(String::as_str) == Some("matrix") => {
-            let argv = std::iter::once("rill bench matrix".to_string()).chain(rest[1..].iter().cloned());
-            match MatrixCli::try_parse_from(argv) {
-                Ok(cli) => matrix::run(&cli.args),
-                Err(e) => e.exit(),
-            }
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Embed(a) => embed::run(a),
+        Command::Demo(a) => {
+            device_of(a.device).and_then(|d| demo::run(d, a.threads, a.tasks).map_err(|e| e.to_string()))
         }
-        "bench" => parse_device(rest).and_then(|d| {
-            let names: Vec<String> = rest
-                .iter()
-                .enumerate()
-                .filter(|(i, a)| !a.starts_with("--") && (*i == 0 || !rest[i - 1].starts_with("--")))
-                .map(|(_, a)| a.clone())
-                .collect();
-            bench::run(d, &names).map_err(|e| e.to_string())
-        }),
-        "info" => {
-            println!("rill {}", env!("CARGO_PKG_VERSION"));
-            println!("cpu worker threads: {}", rill::runtime::cpu_threads());
-            println!("gpus: {}", Device::gpu_count());
-            match Device::gpu(0) {
-                Ok(d) => println!("best device: {d}"),
-                Err(e) => println!("best device: cpu ({e})"),
-            }
+        Command::Bench(a) => bench(a),
+        Command::Info => {
+            info();
             Ok(())
         }
-        "-h" | "--help" | "help" => usage(),
-        other => Err(format!("unknown command {other:?}")),
     };
     if let Err(e) = result {
         eprintln!("rill: {e}");

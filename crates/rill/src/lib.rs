@@ -22,6 +22,7 @@ mod backend;
 pub mod dtype;
 mod error;
 pub mod io;
+pub mod models;
 pub mod ops;
 pub mod primitives;
 pub mod quant;
