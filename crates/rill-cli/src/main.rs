@@ -18,7 +18,8 @@ fn usage() -> ! {
         "usage: rill <command> [options]\n\n\
          commands:\n  \
          demo [--device cpu|gpu] [--threads N] [--tasks N]   evaluate arrays from threads and tasks\n  \
-         bench [--device cpu|gpu] [NAME...]                  time the benchmarks (all when no NAME)\n  \
+         bench [--device cpu|gpu] [NAME...]                  time the benchmarks (all when no NAME; the fused-block\n  \
+         \x20                                                   ones, ffn, attention and adam, only when named)\n  \
          bench matrix [--list] [--device cpu|gpu] [--sizes MIN:MAX:STEP] [--family A,B] [--filter TEXT]\n  \
          \x20            [--cases FILE]                          the benchmark matrix (JSON lines: crates/rill-cli/src/matrix.rs)\n  \
          info                                                devices and runtime configuration"
