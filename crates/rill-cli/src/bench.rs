@@ -195,10 +195,16 @@ fn blocks(device: Device, names: &[String]) -> Result<()> {
         for (name, sizes) in adam_cases(gpu) {
             for adamw in [false, true] {
                 let opt = if adamw { rill::optim::Adam::adamw(1e-3, 0.01) } else { rill::optim::Adam::new(1e-3) };
-                let mut params: Vec<Array> =
-                    sizes.iter().enumerate().map(|(i, &n)| filled(&[n], DType::F32, 100 + i as u64)).collect::<Result<_>>()?;
-                let grads: Vec<Array> =
-                    sizes.iter().enumerate().map(|(i, &n)| filled(&[n], DType::F32, 500 + i as u64)).collect::<Result<_>>()?;
+                let mut params: Vec<Array> = sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &n)| filled(&[n], DType::F32, 100 + i as u64))
+                    .collect::<Result<_>>()?;
+                let grads: Vec<Array> = sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &n)| filled(&[n], DType::F32, 500 + i as u64))
+                    .collect::<Result<_>>()?;
                 let mut state = rill::optim::AdamState::new(opt, &params)?;
                 let t = time(3, 20, || {
                     params = state.step(&params, &grads)?;

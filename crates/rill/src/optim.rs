@@ -78,11 +78,7 @@ impl Adam {
             && self.eps.is_finite()
             && self.eps >= 0.0
             && self.weight_decay.is_finite();
-        if ok {
-            Ok(())
-        } else {
-            Err(Error::invalid("adam", format!("invalid hyperparameters {self:?}")))
-        }
+        if ok { Ok(()) } else { Err(Error::invalid("adam", format!("invalid hyperparameters {self:?}"))) }
     }
 
     /// The numbers of step `t` (from 1) as 0-d arrays of `dtype` on `like`'s stream.
@@ -131,7 +127,13 @@ impl Adam {
                 if x.shape() != p.shape() || x.dtype() != p.dtype() {
                     return Err(Error::invalid(
                         "adam",
-                        format!("parameter {i} is {:?} {}, its {what} {:?} {}", p.shape(), p.dtype(), x.shape(), x.dtype()),
+                        format!(
+                            "parameter {i} is {:?} {}, its {what} {:?} {}",
+                            p.shape(),
+                            p.dtype(),
+                            x.shape(),
+                            x.dtype()
+                        ),
                     ));
                 }
             }
@@ -142,7 +144,11 @@ impl Adam {
             // would promote the parameter instead).
             let conv = |a: &Array| if a.dtype() == p.dtype() { Ok(a.clone()) } else { a.astype(p.dtype()) };
             let (step_size, inv_sqrt_bc2, decay) = (conv(&s.step_size)?, conv(&s.inv_sqrt_bc2)?, conv(&s.decay)?);
-            let g = if !self.decoupled && self.weight_decay != 0.0 { g.add(&p.mul(self.weight_decay)?)? } else { g.clone() };
+            let g = if !self.decoupled && self.weight_decay != 0.0 {
+                g.add(&p.mul(self.weight_decay)?)?
+            } else {
+                g.clone()
+            };
             let m1 = m[i].mul(b1)?.add(&g.mul(1.0 - b1)?)?;
             let v1 = v[i].mul(b2)?.add(&g.mul(&g)?.mul(1.0 - b2)?)?;
             let denom = v1.sqrt()?.mul(&inv_sqrt_bc2)?.add(self.eps)?;
@@ -163,7 +169,11 @@ impl Adam {
                 return Err(Error::invalid("adam", format!("{} inputs: 4 per parameter and 3 scalars", x.len())));
             }
             let n = (x.len() - 3) / 4;
-            let s = Scalars { step_size: x[4 * n].clone(), inv_sqrt_bc2: x[4 * n + 1].clone(), decay: x[4 * n + 2].clone() };
+            let s = Scalars {
+                step_size: x[4 * n].clone(),
+                inv_sqrt_bc2: x[4 * n + 1].clone(),
+                decay: x[4 * n + 2].clone(),
+            };
             let (p, m, v) = self.update(&x[..n], &x[n..2 * n], &x[2 * n..3 * n], &x[3 * n..4 * n], &s)?;
             Ok(p.into_iter().chain(m).chain(v).collect())
         })
@@ -201,7 +211,10 @@ impl AdamState {
     pub fn step(&mut self, params: &[Array], grads: &[Array]) -> Result<Vec<Array>> {
         let n = self.m.len();
         if params.len() != n || grads.len() != n {
-            return Err(Error::invalid("adam", format!("{n} parameters expected, got {} and {}", params.len(), grads.len())));
+            return Err(Error::invalid(
+                "adam",
+                format!("{n} parameters expected, got {} and {}", params.len(), grads.len()),
+            ));
         }
         let Some(first) = params.first() else { return Ok(Vec::new()) };
         let s = self.adam.scalars(self.step + 1, first.dtype(), first)?;

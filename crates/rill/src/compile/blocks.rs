@@ -22,7 +22,9 @@ use crate::compile::simplify::dce;
 use crate::compile::trace::{Ref, Tape, TapeNode, order_reads};
 use crate::dtype::DType;
 use crate::primitives::Primitive;
-use crate::primitives::fused::{BlockKind, Builder, FusedBlock, FusedProgram, Inst, fusable, lt_epilogue, renumber_inputs};
+use crate::primitives::fused::{
+    BlockKind, Builder, FusedBlock, FusedProgram, Inst, fusable, lt_epilogue, renumber_inputs,
+};
 
 fn ref_shape(tape: &Tape, r: Ref) -> &[usize] {
     match r {
@@ -73,14 +75,15 @@ fn block(kind: BlockKind) -> Primitive {
 pub(crate) fn blocks(tape: &mut Tape, fixed_shapes: bool) {
     let mut changed = matmul_epilogues(tape);
     changed |= residual_norms(tape, fixed_shapes);
+    // Blocks and views appended at the end are read by earlier nodes: order first (the
+    // liveness walk and the depths assume inputs come before their readers).
     if changed {
+        order_reads(tape);
         dce(tape);
     }
     if fixed_shapes && multi_tensor(tape) {
         order_reads(tape);
         dce(tape);
-    } else if changed {
-        order_reads(tape);
     }
 }
 
@@ -200,7 +203,10 @@ fn residual_norms(tape: &mut Tape, fixed_shapes: bool) -> bool {
             && sum.dtype == node.dtype
             && sum.dtype.is_float()
             && sum.rule.is_none()
-            && sum.inputs.iter().all(|&r| ref_shape(tape, r) == sum.shape.as_slice() && ref_dtype(tape, r) == sum.dtype);
+            && sum
+                .inputs
+                .iter()
+                .all(|&r| ref_shape(tape, r) == sum.shape.as_slice() && ref_dtype(tape, r) == sum.dtype);
         if !plain_add {
             continue;
         }
@@ -254,7 +260,8 @@ fn multi_tensor(tape: &mut Tape) -> bool {
     // Longest path from the inputs: nodes of one depth never read one another.
     let mut depth = vec![0usize; n];
     for i in 0..n {
-        let d = tape.nodes[i].inputs.iter().filter_map(|r| if let Ref::Node(j) = *r { Some(depth[j] + 1) } else { None });
+        let d =
+            tape.nodes[i].inputs.iter().filter_map(|r| if let Ref::Node(j) = *r { Some(depth[j] + 1) } else { None });
         depth[i] = d.max().unwrap_or(0);
     }
     // Candidates: (node, scalar mask); grouped by program, mask, dtype, stream, depth.
@@ -271,7 +278,11 @@ fn multi_tensor(tape: &mut Tape) -> bool {
         let same = |&(k, ref m, _): &(usize, Vec<bool>, Vec<usize>)| {
             let o = &tape.nodes[k];
             let Primitive::Fused(q) = &o.prim else { return false };
-            *m == mask && depth[k] == depth[i] && o.dtype == node.dtype && o.stream == node.stream && (Arc::ptr_eq(p, q) || **p == **q)
+            *m == mask
+                && depth[k] == depth[i]
+                && o.dtype == node.dtype
+                && o.stream == node.stream
+                && (Arc::ptr_eq(p, q) || **p == **q)
         };
         match classes.iter_mut().find(|c| same(c)) {
             Some(c) => c.2.push(i),

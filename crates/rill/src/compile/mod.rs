@@ -86,7 +86,7 @@
 //! [`Primitive::Block`](crate::primitives::Primitive::Block) node each, on values nothing
 //! else reads: a `matmul` and the elementwise program after it (bias, activation,
 //! residual), which a GPU runs as one cuBLASLt call with an epilogue when the program is
-//! `act(x @ w + bias + residual)` with ReLU or the tanh GELU (else the product and one
+//! `act(c * x @ w + bias + residual)` with ReLU or the tanh GELU (`c` a constant) (else the product and one
 //! generated kernel); `layer_norm(x + r)` / `rms_norm(x + r)`, the sum also stored when
 //! something else reads it, as one kernel; and one elementwise program applied to many
 //! tensors (an optimizer step over every parameter, see [`crate::optim`]) as one kernel
@@ -263,7 +263,10 @@ pub fn compile_shapeless<F>(f: F) -> Compiled
 where
     F: Fn(&[Array]) -> Result<Vec<Array>> + Send + Sync + 'static,
 {
-    compile_with_options(move |x: &[Array], _: &[i64]| f(x), CompileOptions { shapeless: true, fuse: true, blocks: true })
+    compile_with_options(
+        move |x: &[Array], _: &[i64]| f(x),
+        CompileOptions { shapeless: true, fuse: true, blocks: true },
+    )
 }
 
 /// Compiles a function of arrays and static integer arguments: the statics given to

@@ -318,6 +318,8 @@ pub(crate) struct LtEpilogue {
     pub act: LtAct,
     pub bias: Option<usize>,
     pub residual: Option<usize>,
+    /// The product's scale (cuBLASLt's alpha), as f32 bits; 1.0 when not scaled.
+    pub alpha: u32,
 }
 
 /// The activations of a cuBLASLt epilogue (its GELU is the tanh approximation).
@@ -361,7 +363,7 @@ pub(crate) fn renumber_inputs(prog: &FusedProgram, perm: &[usize]) -> FusedProgr
 }
 
 /// The cuBLASLt epilogue `prog` is, when it is `act(sum)` or `sum` with `sum` a sum of
-/// the product (input 0), at most one bias (an input `is_bias` accepts) and at most one
+/// the product (input 0, or the product times a constant: alpha), at most one bias (an input `is_bias` accepts) and at most one
 /// residual (`is_full`), the adds in any order, and something besides the product. Only
 /// the tanh GELU (cuBLASLt's) and ReLU are activations; the erf GELU is not.
 pub(crate) fn lt_epilogue(
@@ -380,17 +382,29 @@ pub(crate) fn lt_epilogue(
     };
     // The leaves of the tree of adds under `top` (each register used once).
     let mut leaves = Vec::new();
+    let mut alpha_of: Option<f32> = None;
     let mut stack = vec![top];
     while let Some(r) = stack.pop() {
         match prog.insts[r] {
             Inst::Binary(BinaryOp::Add, a, b) => stack.extend([a, b]),
             Inst::Load(k) => leaves.push(k),
+            // The product times a constant: alpha (a scaled product is marked MAX).
+            Inst::Binary(BinaryOp::Mul, a, b) => match (&prog.insts[a], &prog.insts[b]) {
+                (Inst::Load(0), Inst::Const(c)) | (Inst::Const(c), Inst::Load(0)) if alpha_of.is_none() => {
+                    alpha_of = Some(*c as f32);
+                    leaves.push(usize::MAX);
+                }
+                _ => return None,
+            },
             _ => return None,
         }
     }
     let (mut product, mut bias, mut residual) = (0, None, None);
+    let mut alpha = 1.0f32;
     for k in leaves {
-        if k == 0 {
+        if k == usize::MAX {
+            product += 1;
+        } else if k == 0 {
             product += 1;
         } else if bias.is_none() && is_bias(k) {
             bias = Some(k);
@@ -400,11 +414,18 @@ pub(crate) fn lt_epilogue(
             return None;
         }
     }
-    let adds = prog.insts.iter().filter(|i| matches!(i, Inst::Binary(..))).count();
-    let something = bias.is_some() || residual.is_some() || act != LtAct::None;
-    // Every instruction is a load, one of the adds, or the activation.
-    let counted = prog.insts.iter().filter(|i| matches!(i, Inst::Load(_))).count() + adds + (act != LtAct::None) as usize;
-    (product == 1 && something && counted == prog.insts.len()).then_some(LtEpilogue { act, bias, residual })
+    if let Some(a) = alpha_of {
+        alpha = a;
+    }
+    let binaries = prog.insts.iter().filter(|i| matches!(i, Inst::Binary(..))).count();
+    let scaled = alpha_of.is_some();
+    let something = bias.is_some() || residual.is_some() || act != LtAct::None || scaled;
+    // Every instruction is a load, one of the adds (or the scale and its constant), or
+    // the activation.
+    let loads = prog.insts.iter().filter(|i| matches!(i, Inst::Load(_))).count();
+    let counted = loads + binaries + scaled as usize + (act != LtAct::None) as usize;
+    let lt = LtEpilogue { act, bias, residual, alpha: alpha.to_bits() };
+    (product == 1 && something && counted == prog.insts.len()).then_some(lt)
 }
 
 // This family has no gradient rules: each slot returns `Unsupported` (see `grad.rs`).

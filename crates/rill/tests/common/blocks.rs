@@ -57,7 +57,12 @@ pub fn run(g: Device, c: &Case) -> BTreeMap<&'static str, usize> {
         assert!(y.iter().zip(&again[k]).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: the replay differs");
         if exact {
             let differ = y.iter().zip(e).position(|(a, b)| a.to_bits() != b.to_bits());
-            assert!(differ.is_none(), "{what}: element {differ:?} differs from eager: {:?} vs {:?}", y.get(differ.unwrap_or(0)), e.get(differ.unwrap_or(0)));
+            assert!(
+                differ.is_none(),
+                "{what}: element {differ:?} differs from eager: {:?} vs {:?}",
+                y.get(differ.unwrap_or(0)),
+                e.get(differ.unwrap_or(0))
+            );
         } else {
             assert_close(y, e, 2.0 * tol(c.dtype), &format!("{what}: compiled vs eager"));
         }
@@ -74,7 +79,7 @@ fn vals(rng: &mut Rng, shape: &[usize], scale: f64) -> (Vec<f64>, Vec<usize>) {
 /// name of the block the pattern must become.
 pub fn matmul_cases(seed: u64, count: usize) -> Vec<Case> {
     type Epi = fn(&Array, &Array, &Array) -> Result<Array>;
-    let patterns: [(&str, &'static str, Epi); 9] = [
+    let patterns: [(&str, &'static str, Epi); 11] = [
         ("bias", "fused_matmul_lt", |p, b, _| p.add(b)),
         ("bias+gelu_tanh", "fused_matmul_lt", |p, b, _| p.add(b)?.gelu_tanh()),
         ("bias+relu", "fused_matmul_lt", |p, b, _| p.add(b)?.relu()),
@@ -86,18 +91,27 @@ pub fn matmul_cases(seed: u64, count: usize) -> Vec<Case> {
         // A residual after the activation is not what the C matrix adds.
         ("bias+gelu_tanh then residual", "fused_matmul", |p, b, r| p.add(b)?.gelu_tanh()?.add(r)),
         ("scale+tanh", "fused_matmul", |p, _, _| p.mul(0.5)?.tanh()),
+        // A scaled product is cuBLASLt's alpha.
+        ("scale", "fused_matmul_lt", |p, _, _| p.mul(0.125)),
+        ("scale+bias+relu", "fused_matmul_lt", |p, b, _| p.mul(0.5)?.add(b)?.relu()),
     ];
     let mut rng = Rng::new(seed);
     let mut v = Vec::new();
     for i in 0..count {
         let (name, block, epi) = patterns[i % patterns.len()];
         let dt = DTYPES[(i / patterns.len()) % DTYPES.len()];
-        let (m, k, n) = (1 + rng.next_u64() as usize % 40, 1 + rng.next_u64() as usize % 70, 1 + rng.next_u64() as usize % 50);
+        let (m, k, n) =
+            (1 + rng.next_u64() as usize % 40, 1 + rng.next_u64() as usize % 70, 1 + rng.next_u64() as usize % 50);
         let f: F = std::sync::Arc::new(move |x: &[Array]| Ok(vec![epi(&x[0].matmul(&x[1])?, &x[2], &x[3])?]));
         v.push(Case {
             what: format!("{name} {dt} {m}x{k}x{n}"),
             f,
-            inputs: vec![vals(&mut rng, &[m, k], 1.0), vals(&mut rng, &[k, n], 0.3), vals(&mut rng, &[n], 1.0), vals(&mut rng, &[m, n], 1.0)],
+            inputs: vec![
+                vals(&mut rng, &[m, k], 1.0),
+                vals(&mut rng, &[k, n], 0.3),
+                vals(&mut rng, &[n], 1.0),
+                vals(&mut rng, &[m, n], 1.0),
+            ],
             dtype: dt,
             expect: vec![(block, 1), ("matmul", 0)],
         });
@@ -109,7 +123,9 @@ pub fn matmul_cases(seed: u64, count: usize) -> Vec<Case> {
 pub fn matmul_edge_cases() -> Vec<Case> {
     let mut rng = Rng::new(7);
     let (m, k, n) = (9, 13, 11);
-    let ins = |rng: &mut Rng| vec![vals(rng, &[m, k], 1.0), vals(rng, &[k, n], 0.5), vals(rng, &[n], 1.0), vals(rng, &[m, 1], 1.0)];
+    let ins = |rng: &mut Rng| {
+        vec![vals(rng, &[m, k], 1.0), vals(rng, &[k, n], 0.5), vals(rng, &[n], 1.0), vals(rng, &[m, 1], 1.0)]
+    };
     let case = |what: &str, f: F, expect: Vec<(&'static str, usize)>, rng: &mut Rng| Case {
         what: what.into(),
         f,
@@ -128,14 +144,24 @@ pub fn matmul_edge_cases() -> Vec<Case> {
             vec![("matmul", 1), ("fused_matmul", 0), ("fused_matmul_lt", 0)],
             &mut rng,
         ),
-        // Two readers of the product.
+        // Two readers of the product: it stays a product of its own.
         case(
-            "product read twice",
+            "product read by two outputs",
+            std::sync::Arc::new(|x: &[Array]| {
+                let p = x[0].matmul(&x[1])?;
+                Ok(vec![p.add(&x[2])?, p.mul(2.0)?.tanh()?])
+            }),
+            vec![("matmul", 1), ("fused_matmul", 0), ("fused_matmul_lt", 0)],
+            &mut rng,
+        ),
+        // One epilogue reading the product twice is one reader.
+        case(
+            "product read twice by one epilogue",
             std::sync::Arc::new(|x: &[Array]| {
                 let p = x[0].matmul(&x[1])?;
                 Ok(vec![p.add(&x[2])?.mul(&p.relu()?)?])
             }),
-            vec![("matmul", 1), ("fused_matmul", 0), ("fused_matmul_lt", 0)],
+            vec![("matmul", 0), ("fused_matmul", 1)],
             &mut rng,
         ),
         // A column bias ([m, 1]) is no cuBLASLt bias: a generated epilogue.
@@ -192,7 +218,12 @@ pub fn norm_cases(seed: u64, count: usize) -> Vec<Case> {
         v.push(Case {
             what: format!("{block} {dt} {rows}x{cols} weight={w} bias={b} keep_sum={keep}"),
             f,
-            inputs: vec![vals(&mut rng, &[rows, cols], 2.0), vals(&mut rng, &[rows, cols], 2.0), vals(&mut rng, &[cols], 1.5), vals(&mut rng, &[cols], 1.0)],
+            inputs: vec![
+                vals(&mut rng, &[rows, cols], 2.0),
+                vals(&mut rng, &[rows, cols], 2.0),
+                vals(&mut rng, &[cols], 1.5),
+                vals(&mut rng, &[cols], 1.0),
+            ],
             dtype: dt,
             expect: vec![(block, 1), ("layer_norm", 0), ("rms_norm", 0), ("add", 0)],
         });
@@ -244,7 +275,11 @@ pub fn adam_steps(g: Device, seed: u64, adamw: bool, dt: DType, steps: u64) -> B
     let p0: Vec<(Vec<f64>, Vec<usize>)> = shapes.iter().map(|s| vals(&mut rng, s, 1.0)).collect();
     let gs: Vec<Vec<(Vec<f64>, Vec<usize>)>> =
         (0..steps).map(|_| shapes.iter().map(|s| vals(&mut rng, s, 1.0)).collect()).collect();
-    let opt = if adamw { rill::optim::Adam::adamw(1e-2, 0.1) } else { rill::optim::Adam { weight_decay: 0.05, ..rill::optim::Adam::new(1e-2) } };
+    let opt = if adamw {
+        rill::optim::Adam::adamw(1e-2, 0.1)
+    } else {
+        rill::optim::Adam { weight_decay: 0.05, ..rill::optim::Adam::new(1e-2) }
+    };
     let what = format!("{} {dt} {count} parameters", if adamw { "adamw" } else { "adam" });
     let mut counts = BTreeMap::new();
     on(g, || {

@@ -32,7 +32,11 @@ pub(crate) fn eval_block(b: &FusedBlock, inputs: &[&Storage], shape: &[usize], d
             let mut ins: Vec<&Storage> = vec![&sum];
             ins.extend_from_slice(&inputs[2..]);
             RESIDUAL_NORMS.fetch_add(1, Relaxed);
-            let norm = if *rms { nn::rms_norm(&ins, *eps, *has_weight)? } else { nn::layer_norm(&ins, *eps, *has_weight, *has_bias)? };
+            let norm = if *rms {
+                nn::rms_norm(&ins, *eps, *has_weight)?
+            } else {
+                nn::layer_norm(&ins, *eps, *has_weight, *has_bias)?
+            };
             if !keep_sum {
                 return Ok(norm);
             }
@@ -48,7 +52,10 @@ pub(crate) fn eval_block(b: &FusedBlock, inputs: &[&Storage], shape: &[usize], d
         BlockKind::Multi { program, sizes, scalar } => {
             let k = scalar.len();
             if inputs.len() != k * sizes.len() {
-                return Err(Error::invalid(b.name(), format!("{} inputs for {} members of {k}", inputs.len(), sizes.len())));
+                return Err(Error::invalid(
+                    b.name(),
+                    format!("{} inputs for {} members of {k}", inputs.len(), sizes.len()),
+                ));
             }
             let total: usize = sizes.iter().sum();
             let mut buf = CpuBuffer::alloc(dtype, total)?;

@@ -55,7 +55,12 @@ pub(crate) fn eval_fused_into<O: Element>(
 
 fn fill<O: Element>(p: &FusedProgram, inputs: &[&Storage], layouts: &[Layout], out: &mut [O]) {
     let n = out.len();
-    par::chunks_init(out, CHUNK, || scratch(p, n.min(CHUNK)), |regs, c, o| run_chunk(p, inputs, layouts, c * CHUNK, o, regs));
+    par::chunks_init(
+        out,
+        CHUNK,
+        || scratch(p, n.min(CHUNK)),
+        |regs, c, o| run_chunk(p, inputs, layouts, c * CHUNK, o, regs),
+    );
 }
 
 /// Runs a fused program over the broadcast of its inputs and reduces its values over

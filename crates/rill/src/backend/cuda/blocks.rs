@@ -1,7 +1,7 @@
 //! Fused blocks on a GPU (`compile/blocks.rs` makes them).
 //!
-//! - A matmul block whose program is a cuBLASLt epilogue (`act(a @ b + residual + bias)`
-//!   with ReLU or the tanh GELU) is one `cublasLtMatmul` with `CUBLASLT_EPILOGUE_BIAS`,
+//! - A matmul block whose program is a cuBLASLt epilogue (`act(c * a @ b + residual +
+//!   bias)` with ReLU or the tanh GELU, `c` a constant passed as alpha) is one `cublasLtMatmul` with `CUBLASLT_EPILOGUE_BIAS`,
 //!   `RELU_BIAS`, `GELU_BIAS` (or their forms without a bias) and the residual as the C
 //!   matrix with beta = 1 (`matmul::matmul_epilogue`): the epilogue works on the f32
 //!   accumulator, so f16/bf16 results round once where the unfused ops round after each
@@ -57,7 +57,16 @@ pub(crate) fn block(
             if let Some(lt) = lt {
                 // Program input k is node input k + 1.
                 let operand = |k: Option<usize>| k.and_then(|k| inputs.get(k + 1));
-                let out = matmul::matmul_epilogue(cs, a, w, operand(lt.bias), operand(lt.residual), lt.act, shape, dtype)?;
+                let out = matmul::matmul_epilogue(
+                    cs,
+                    a,
+                    w,
+                    (operand(lt.bias), operand(lt.residual)),
+                    lt.act,
+                    f32::from_bits(lt.alpha),
+                    shape,
+                    dtype,
+                )?;
                 if let Some(out) = out {
                     stats::MATMUL_EPILOGUES_LT.fetch_add(1, Relaxed);
                     return Ok(out);
@@ -150,13 +159,14 @@ fn multi(
         return Ok(out);
     }
     // Full inputs are read as contiguous runs.
-    let flat: Vec<Storage> = inputs
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            if scalar[i % k] || s.layout.is_contiguous() { Ok(s.clone()) } else { super::elementwise::copy(cs, s) }
-        })
-        .collect::<Result<_>>()?;
+    let flat: Vec<Storage> =
+        inputs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                if scalar[i % k] || s.layout.is_contiguous() { Ok(s.clone()) } else { super::elementwise::copy(cs, s) }
+            })
+            .collect::<Result<_>>()?;
     let t = members_per_launch(k);
     let mut key = vec![b'm', cs.dev.ordinal as u8, t as u8];
     key.extend(scalar.iter().map(|&s| s as u8));
@@ -186,7 +196,11 @@ fn multi(
         }
         let longest = sizes[start..end].iter().copied().max().unwrap_or(1);
         let gx = longest.div_ceil(FUSED_BLOCK as usize * 4).clamp(1, 65535) as u32;
-        let cfg = LaunchConfig { grid_dim: (gx, (end - start) as u32, 1), block_dim: (FUSED_BLOCK, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (gx, (end - start) as u32, 1),
+            block_dim: (FUSED_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let mut l = Launch::new(&f);
         l.arg_slice(&table);
         // SAFETY: the table matches the kernel's parameter struct (8-byte fields in
@@ -224,7 +238,8 @@ mod tests {
         for d in [DType::F32, DType::F16, DType::BF16, DType::F64] {
             let p = update(d);
             let t = members_per_launch(4);
-            if !check_compiles(&format!("test:multi:{}", d.name()), &multi_source(&p, &[false, true, false, false], t)) {
+            if !check_compiles(&format!("test:multi:{}", d.name()), &multi_source(&p, &[false, true, false, false], t))
+            {
                 return;
             }
         }

@@ -65,9 +65,10 @@ struct EpiArgs<'s> {
     epi: Epi,
     bias: Option<&'s Storage>,
     residual: Option<&'s Storage>,
+    alpha: f32,
 }
 
-/// `act(a @ b + residual + bias)` in one `cublasLtMatmul` (the bias a row of `n`
+/// `act(alpha a @ b + residual + bias)` in one `cublasLtMatmul` (the bias a row of `n`
 /// elements added to every row, the residual through the C matrix with beta = 1), or
 /// `None` when cuBLASLt cannot: not a single f32/f16/bf16 product of nonempty operands,
 /// an operand of another dtype or layout than contiguous, cuBLASLt off or missing, or no
@@ -77,9 +78,9 @@ pub(crate) fn matmul_epilogue(
     cs: &GpuStream<'_>,
     a: &Storage,
     b: &Storage,
-    bias: Option<&Storage>,
-    residual: Option<&Storage>,
+    (bias, residual): (Option<&Storage>, Option<&Storage>),
     act: LtAct,
+    alpha: f32,
     shape: &[usize],
     dtype: DType,
 ) -> Result<Option<Storage>> {
@@ -90,12 +91,20 @@ pub(crate) fn matmul_epilogue(
     let (m, n) = (shape[nd - 2], shape[nd - 1]);
     let k = a.layout.shape.last().copied().unwrap_or(0);
     let batch: usize = shape[..nd - 2].iter().product();
-    let fits = |s: &Storage, count: usize| s.dtype == dtype && s.layout.is_contiguous() && crate::shape::numel(&s.layout.shape) == count;
+    let fits = |s: &Storage, count: usize| {
+        s.dtype == dtype && s.layout.is_contiguous() && crate::shape::numel(&s.layout.shape) == count
+    };
     if batch != 1 || m * n * k == 0 || !bias.is_none_or(|s| fits(s, n)) || !residual.is_none_or(|s| fits(s, m * n)) {
         return Ok(None);
     }
+    // The bias is read with vector loads: an address off 16 bytes (a sliced bias) takes
+    // the generated kernel instead.
+    let elem = |s: &Storage| cuda_of(s).map(|x| x.ptr()).unwrap_or(0) + (s.layout.offset * dtype.size()) as u64;
+    if bias.is_some_and(|s| elem(s) % 16 != 0) {
+        return Ok(None);
+    }
     let epi = Epi { act, bias: bias.is_some(), residual: residual.is_some() };
-    product(cs, a, b, shape, dtype, Some(EpiArgs { epi, bias, residual }))
+    product(cs, a, b, shape, dtype, Some(EpiArgs { epi, bias, residual, alpha }))
 }
 
 /// The product `a @ b` into a new storage (with `epi` through cuBLASLt, or `None` when it
@@ -155,6 +164,7 @@ fn product(
         epi: e.epi,
         bias: e.bias.map(addr).unwrap_or(0),
         c: e.residual.map(addr).unwrap_or(pc),
+        alpha: e.alpha,
     });
     let r = catch_unwind(AssertUnwindSafe(|| -> Result<bool> {
         // Loaded at process start or when the device was probed; never here (`libs.rs`).
@@ -250,6 +260,7 @@ struct EpiPtrs {
     epi: Epi,
     bias: u64,
     c: u64,
+    alpha: f32,
 }
 
 impl Problem {
@@ -499,8 +510,10 @@ unsafe fn make_plan(drv: Driver<'_>, h: lt::cublasLtHandle_t, key: &LtKey, works
         let v = v as u32;
         use lt::cublasLtMatmulDescAttributes_t as A;
         // SAFETY: live descriptor; the value is the attribute's 4-byte enum.
-        ok &= unsafe { drv.lt_set_matmul_desc_attribute(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE, (&v as *const u32).cast(), 4) }
-            .is_ok();
+        ok &= unsafe {
+            drv.lt_set_matmul_desc_attribute(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE, (&v as *const u32).cast(), 4)
+        }
+        .is_ok();
     }
     let plan = LtPlan { desc, layouts, algo: lt::cublasLtMatmulAlgo_t { data: [0; 8] }, workspace: 0 };
     // SAFETY: `h` is live (the caller's) and so are the descriptors just made.
@@ -575,11 +588,14 @@ unsafe fn heuristic(
 /// `h` and `plan` are the stream's, made for `p`; `ws` is the stream's workspace (or 0
 /// when the plan needs none); the addresses cover the operands.
 unsafe fn lt_matmul(cs: &GpuStream<'_>, h: lt::cublasLtHandle_t, ws: u64, plan: &LtPlan, p: &Problem) -> Result<()> {
-    let (alpha, mut beta) = p.scales(&SCALES);
+    let (mut alpha, mut beta) = p.scales(&SCALES);
     let [la, lb, lc] = plan.layouts;
     let stream = cs.stream().cu_stream();
     let mut c_in = p.pc;
+    // Read by cublasLtMatmul before it returns (host pointer mode).
+    let scale = p.epi.map(|e| e.alpha).unwrap_or(1.0);
     if let Some(e) = p.epi {
+        alpha = (&scale as *const f32).cast();
         if e.epi.bias {
             use lt::cublasLtMatmulDescAttributes_t as A;
             let ptr = e.bias;

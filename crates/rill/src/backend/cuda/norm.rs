@@ -124,7 +124,11 @@ fn norm_source(d: DType, Cols { w: has_w, b: has_b, rms }: Cols, residual: Resid
     };
     let apply_w = if has_w { format!("y = y * {lw};") } else { String::new() };
     let apply_b = if has_b { format!("y = y + {lb};") } else { String::new() };
-    let keep = if residual == Residual::KeepSum { format!("s[j] = {};", store_float(d, "v", d == DType::F64)) } else { String::new() };
+    let keep = if residual == Residual::KeepSum {
+        format!("s[j] = {};", store_float(d, "v", d == DType::F64))
+    } else {
+        String::new()
+    };
     let reduce = block_sum2_src(f);
     {
         format!(
