@@ -214,7 +214,7 @@ fn residual_norms(tape: &mut Tape, fixed_shapes: bool) -> bool {
         // The sum's other readers get a view of the block: the norm's other inputs must
         // come before the sum (so the block, placed there, reads nothing made from it).
         let before = node.inputs[1..].iter().all(|&r| !matches!(r, Ref::Node(k) if k >= j));
-        if !only && !(fixed_shapes && before) {
+        if !(only || fixed_shapes && before) {
             continue;
         }
         let mut inputs = sum.inputs.clone();

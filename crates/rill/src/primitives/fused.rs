@@ -402,9 +402,7 @@ pub(crate) fn lt_epilogue(
     let (mut product, mut bias, mut residual) = (0, None, None);
     let mut alpha = 1.0f32;
     for k in leaves {
-        if k == usize::MAX {
-            product += 1;
-        } else if k == 0 {
+        if k == usize::MAX || k == 0 {
             product += 1;
         } else if bias.is_none() && is_bias(k) {
             bias = Some(k);
