@@ -1,7 +1,7 @@
 //! Optimizers written in rill ops: Adam and AdamW.
 //!
 //! [`Adam::update`] is the update step as ops on arrays, so it runs eagerly or inside
-//! [`compile`](crate::compile), where it becomes few kernels for any number of
+//! [`compile`](crate::compile()), where it becomes few kernels for any number of
 //! parameters: each of the three programs (the first moment, the second moment, the
 //! parameter) is the same for every parameter of a dtype, and `compile` runs one program
 //! over many tensors as one kernel (multi-tensor apply, see the `compile` module docs).

@@ -132,7 +132,7 @@ pub(crate) mod shapes;
 pub(crate) mod simplify;
 pub(crate) mod trace;
 
-pub use crate::primitives::fused::FusedProgram;
+pub use crate::primitives::fused::{FusedBlock, FusedProgram};
 pub use simplify::same_op;
 
 use std::collections::HashMap;

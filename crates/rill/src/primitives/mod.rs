@@ -291,7 +291,7 @@ pub enum Primitive {
     },
     /// A fused block made by `crate::compile` (a matmul with its epilogue, a residual
     /// add with its normalisation, one program over many tensors): see
-    /// [`FusedBlock`](crate::primitives::fused::FusedBlock).
+    /// [`FusedBlock`](crate::compile::FusedBlock).
     Block(Arc<crate::primitives::fused::FusedBlock>),
 }
 
