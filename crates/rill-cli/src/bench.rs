@@ -102,7 +102,143 @@ pub const BENCHMARKS: &[(&str, &str)] = &[
     ("record", "recording one lazy op"),
     ("chain", "dependent tiny ops"),
     ("chain_wide", "dependent ops on 2^20 elements"),
+    ("ffn", "FFN blocks (matmul, bias, GELU, matmul, bias, residual, layer norm), eager and compiled; only when named"),
+    ("attention", "attention as matmul-scale-softmax-matmul, eager and compiled; only when named"),
+    ("adam", "compiled Adam and AdamW steps over many parameters; only when named"),
 ];
+/// The FFN block cases, generated (the PyTorch peer's `ffn_cases` makes the same list):
+/// (dtype, model width, rows); the hidden width is 4x. bf16 over every width and row
+/// count, f32 over every width at the middle row count (the f32 products dominate the
+/// run time).
+pub(crate) fn ffn_cases(gpu: bool) -> Vec<(DType, usize, usize)> {
+    let (widths, rows): (&[usize], &[usize]) =
+        if gpu { (&[512, 1024, 2048, 4096], &[1024, 4096, 16384]) } else { (&[128, 256], &[64, 256]) };
+    let mut v = Vec::new();
+    for &w in widths {
+        for &r in rows {
+            v.push((DType::BF16, w, r));
+        }
+    }
+    for &w in widths {
+        v.push((DType::F32, w, rows[rows.len() / 2]));
+    }
+    v
+}
+
+/// The attention cases: (batch x heads, tokens, head dim), bf16.
+pub(crate) fn attention_cases(gpu: bool) -> Vec<(usize, usize, usize)> {
+    let (bh, tokens): (&[usize], &[usize]) = if gpu { (&[16, 64, 512], &[128, 512, 2048]) } else { (&[4], &[64, 128]) };
+    let mut v = Vec::new();
+    for &b in bh {
+        for &t in tokens {
+            for d in [64, 128] {
+                v.push((b, t, d));
+            }
+        }
+    }
+    v
+}
+
+/// The optimizer cases: (name, element counts of the parameters).
+pub(crate) fn adam_cases(gpu: bool) -> Vec<(String, Vec<usize>)> {
+    let (counts, exps): (&[usize], &[u32]) = if gpu { (&[16, 64], &[16, 19, 22]) } else { (&[8], &[10, 14]) };
+    let mut v = Vec::new();
+    for &c in counts {
+        for &e in exps {
+            v.push((format!("{c}x2^{e}"), vec![1usize << e; c]));
+        }
+    }
+    // Dozens of parameters of mixed sizes, as a model has.
+    let (lo, hi) = (exps[0], exps[exps.len() - 1]);
+    let mixed: Vec<usize> = (0..48).map(|i| 1usize << (lo + i as u32 % (hi - lo + 1))).collect();
+    v.push(("48mixed".into(), mixed));
+    v
+}
+
+/// The FFN block: `layer_norm(x + (gelu_tanh(x @ w1 + b1) @ w2 + b2))`.
+fn ffn(x: &[Array]) -> Result<Vec<Array>> {
+    let (inp, w1, b1, w2, b2, g, b) = (&x[0], &x[1], &x[2], &x[3], &x[4], &x[5], &x[6]);
+    let h = inp.matmul(w1)?.add(b1)?.gelu_tanh()?;
+    let y = h.matmul(w2)?.add(b2)?.add(inp)?;
+    Ok(vec![y.layer_norm(Some(g), Some(b), 1e-5)?])
+}
+
+/// Attention as ops: `softmax(q @ kᵀ * d^-1/2) @ v` over `[batch x heads, tokens, d]`.
+fn attention(x: &[Array]) -> Result<Vec<Array>> {
+    let d = x[0].shape()[2] as f64;
+    let s = x[0].matmul(&x[1].transpose(&[0, 2, 1])?)?.mul(1.0 / d.sqrt())?;
+    Ok(vec![s.softmax(-1)?.matmul(&x[2])?])
+}
+
+/// The fused-block benchmarks (`ffn`, `attention`, `adam`): run only when named.
+fn blocks(device: Device, names: &[String]) -> Result<()> {
+    let gpu = device.is_gpu();
+    let named = |n: &str| names.iter().any(|x| x == n);
+    if named("ffn") {
+        for (dt, w, r) in ffn_cases(gpu) {
+            let ins = vec![
+                filled(&[r, w], dt, 21)?,
+                filled(&[w, 4 * w], dt, 22)?.mul(0.05)?,
+                filled(&[4 * w], dt, 23)?,
+                filled(&[4 * w, w], dt, 24)?.mul(0.05)?,
+                filled(&[w], dt, 25)?,
+                filled(&[w], dt, 26)?,
+                filled(&[w], dt, 27)?,
+            ];
+            rill::eval(&ins)?;
+            let eager = time(2, 5, || ffn(&ins)?[0].eval())?;
+            let compiled = rill::compile(ffn);
+            let t = time(2, 5, || compiled.call(&ins)?[0].eval())?;
+            let flops = 2.0 * 2.0 * (r * w * 4 * w) as f64;
+            println!(
+                "ffn {dt} w={w} rows={r}: eager {:8.3} ms, compiled {:8.3} ms ({:6.1} TFLOP/s)",
+                eager * 1e3,
+                t * 1e3,
+                flops / t / 1e12
+            );
+        }
+    }
+    if named("attention") {
+        for (bh, t_, d) in attention_cases(gpu) {
+            let dt = DType::BF16;
+            let ins = vec![filled(&[bh, t_, d], dt, 31)?, filled(&[bh, t_, d], dt, 32)?, filled(&[bh, t_, d], dt, 33)?];
+            let eager = time(2, 5, || attention(&ins)?[0].eval())?;
+            let compiled = rill::compile(attention);
+            let t = time(2, 5, || compiled.call(&ins)?[0].eval())?;
+            println!("attention bf16 bh={bh} t={t_} d={d}: eager {:8.3} ms, compiled {:8.3} ms", eager * 1e3, t * 1e3);
+        }
+    }
+    if named("adam") {
+        for (name, sizes) in adam_cases(gpu) {
+            for adamw in [false, true] {
+                let opt = if adamw { rill::optim::Adam::adamw(1e-3, 0.01) } else { rill::optim::Adam::new(1e-3) };
+                let mut params: Vec<Array> = sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &n)| filled(&[n], DType::F32, 100 + i as u64))
+                    .collect::<Result<_>>()?;
+                let grads: Vec<Array> = sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &n)| filled(&[n], DType::F32, 500 + i as u64))
+                    .collect::<Result<_>>()?;
+                let mut state = rill::optim::AdamState::new(opt, &params)?;
+                let t = time(3, 20, || {
+                    params = state.step(&params, &grads)?;
+                    let (m, v) = state.moments();
+                    let all: Vec<Array> = params.iter().chain(m).chain(v).cloned().collect();
+                    rill::eval(&all)
+                })?;
+                let elems: usize = sizes.iter().sum();
+                // Read p, g, m, v; write p, m, v.
+                let gbs = 7.0 * 4.0 * elems as f64 / t / 1e9;
+                let which = if adamw { "adamw" } else { "adam" };
+                println!("{which} f32 {name}: compiled {:8.3} ms ({gbs:6.1} GB/s)", t * 1e3);
+            }
+        }
+    }
+    Ok(())
+}
 
 pub fn run(device: Device, names: &[String]) -> Result<()> {
     let s = device.default_stream()?;
@@ -110,6 +246,7 @@ pub fn run(device: Device, names: &[String]) -> Result<()> {
     let gpu = device.is_gpu();
     let want = |n: &str| names.is_empty() || names.iter().any(|x| x == n);
     println!("rill bench on {device}");
+    blocks(device, names)?;
     if want("add") {
         let n = if gpu { 1usize << 28 } else { 1 << 24 };
         let (a, b) = (filled(&[n], DType::F32, 1)?, filled(&[n], DType::F32, 2)?);

@@ -45,6 +45,7 @@ pub use runtime::scheduler::{EvalFuture, async_eval, eval, submit};
 pub use runtime::scope::{StreamGuard, WithStream, current_stream_override, with_stream};
 pub use runtime::stream::{Stream, synchronize, synchronize_all};
 pub mod compile;
+pub mod optim;
 pub mod random;
 pub use compile::{Compiled, compile, compile_shapeless};
 pub use ops::movement::SliceArg;

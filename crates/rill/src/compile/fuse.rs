@@ -231,7 +231,8 @@ fn build_group(
                 | Primitive::Host { .. }
                 | Primitive::Placeholder { .. }
                 | Primitive::Fused(_)
-                | Primitive::FusedReduce { .. } => {}
+                | Primitive::FusedReduce { .. }
+                | Primitive::Block(_) => {}
             }
         }
         let k = match externals.iter().position(|&e| e == r) {
@@ -295,7 +296,8 @@ fn build_group(
             | Primitive::Host { .. }
             | Primitive::Placeholder { .. }
             | Primitive::Fused(_)
-            | Primitive::FusedReduce { .. } => unreachable!("a group holds only nodes `fusable` accepts"),
+            | Primitive::FusedReduce { .. }
+            | Primitive::Block(_) => unreachable!("a group holds only nodes `fusable` accepts"),
         };
         let reg = b.push(inst, node.dtype);
         memo.insert(i, reg);

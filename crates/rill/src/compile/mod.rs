@@ -81,6 +81,20 @@
 //! the fused kernel, store the values, and reduce them with the reduction kernels.
 //! `runtime::stats().fused_reduce_kernels` counts the nodes that ran as one kernel.
 //!
+//! **Fused blocks** (`CompileOptions::blocks`, on by default; `blocks.rs`). After
+//! elementwise fusion, three patterns become one
+//! [`Primitive::Block`](crate::primitives::Primitive::Block) node each, on values nothing
+//! else reads: a `matmul` and the elementwise program after it (bias, activation,
+//! residual), which a GPU runs as one cuBLASLt call with an epilogue when the program is
+//! `act(c * x @ w + bias + residual)` with ReLU or the tanh GELU (`c` a constant) (else the product and one
+//! generated kernel); `layer_norm(x + r)` / `rms_norm(x + r)`, the sum also stored when
+//! something else reads it, as one kernel; and one elementwise program applied to many
+//! tensors (an optimizer step over every parameter, see [`crate::optim`]) as one kernel
+//! over all of them. On the CPU each block gives the bits of the ops it replaces; on a
+//! GPU a cuBLASLt epilogue computes on the f32 accumulator, so f16/bf16 results may
+//! differ from the ops' in the last bit. Some outputs are then views of the block's one
+//! buffer (each member of a multi-tensor block, a kept sum).
+//!
 //! **Per call.** A replay looks the key up (one map lookup under a lock), records one
 //! node per tape node, and at evaluation the fused kernel's function is found in a memo
 //! inside its program (no source generation, no formatted key); nothing is traced or
@@ -111,13 +125,14 @@
 //! shapes (new shapes must still broadcast with them, or the call returns the broadcast
 //! error).
 
+pub(crate) mod blocks;
 pub(crate) mod fuse;
 pub(crate) mod rules;
 pub(crate) mod shapes;
 pub(crate) mod simplify;
 pub(crate) mod trace;
 
-pub use crate::primitives::fused::FusedProgram;
+pub use crate::primitives::fused::{FusedBlock, FusedProgram};
 pub use simplify::same_op;
 
 use std::collections::HashMap;
@@ -154,11 +169,14 @@ pub struct CompileOptions {
     pub shapeless: bool,
     /// Fuse elementwise ops (default true).
     pub fuse: bool,
+    /// With `fuse`, also make fused blocks: matmul epilogues, residual norms and
+    /// multi-tensor apply (default true; see the module docs).
+    pub blocks: bool,
 }
 
 impl Default for CompileOptions {
     fn default() -> Self {
-        CompileOptions { shapeless: false, fuse: true }
+        CompileOptions { shapeless: false, fuse: true, blocks: true }
     }
 }
 
@@ -245,7 +263,10 @@ pub fn compile_shapeless<F>(f: F) -> Compiled
 where
     F: Fn(&[Array]) -> Result<Vec<Array>> + Send + Sync + 'static,
 {
-    compile_with_options(move |x: &[Array], _: &[i64]| f(x), CompileOptions { shapeless: true, fuse: true })
+    compile_with_options(
+        move |x: &[Array], _: &[i64]| f(x),
+        CompileOptions { shapeless: true, fuse: true, blocks: true },
+    )
 }
 
 /// Compiles a function of arrays and static integer arguments: the statics given to
@@ -400,6 +421,9 @@ impl Compiled {
         }
         if self.inner.options.fuse && fused_supported(stream.device()) {
             fuse::fuse(&mut tape, !polymorphic);
+            if self.inner.options.blocks {
+                blocks::blocks(&mut tape, !polymorphic);
+            }
         }
         Ok(Entry::new(tape, polymorphic))
     }
@@ -422,5 +446,24 @@ impl Compiled {
             stack.extend(inputs);
         }
         Ok(n)
+    }
+
+    /// Calls the function and counts the nodes of each primitive (by name: `"matmul"`,
+    /// `"fused"`, `"fused_matmul"`, ...) in the (unevaluated) graph of its outputs, down to
+    /// evaluated arrays; for tests and diagnostics.
+    pub fn primitive_counts(&self, inputs: &[Array]) -> Result<std::collections::BTreeMap<&'static str, usize>> {
+        let outs = self.call(inputs)?;
+        let mut seen = std::collections::HashSet::new();
+        let mut stack: Vec<Array> = outs;
+        let mut counts = std::collections::BTreeMap::new();
+        while let Some(a) = stack.pop() {
+            if !seen.insert(a.id()) || a.is_evaluated() {
+                continue;
+            }
+            let (prim, inputs) = a.primitive_and_inputs();
+            *counts.entry(prim.name()).or_insert(0) += 1;
+            stack.extend(inputs);
+        }
+        Ok(counts)
     }
 }

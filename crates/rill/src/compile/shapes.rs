@@ -66,6 +66,7 @@ fn derive(node: &TapeNode, ins: &[&[usize]], read: &dyn Fn(&ShapeOf) -> Vec<usiz
             Err(e) => Err(e),
         },
         Reduce { op, axes } => Ok(reduce::reduce(*op, &first(), axes).ok()?),
+        Block(b) => return block_shape(b, ins),
         // `argmax` of an empty axis is an error; tracing these shapes gives the op's own.
         ArgReduce { axis, .. } => Ok(reduce::arg_reduce(prim.name(), &first(), *axis as isize).ok()?.1),
         Permute(p) => movement::permute(&first(), p),
@@ -94,6 +95,44 @@ fn derive(node: &TapeNode, ins: &[&[usize]], read: &dyn Fn(&ShapeOf) -> Vec<usiz
         | Pad { .. }
         | Host { .. }
         | Placeholder { .. } => return None,
+    })
+}
+
+/// The output shape of a fused block for these input shapes (see [`derive`]).
+fn block_shape(b: &crate::primitives::fused::FusedBlock, ins: &[&[usize]]) -> Option<Result<Vec<usize>>> {
+    use crate::primitives::fused::BlockKind;
+    Some(match &b.kind {
+        BlockKind::Matmul { .. } => {
+            let (a, m) = (ins.first()?, ins.get(1)?);
+            let (ra, rb) = (a.len(), m.len());
+            if ra < 2 || rb < 2 || a[..ra - 2] != m[..rb - 2] {
+                return None;
+            }
+            let out = match linalg::matmul(a, m) {
+                Ok(x) => x.out,
+                Err(e) => return Some(Err(e)),
+            };
+            // The epilogue's operands broadcast to the product, never past it.
+            let mut all: Vec<&[usize]> = vec![&out];
+            all.extend(ins[2..].iter().copied());
+            match broadcast_all(b.name(), &all) {
+                Ok(s) if s == out => Ok(s),
+                Ok(_) => return None,
+                Err(e) => Err(e),
+            }
+        }
+        BlockKind::ResidualNorm { has_weight, has_bias, keep_sum: false, .. } => {
+            let (x, r) = (ins.first()?, ins.get(1)?);
+            if x != r {
+                return None;
+            }
+            let mut cols = ins.iter().skip(2).copied();
+            let weight = if *has_weight { cols.next() } else { None };
+            let bias = if *has_bias { cols.next() } else { None };
+            nn::norm(b.name(), x, weight, bias).map(|_| x.to_vec())
+        }
+        // Views of these fix the traced shapes: made only for tapes replayed on them.
+        BlockKind::ResidualNorm { keep_sum: true, .. } | BlockKind::Multi { .. } => return None,
     })
 }
 
@@ -180,7 +219,8 @@ fn count(tape: &Tape, inputs: &[Vec<usize>], shapes: &[Vec<usize>], rule: &Rule)
         | Primitive::ToDevice
         | Primitive::Host { .. }
         | Primitive::Placeholder { .. }
-        | Primitive::Fused(_) => return None,
+        | Primitive::Fused(_)
+        | Primitive::Block(_) => return None,
     };
     Some(reduce::count_fill(reduce::count(red.prim.name(), &whole, axes).ok()?, ddof))
 }

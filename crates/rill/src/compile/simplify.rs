@@ -58,6 +58,7 @@ pub fn same_op(a: &Primitive, b: &Primitive) -> bool {
             b,
             FusedReduce { program: q, op: o2, axes: a2 } if (Arc::ptr_eq(p, q) || **p == **q) && o1 == o2 && a1 == a2
         ),
+        Block(p) => matches!(b, Block(q) if Arc::ptr_eq(p, q) || **p == **q),
     }
 }
 

@@ -109,14 +109,14 @@ pub(crate) fn trace(
         outputs: out_refs,
         shape_specific,
     };
-    order_rule_reads(&mut tape);
+    order_reads(&mut tape);
     Ok(tape)
 }
 
 /// Reorders the nodes so that a node comes after every node whose shape its rule reads,
 /// as it comes after its inputs (a matmul operand's broadcast reads the other operand,
 /// which the walk may record later).
-fn order_rule_reads(tape: &mut Tape) {
+pub(crate) fn order_reads(tape: &mut Tape) {
     let before = |i: usize| -> Vec<usize> {
         let n = &tape.nodes[i];
         let reads = n.inputs.iter().copied().chain(n.rule.iter().flat_map(|r| r.refs()));

@@ -279,8 +279,151 @@ pub(crate) fn fusable(prim: &crate::primitives::Primitive, ins: &[DType], out: D
         | Host { .. }
         | Placeholder { .. }
         | Fused(_)
-        | FusedReduce { .. } => false,
+        | FusedReduce { .. }
+        | Block(_) => false,
     }
+}
+
+/// A fused block: work of more than elementwise ops in one node, made by `compile`
+/// (`compile/blocks.rs`) and run by each backend's block kernels
+/// (`backend/cpu/blocks.rs`, `backend/cuda/blocks.rs`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FusedBlock {
+    pub(crate) kind: BlockKind,
+}
+
+/// What a [`FusedBlock`] computes.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum BlockKind {
+    /// `program(a @ b, extra...)`: the node's inputs are `a, b, extra...`; the program's
+    /// input 0 is the product and its input `k` the node's input `k + 1`, broadcast to the
+    /// node shape (the product's). `lt`: the program is a cuBLASLt epilogue.
+    Matmul { program: FusedProgram, lt: Option<LtEpilogue> },
+    /// `s = x + r`, then layer norm (`rms`: RMS norm) of `s`: inputs `x, r[, weight][, bias]`
+    /// (`x` and `r` of the node's shape, or of its last axes when `keep_sum`). The output is
+    /// the norm, or with `keep_sum` `[2, ..]`: the sum, then the norm.
+    ResidualNorm { eps: f64, rms: bool, has_weight: bool, has_bias: bool, keep_sum: bool },
+    /// One program applied to `sizes.len()` tensors (multi-tensor apply): the inputs are
+    /// the members' inputs, member by member (`program.input_dtypes().len()` each); input
+    /// `k` of every member has the member's `sizes` elements, or one when `scalar[k]`. The
+    /// output is 1-D: the members' results one after the other.
+    Multi { program: FusedProgram, sizes: Vec<usize>, scalar: Vec<bool> },
+}
+
+/// A matmul program that cuBLASLt computes as `act(a @ b + residual + bias)`: the
+/// program inputs holding the bias (a row broadcast along the rows) and the residual (of
+/// the product's shape).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct LtEpilogue {
+    pub act: LtAct,
+    pub bias: Option<usize>,
+    pub residual: Option<usize>,
+    /// The product's scale (cuBLASLt's alpha), as f32 bits; 1.0 when not scaled.
+    pub alpha: u32,
+}
+
+/// The activations of a cuBLASLt epilogue (its GELU is the tanh approximation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum LtAct {
+    None,
+    Relu,
+    GeluTanh,
+}
+
+impl FusedBlock {
+    /// The block's name in messages and in `Compiled::primitive_counts`: `fused_matmul_lt`
+    /// (a matmul whose program cuBLASLt can apply as its epilogue), `fused_matmul`,
+    /// `fused_add_layer_norm`, `fused_add_rms_norm`, `fused_multi`.
+    pub fn name(&self) -> &'static str {
+        match self.kind {
+            BlockKind::Matmul { lt: Some(_), .. } => "fused_matmul_lt",
+            BlockKind::Matmul { lt: None, .. } => "fused_matmul",
+            BlockKind::ResidualNorm { rms: false, .. } => "fused_add_layer_norm",
+            BlockKind::ResidualNorm { rms: true, .. } => "fused_add_rms_norm",
+            BlockKind::Multi { .. } => "fused_multi",
+        }
+    }
+}
+
+/// The program `prog` with its inputs renumbered: input `k` becomes input `perm[k]`.
+pub(crate) fn renumber_inputs(prog: &FusedProgram, perm: &[usize]) -> FusedProgram {
+    let mut input_dtypes = prog.input_dtypes.clone();
+    for (k, &d) in prog.input_dtypes.iter().enumerate() {
+        input_dtypes[perm[k]] = d;
+    }
+    let insts = prog
+        .insts
+        .iter()
+        .map(|i| match *i {
+            Inst::Load(k) => Inst::Load(perm[k]),
+            ref i => i.clone(),
+        })
+        .collect();
+    FusedProgram { input_dtypes, insts, dtypes: prog.dtypes.clone(), out: prog.out, kernels: KernelMemo::default() }
+}
+
+/// The cuBLASLt epilogue `prog` is, when it is `act(sum)` or `sum` with `sum` a sum of
+/// the product (input 0, or the product times a constant: alpha), at most one bias (an input `is_bias` accepts) and at most one
+/// residual (`is_full`), the adds in any order, and something besides the product. Only
+/// the tanh GELU (cuBLASLt's) and ReLU are activations; the erf GELU is not.
+pub(crate) fn lt_epilogue(
+    prog: &FusedProgram,
+    is_bias: impl Fn(usize) -> bool,
+    is_full: impl Fn(usize) -> bool,
+) -> Option<LtEpilogue> {
+    let out_d = prog.output_dtype();
+    if !matches!(out_d, DType::F32 | DType::F16 | DType::BF16) || prog.dtypes.iter().any(|&d| d != out_d) {
+        return None;
+    }
+    let (act, top) = match prog.insts[prog.out] {
+        Inst::Unary(UnaryOp::Relu, a) => (LtAct::Relu, a),
+        Inst::Unary(UnaryOp::GeluTanh, a) => (LtAct::GeluTanh, a),
+        _ => (LtAct::None, prog.out),
+    };
+    // The leaves of the tree of adds under `top` (each register used once).
+    let mut leaves = Vec::new();
+    let mut alpha_of: Option<f32> = None;
+    let mut stack = vec![top];
+    while let Some(r) = stack.pop() {
+        match prog.insts[r] {
+            Inst::Binary(BinaryOp::Add, a, b) => stack.extend([a, b]),
+            Inst::Load(k) => leaves.push(k),
+            // The product times a constant: alpha (a scaled product is marked MAX).
+            Inst::Binary(BinaryOp::Mul, a, b) => match (&prog.insts[a], &prog.insts[b]) {
+                (Inst::Load(0), Inst::Const(c)) | (Inst::Const(c), Inst::Load(0)) if alpha_of.is_none() => {
+                    alpha_of = Some(*c as f32);
+                    leaves.push(usize::MAX);
+                }
+                _ => return None,
+            },
+            _ => return None,
+        }
+    }
+    let (mut product, mut bias, mut residual) = (0, None, None);
+    let mut alpha = 1.0f32;
+    for k in leaves {
+        if k == usize::MAX || k == 0 {
+            product += 1;
+        } else if bias.is_none() && is_bias(k) {
+            bias = Some(k);
+        } else if residual.is_none() && is_full(k) {
+            residual = Some(k);
+        } else {
+            return None;
+        }
+    }
+    if let Some(a) = alpha_of {
+        alpha = a;
+    }
+    let binaries = prog.insts.iter().filter(|i| matches!(i, Inst::Binary(..))).count();
+    let scaled = alpha_of.is_some();
+    let something = bias.is_some() || residual.is_some() || act != LtAct::None || scaled;
+    // Every instruction is a load, one of the adds (or the scale and its constant), or
+    // the activation.
+    let loads = prog.insts.iter().filter(|i| matches!(i, Inst::Load(_))).count();
+    let counted = loads + binaries + scaled as usize + (act != LtAct::None) as usize;
+    let lt = LtEpilogue { act, bias, residual, alpha: alpha.to_bits() };
+    (product == 1 && something && counted == prog.insts.len()).then_some(lt)
 }
 
 // This family has no gradient rules: each slot returns `Unsupported` (see `grad.rs`).

@@ -99,7 +99,7 @@ impl Primitive {
             | ToDevice => Owner::Movement,
             Host { name, .. } => Owner::Host(name),
             Placeholder { .. } => Owner::Placeholder,
-            Fused(_) | FusedReduce { .. } => Owner::Fused,
+            Fused(_) | FusedReduce { .. } | Block(_) => Owner::Fused,
         }
     }
 

@@ -289,6 +289,10 @@ pub enum Primitive {
         /// Reduced axes of the program's (broadcast) shape.
         axes: Vec<usize>,
     },
+    /// A fused block made by `crate::compile` (a matmul with its epilogue, a residual
+    /// add with its normalisation, one program over many tensors): see
+    /// [`FusedBlock`](crate::compile::FusedBlock).
+    Block(Arc<crate::primitives::fused::FusedBlock>),
 }
 
 impl Primitive {
@@ -329,6 +333,7 @@ impl Primitive {
             Placeholder { .. } => "placeholder",
             Fused(_) => "fused",
             FusedReduce { .. } => "fused_reduce",
+            Block(b) => b.name(),
         }
     }
     /// The family the primitive belongs to (the section of the enum it is declared in).
@@ -346,7 +351,7 @@ impl Primitive {
             Reshape | Permute(_) | BroadcastTo | Slice { .. } => Family::View,
             Contiguous | Take { .. } | Concatenate { .. } | Pad { .. } | ToDevice | Host { .. } => Family::Copy,
             Placeholder { .. } => Family::Placeholder,
-            Fused(_) | FusedReduce { .. } => Family::Fused,
+            Fused(_) | FusedReduce { .. } | Block(_) => Family::Fused,
         }
     }
     /// Elementwise family: output element `i` depends only on input elements `i`

@@ -18,6 +18,9 @@
 //! | `linger_handoffs` | the scheduler | GPU batches started by a lingering pool job |
 //! | `inline_batches` | the scheduler | batches a blocking `eval` ran on its own thread |
 //! | `eval_fused_groups`, `eval_fused_ops` | fusion at eval (`fusion.rs`) | fused nodes made by evaluations; the ops they replaced |
+//! | `matmul_epilogues_lt`, `matmul_epilogue_kernels` | the backends' fused-block kernels | `compile`'s matmul blocks computed by one cuBLASLt call with an epilogue (GPU); by the product and then the program |
+//! | `residual_norms` | the backends' fused-block kernels | `compile`'s residual-norm blocks computed (one kernel each) |
+//! | `multi_tensor_launches`, `multi_tensor_members` | the backends' fused-block kernels | launches of `compile`'s multi-tensor blocks (one per block on the CPU); the tensors they covered |
 //! | `kernels_compiled`, `kernels_compiled_on_user_threads` | the CUDA backend's NVRTC cache | kernels compiled; of them, on a thread not the runtime's (must stay 0) |
 
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -40,6 +43,11 @@ pub(crate) static INLINE_BATCHES: AtomicU64 = AtomicU64::new(0);
 pub(crate) static HOST_ROUND_TRIPS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static EVAL_FUSED_GROUPS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static EVAL_FUSED_OPS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static MATMUL_EPILOGUES_LT: AtomicU64 = AtomicU64::new(0);
+pub(crate) static MATMUL_EPILOGUE_KERNELS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static RESIDUAL_NORMS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static MULTI_TENSOR_LAUNCHES: AtomicU64 = AtomicU64::new(0);
+pub(crate) static MULTI_TENSOR_MEMBERS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static KERNELS_COMPILED: AtomicU64 = AtomicU64::new(0);
 pub(crate) static KERNELS_COMPILED_ON_USER_THREADS: AtomicU64 = AtomicU64::new(0);
 
@@ -115,6 +123,19 @@ pub struct Stats {
     pub eval_fused_groups: u64,
     /// The elementwise ops (and reductions) those nodes compute in place of separate kernels.
     pub eval_fused_ops: u64,
+    /// `rill::compile` matmul blocks (a product and its elementwise epilogue) that a GPU
+    /// computed with one cuBLASLt call and its epilogue (bias, ReLU/tanh GELU, residual).
+    pub matmul_epilogues_lt: u64,
+    /// Matmul blocks computed as the product and then the epilogue's program in one
+    /// generated kernel (every backend; on a GPU where cuBLASLt cannot apply it).
+    pub matmul_epilogue_kernels: u64,
+    /// `rill::compile` residual-norm blocks (`norm(x + r)`, the sum kept or not) computed.
+    pub residual_norms: u64,
+    /// Launches of `rill::compile` multi-tensor blocks (one program over many tensors; a
+    /// launch covers up to 64 of them on a GPU, all of them on the CPU).
+    pub multi_tensor_launches: u64,
+    /// The tensors those launches covered.
+    pub multi_tensor_members: u64,
 }
 
 /// Reads every counter.
@@ -145,5 +166,10 @@ pub fn stats() -> Stats {
         kernels_compiled_on_user_threads: KERNELS_COMPILED_ON_USER_THREADS.load(Relaxed),
         eval_fused_groups: EVAL_FUSED_GROUPS.load(Relaxed),
         eval_fused_ops: EVAL_FUSED_OPS.load(Relaxed),
+        matmul_epilogues_lt: MATMUL_EPILOGUES_LT.load(Relaxed),
+        matmul_epilogue_kernels: MATMUL_EPILOGUE_KERNELS.load(Relaxed),
+        residual_norms: RESIDUAL_NORMS.load(Relaxed),
+        multi_tensor_launches: MULTI_TENSOR_LAUNCHES.load(Relaxed),
+        multi_tensor_members: MULTI_TENSOR_MEMBERS.load(Relaxed),
     }
 }

@@ -33,11 +33,34 @@ pub(crate) fn eval_fused(p: &FusedProgram, inputs: &[&Storage], shape: &[usize],
     if n == 0 {
         return Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape));
     }
-    crate::with_dtype!(dtype, O => {
-        let out = buf.typed_mut::<O>();
-        par::chunks_init(out, CHUNK, || scratch(p, n.min(CHUNK)), |regs, c, o| run_chunk(p, inputs, &layouts, c * CHUNK, o, regs));
-    });
+    crate::with_dtype!(dtype, O => fill(p, inputs, &layouts, buf.typed_mut::<O>()));
     Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape))
+}
+
+/// Runs a fused program over `shape` into `out` (`shape`'s elements, row-major): the
+/// loop of [`eval_fused`], for callers that own the output (a multi-tensor block).
+pub(crate) fn eval_fused_into<O: Element>(
+    p: &FusedProgram,
+    inputs: &[&Storage],
+    shape: &[usize],
+    dtype: DType,
+    out: &mut [O],
+) -> Result<()> {
+    let layouts = prepare(p, inputs, shape, dtype)?;
+    if !out.is_empty() {
+        fill(p, inputs, &layouts, out);
+    }
+    Ok(())
+}
+
+fn fill<O: Element>(p: &FusedProgram, inputs: &[&Storage], layouts: &[Layout], out: &mut [O]) {
+    let n = out.len();
+    par::chunks_init(
+        out,
+        CHUNK,
+        || scratch(p, n.min(CHUNK)),
+        |regs, c, o| run_chunk(p, inputs, layouts, c * CHUNK, o, regs),
+    );
 }
 
 /// Runs a fused program over the broadcast of its inputs and reduces its values over

@@ -6,6 +6,7 @@
 //! Kernels receive inputs already converted by the ops layer: elementwise inputs share
 //! the output dtype (predicates output bool), reductions keep their input dtype.
 
+mod blocks;
 mod buffer;
 pub(crate) mod creation;
 pub(crate) mod elementwise;
@@ -64,6 +65,7 @@ pub(crate) fn eval(prim: &Primitive, shape: &[usize], dtype: DType, inputs: &[&S
         )),
         Fused(p) => fused::eval_fused(p, inputs, shape, dtype),
         FusedReduce { program, op, axes } => fused::eval_fused_reduce(program, *op, axes, inputs, shape, dtype),
+        Block(b) => blocks::eval_block(b, inputs, shape, dtype),
     }
 }
 

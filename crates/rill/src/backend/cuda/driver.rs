@@ -569,7 +569,22 @@ impl Driver<'_> {
         };
         (st == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS).then(|| count.clamp(0, room) as usize)
     }
-    /// `cublasLtMatmul` of `a` (layout `la`) and `b` (`lb`) into `c` (`lc`, also D).
+    /// Sets an attribute of a matmul descriptor.
+    ///
+    /// # Safety
+    /// `desc` is live; `buf` points at `size` bytes of the attribute's type.
+    pub unsafe fn lt_set_matmul_desc_attribute(
+        self,
+        desc: lt::cublasLtMatmulDesc_t,
+        attr: lt::cublasLtMatmulDescAttributes_t,
+        buf: *const c_void,
+        size: usize,
+    ) -> Result<(), LtError> {
+        // SAFETY: the caller's.
+        unsafe { ltr::set_matmul_desc_attribute(desc, attr, buf, size) }
+    }
+    /// `cublasLtMatmul` of `a` (layout `la`) and `b` (`lb`) plus `beta` times `c` into
+    /// `d` (C and D share the layout `lc`).
     ///
     /// # Safety
     /// As cuBLASLt requires: live handle and descriptors made for this problem, operands
@@ -583,7 +598,7 @@ impl Driver<'_> {
         beta: *const c_void,
         (a, la): (*const c_void, lt::cublasLtMatrixLayout_t),
         (b, lb): (*const c_void, lt::cublasLtMatrixLayout_t),
-        (c, lc): (*mut c_void, lt::cublasLtMatrixLayout_t),
+        (c, d, lc): (*const c_void, *mut c_void, lt::cublasLtMatrixLayout_t),
         algo: &lt::cublasLtMatmulAlgo_t,
         (ws, ws_bytes): (u64, usize),
         stream: sys::CUstream,
@@ -599,9 +614,9 @@ impl Driver<'_> {
                 la,
                 b,
                 lb,
-                c as *const c_void,
-                lc,
                 c,
+                lc,
+                d,
                 lc,
                 algo,
                 ws as *mut c_void,

@@ -24,7 +24,7 @@ use crate::sync::Arc;
 use super::buffer::{cuda_of, download, scalar_on_device, slab_scalar, upload};
 use super::driver::{Driver, GpuStream};
 use super::handles::{CudaStreamHandle, Ev};
-use super::{check, copy, elementwise as ew, fused, launch, matmul, norm, random, reduce, scan, take};
+use super::{blocks, check, copy, elementwise as ew, fused, launch, matmul, norm, random, reduce, scan, take};
 use smallvec::SmallVec;
 
 /// One batch on a GPU stream, from its first node to the hand-over of its fence.
@@ -262,6 +262,7 @@ fn eval(
         Placeholder { .. } => Err(Error::invalid("placeholder", "a compile placeholder cannot be evaluated")),
         Fused(p) => fused::fused(cs, p, &owned(), shape, dtype),
         FusedReduce { program, op, axes } => fused::fused_reduce(cs, program, *op, axes, &owned(), shape, dtype),
+        Block(b) => blocks::block(cs, b, &owned(), shape, dtype),
         ToDevice | Host { .. } => Err(Error::invalid(prim.name(), "handled above")),
     }
 }

@@ -181,7 +181,7 @@ pub(crate) fn plan(dims: &[usize], ins: &[Operand<'_>], out_addr: u64, out_size:
 
 /// The device function computing `prog` for one element:
 /// `__device__ OUT fused_op(IN0 v0, ..., IN{K-1} v{K-1})` (stored C types in and out).
-fn op_function(prog: &FusedProgram) -> String {
+pub(crate) fn op_function(prog: &FusedProgram) -> String {
     let mut s = String::new();
     let params: Vec<String> =
         prog.input_dtypes.iter().enumerate().map(|(i, &d)| format!("{} v{i}", c_type(d))).collect();

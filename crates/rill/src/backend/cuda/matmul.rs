@@ -24,6 +24,7 @@ use cudarc::cublaslt::sys as lt;
 use crate::backend::Storage;
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::primitives::fused::LtAct;
 use crate::sync::OnceLock;
 use crate::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
@@ -48,6 +49,74 @@ fn tf32() -> bool {
 }
 
 pub(crate) fn matmul(cs: &GpuStream<'_>, a: &Storage, b: &Storage, shape: &[usize], dtype: DType) -> Result<Storage> {
+    product(cs, a, b, shape, dtype, None)?.ok_or_else(|| super::unsupported("matmul", "no product was computed"))
+}
+
+/// What cuBLASLt applies after a product (`primitives::fused::LtEpilogue` for one call).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+struct Epi {
+    act: LtAct,
+    bias: bool,
+    residual: bool,
+}
+
+/// An epilogue and its operands for one product.
+struct EpiArgs<'s> {
+    epi: Epi,
+    bias: Option<&'s Storage>,
+    residual: Option<&'s Storage>,
+    alpha: f32,
+}
+
+/// `act(alpha a @ b + residual + bias)` in one `cublasLtMatmul` (the bias a row of `n`
+/// elements added to every row, the residual through the C matrix with beta = 1), or
+/// `None` when cuBLASLt cannot: not a single f32/f16/bf16 product of nonempty operands,
+/// an operand of another dtype or layout than contiguous, cuBLASLt off or missing, or no
+/// algorithm with this epilogue. The caller then runs the product and its program.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_epilogue(
+    cs: &GpuStream<'_>,
+    a: &Storage,
+    b: &Storage,
+    (bias, residual): (Option<&Storage>, Option<&Storage>),
+    act: LtAct,
+    alpha: f32,
+    shape: &[usize],
+    dtype: DType,
+) -> Result<Option<Storage>> {
+    let nd = shape.len();
+    if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) || nd < 2 || !lt_enabled() {
+        return Ok(None);
+    }
+    let (m, n) = (shape[nd - 2], shape[nd - 1]);
+    let k = a.layout.shape.last().copied().unwrap_or(0);
+    let batch: usize = shape[..nd - 2].iter().product();
+    let fits = |s: &Storage, count: usize| {
+        s.dtype == dtype && s.layout.is_contiguous() && crate::shape::numel(&s.layout.shape) == count
+    };
+    if batch != 1 || m * n * k == 0 || !bias.is_none_or(|s| fits(s, n)) || !residual.is_none_or(|s| fits(s, m * n)) {
+        return Ok(None);
+    }
+    // The bias is read with vector loads: an address off 16 bytes (a sliced bias) takes
+    // the generated kernel instead.
+    let elem = |s: &Storage| cuda_of(s).map(|x| x.ptr()).unwrap_or(0) + (s.layout.offset * dtype.size()) as u64;
+    if bias.is_some_and(|s| elem(s) % 16 != 0) {
+        return Ok(None);
+    }
+    let epi = Epi { act, bias: bias.is_some(), residual: residual.is_some() };
+    product(cs, a, b, shape, dtype, Some(EpiArgs { epi, bias, residual, alpha }))
+}
+
+/// The product `a @ b` into a new storage (with `epi` through cuBLASLt, or `None` when it
+/// cannot apply it).
+fn product(
+    cs: &GpuStream<'_>,
+    a: &Storage,
+    b: &Storage,
+    shape: &[usize],
+    dtype: DType,
+    epi: Option<EpiArgs<'_>>,
+) -> Result<Option<Storage>> {
     use cbsys::cublasComputeType_t as C;
     use cbsys::cudaDataType_t as T;
     let (ty, compute) = match dtype {
@@ -62,10 +131,10 @@ pub(crate) fn matmul(cs: &GpuStream<'_>, a: &Storage, b: &Storage, shape: &[usiz
     let k = a.layout.shape[a.layout.shape.len() - 1];
     let batch: usize = shape[..nd - 2].iter().product();
     if m * n * batch == 0 {
-        return new_storage(cs, dtype, shape);
+        return new_storage(cs, dtype, shape).map(Some);
     }
     if k == 0 {
-        return super::elementwise::full(cs, shape, dtype, 0.0);
+        return super::elementwise::full(cs, shape, dtype, 0.0).map(Some);
     }
     let too_big = [m, n, k, batch].iter().any(|&v| v > i32::MAX as usize);
     if too_big {
@@ -90,7 +159,14 @@ pub(crate) fn matmul(cs: &GpuStream<'_>, a: &Storage, b: &Storage, shape: &[usiz
     let pa = cuda_of(a).map(|x| x.ptr()).unwrap_or(0) + a.layout.offset as u64 * size;
     let pb = cuda_of(b).map(|x| x.ptr()).unwrap_or(0) + b.layout.offset as u64 * size;
     let pc = cuda_of(&out).map(|x| x.ptr()).unwrap_or(0);
-    let r = catch_unwind(AssertUnwindSafe(|| -> Result<()> {
+    let addr = |s: &Storage| cuda_of(s).map(|x| x.ptr()).unwrap_or(0) + s.layout.offset as u64 * size;
+    let epi = epi.map(|e| EpiPtrs {
+        epi: e.epi,
+        bias: e.bias.map(addr).unwrap_or(0),
+        c: e.residual.map(addr).unwrap_or(pc),
+        alpha: e.alpha,
+    });
+    let r = catch_unwind(AssertUnwindSafe(|| -> Result<bool> {
         // Loaded at process start or when the device was probed; never here (`libs.rs`).
         if !super::libs::loaded(super::libs::Lib::Cublas) {
             return Err(super::unsupported("matmul", "cuBLAS (libcublas) was not found"));
@@ -115,13 +191,14 @@ pub(crate) fn matmul(cs: &GpuStream<'_>, a: &Storage, b: &Storage, shape: &[usiz
         }
         let Some(blas) = g.as_mut() else { return Err(super::unsupported("matmul", "no cuBLAS handle")) };
         let tf32 = compute == C::CUBLAS_COMPUTE_32F_FAST_TF32;
-        let p = Problem { sizes: Sizes { dtype, tf32, m, n, k, batch }, pa, pb, pc };
+        let p = Problem { sizes: Sizes { dtype, tf32, m, n, k, batch }, pa, pb, pc, epi };
         // SAFETY: a plan is made for this problem and used with the stream's workspace;
         // the addresses cover the contiguous [batch, m, k], [batch, k, n] and [batch, m, n]
-        // operands.
+        // operands (and the epilogue's bias of n and residual of m x n elements).
         let res = match lt_plan(cs.driver(), blas, &p) {
-            Some((h, plan)) => unsafe { lt_matmul(cs, h, blas.ws_ptr, &plan, &p) },
-            None => unsafe { gemm_ex(cs, blas.handle, &p, ty, compute) },
+            Some((h, plan)) => unsafe { lt_matmul(cs, h, blas.ws_ptr, &plan, &p) }.map(|_| true),
+            None if p.epi.is_some() => Ok(false),
+            None => unsafe { gemm_ex(cs, blas.handle, &p, ty, compute) }.map(|_| true),
         };
         if fresh {
             // Statics cuBLAS and cuBLASLt built for this handle and its first call (see
@@ -131,8 +208,8 @@ pub(crate) fn matmul(cs: &GpuStream<'_>, a: &Storage, b: &Storage, shape: &[usiz
         }
         res
     }));
-    r.unwrap_or_else(|_| Err(super::unsupported("matmul", "cuBLAS could not be loaded")))?;
-    Ok(out)
+    let done = r.unwrap_or_else(|_| Err(super::unsupported("matmul", "cuBLAS could not be loaded")))?;
+    Ok(done.then_some(out))
 }
 
 /// Runs a small product of every dtype, one and batched, through cuBLASLt and cuBLAS on a
@@ -173,6 +250,17 @@ struct Problem {
     pa: u64,
     pb: u64,
     pc: u64,
+    epi: Option<EpiPtrs>,
+}
+
+/// An epilogue with its bias address (0: none) and the C matrix's (the residual, or the
+/// output when there is none).
+#[derive(Clone, Copy)]
+struct EpiPtrs {
+    epi: Epi,
+    bias: u64,
+    c: u64,
+    alpha: f32,
 }
 
 impl Problem {
@@ -250,7 +338,9 @@ unsafe fn gemm_ex(
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 struct LtKey {
     sizes: Sizes,
-    align: [u32; 3],
+    /// A, B, D and C (the residual, when it is not D).
+    align: [u32; 4],
+    epi: Option<Epi>,
 }
 
 /// Descriptors and the algorithm cuBLASLt's heuristic chose for one [`LtKey`] (plain
@@ -332,7 +422,9 @@ fn lt_plan(d: Driver<'_>, blas: &mut Blas, p: &Problem) -> Option<(lt::cublasLtH
     if h.is_null() {
         return None;
     }
-    let key = LtKey { sizes: p.sizes, align: [alignment(p.pa), alignment(p.pb), alignment(p.pc)] };
+    let pc_in = p.epi.map(|e| e.c).unwrap_or(p.pc);
+    let align = [alignment(p.pa), alignment(p.pb), alignment(p.pc), alignment(pc_in)];
+    let key = LtKey { sizes: p.sizes, align, epi: p.epi.map(|e| e.epi) };
     if !st.plans.contains_key(&key) {
         if st.plans.len() >= LT_PLANS {
             for plan in st.plans.drain().filter_map(|(_, p)| p) {
@@ -405,6 +497,24 @@ unsafe fn make_plan(drv: Driver<'_>, h: lt::cublasLtHandle_t, key: &LtKey, works
             Err(_) => ok = false,
         }
     }
+    if let Some(e) = key.epi {
+        use lt::cublasLtEpilogue_t as E;
+        let v = match (e.act, e.bias) {
+            (LtAct::None, false) => E::CUBLASLT_EPILOGUE_DEFAULT,
+            (LtAct::None, true) => E::CUBLASLT_EPILOGUE_BIAS,
+            (LtAct::Relu, false) => E::CUBLASLT_EPILOGUE_RELU,
+            (LtAct::Relu, true) => E::CUBLASLT_EPILOGUE_RELU_BIAS,
+            (LtAct::GeluTanh, false) => E::CUBLASLT_EPILOGUE_GELU,
+            (LtAct::GeluTanh, true) => E::CUBLASLT_EPILOGUE_GELU_BIAS,
+        };
+        let v = v as u32;
+        use lt::cublasLtMatmulDescAttributes_t as A;
+        // SAFETY: live descriptor; the value is the attribute's 4-byte enum.
+        ok &= unsafe {
+            drv.lt_set_matmul_desc_attribute(desc, A::CUBLASLT_MATMUL_DESC_EPILOGUE, (&v as *const u32).cast(), 4)
+        }
+        .is_ok();
+    }
     let plan = LtPlan { desc, layouts, algo: lt::cublasLtMatmulAlgo_t { data: [0; 8] }, workspace: 0 };
     // SAFETY: `h` is live (the caller's) and so are the descriptors just made.
     let chosen = if ok { unsafe { heuristic(drv, h, &plan, key, workspace) } } else { None };
@@ -436,13 +546,13 @@ unsafe fn heuristic(
     let pref = d.lt_create_matmul_pref().ok()?;
     let ws = workspace as u64;
     // cuBLASLt's A, B and C/D: our B, A and C.
-    let [aa, ab, ac] = key.align;
+    let [aa, ab, ad, ac] = key.align;
     let attrs: [(P, u64, usize); 5] = [
         (P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws, 8),
         (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, ab as u64, 4),
         (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, aa as u64, 4),
         (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, ac as u64, 4),
-        (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, ac as u64, 4),
+        (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, ad as u64, 4),
     ];
     let mut ok = true;
     for (attr, v, size) in attrs {
@@ -478,10 +588,35 @@ unsafe fn heuristic(
 /// `h` and `plan` are the stream's, made for `p`; `ws` is the stream's workspace (or 0
 /// when the plan needs none); the addresses cover the operands.
 unsafe fn lt_matmul(cs: &GpuStream<'_>, h: lt::cublasLtHandle_t, ws: u64, plan: &LtPlan, p: &Problem) -> Result<()> {
-    let (alpha, beta) = p.scales(&SCALES);
+    let (mut alpha, mut beta) = p.scales(&SCALES);
     let [la, lb, lc] = plan.layouts;
     let stream = cs.stream().cu_stream();
-    // SAFETY: forwarded from the caller; C and D are the same buffer, beta is zero.
+    let mut c_in = p.pc;
+    // Read by cublasLtMatmul before it returns (host pointer mode).
+    let scale = p.epi.map(|e| e.alpha).unwrap_or(1.0);
+    if let Some(e) = p.epi {
+        alpha = (&scale as *const f32).cast();
+        if e.epi.bias {
+            use lt::cublasLtMatmulDescAttributes_t as A;
+            let ptr = e.bias;
+            // SAFETY: the plan's live descriptor (this stream's, used by one thread at a
+            // time under the handle's lock); the value is the attribute's pointer.
+            unsafe {
+                cs.driver().lt_set_matmul_desc_attribute(
+                    plan.desc,
+                    A::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                    (&ptr as *const u64).cast(),
+                    8,
+                )
+            }
+            .map_err(|e| super::backend_err("matmul", e))?;
+        }
+        if e.epi.residual {
+            c_in = e.c;
+            beta = (&SCALES.one32 as *const f32).cast();
+        }
+    }
+    // SAFETY: forwarded from the caller; C is D unless a residual is added (beta one).
     unsafe {
         cs.driver().lt_matmul(
             h,
@@ -490,7 +625,7 @@ unsafe fn lt_matmul(cs: &GpuStream<'_>, h: lt::cublasLtHandle_t, ws: u64, plan: 
             beta,
             (p.pb as *const c_void, la),
             (p.pa as *const c_void, lb),
-            (p.pc as *mut c_void, lc),
+            (c_in as *const c_void, p.pc as *mut c_void, lc),
             &plan.algo,
             (ws, plan.workspace),
             stream,

@@ -38,6 +38,7 @@
 //! `catch_unwind`, and every handle whose cudarc `Drop` could panic is destroyed by hand,
 //! only while the runtime is running, and leaked on purpose during shutdown.
 
+mod blocks;
 mod buffer;
 mod cache;
 mod check;

@@ -56,36 +56,61 @@ pub(crate) fn elem_ptr(s: &Storage) -> u64 {
 
 /// Layer normalisation; inputs `x[, weight][, bias]`.
 pub(crate) fn layer_norm(cs: &GpuStream<'_>, inputs: &[Storage], eps: f64, w: bool, b: bool) -> Result<Storage> {
-    norm(cs, inputs, eps, w, b, false)
+    norm(cs, inputs, eps, Cols { w, b, rms: false }, Residual::None)
 }
 
 /// RMS normalisation; inputs `x[, weight]`.
 pub(crate) fn rms_norm(cs: &GpuStream<'_>, inputs: &[Storage], eps: f64, w: bool) -> Result<Storage> {
-    norm(cs, inputs, eps, w, false, true)
+    norm(cs, inputs, eps, Cols { w, b: false, rms: true }, Residual::None)
 }
 
-fn norm(cs: &GpuStream<'_>, inputs: &[Storage], eps: f64, has_w: bool, has_b: bool, rms: bool) -> Result<Storage> {
-    let name = if rms { "rms_norm" } else { "layer_norm" };
-    let x = &inputs[0];
-    let d = x.dtype;
-    if !d.is_float() {
-        return Err(super::unsupported(name, format!("dtype {d}")));
-    }
-    let shape = x.layout.shape.clone();
-    let cols = shape.last().copied().unwrap_or(1);
-    let n: usize = shape.iter().product();
-    let out = new_storage(cs, d, &shape)?;
-    if n == 0 {
-        return Ok(out);
-    }
-    let rows = n / cols;
-    let xs = contiguous(cs, x)?;
-    let ws = if has_w { Some(contiguous(cs, &inputs[1])?) } else { None };
-    let bs = if has_b { Some(contiguous(cs, &inputs[1 + has_w as usize])?) } else { None };
+/// `x + r` then layer norm (`rms`: RMS norm) in one kernel; inputs `x, r[, weight][, bias]`.
+/// The sum is rounded to the dtype before it is normalised, as the add kernel stores it.
+/// `keep_sum`: the output is `[2, ..]`, the sum and then the norm.
+pub(crate) fn residual_norm(
+    cs: &GpuStream<'_>,
+    inputs: &[Storage],
+    eps: f64,
+    (w, b, rms): (bool, bool, bool),
+    keep_sum: bool,
+) -> Result<Storage> {
+    let residual = if keep_sum { Residual::KeepSum } else { Residual::Add };
+    norm(cs, inputs, eps, Cols { w, b, rms }, residual)
+}
+
+/// The per-column inputs of a normalisation and which one it is.
+#[derive(Clone, Copy)]
+struct Cols {
+    w: bool,
+    b: bool,
+    rms: bool,
+}
+
+/// Whether a residual is added to `x` first (input 1), and whether the sum is stored.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Residual {
+    None,
+    Add,
+    KeepSum,
+}
+
+/// The source of the normalisation kernel `k_norm` for dtype `d`.
+fn norm_source(d: DType, Cols { w: has_w, b: has_b, rms }: Cols, residual: Residual) -> String {
     let (t, f) = (ctype(d), ftype(d));
     let sqrt = if f == "float" { "sqrtf" } else { "sqrt" };
     let ld = |e: &str| load(d, e);
-    let (lx, lx0, lw, lb) = (ld("p[j]"), ld("p[0]"), ld("w[j]"), ld("bb[j]"));
+    // The element read: `x`, or `x + r` rounded to the dtype (the add kernel's value).
+    let (lx, lx0) = match residual {
+        Residual::None => (ld("p[j]"), ld("p[0]")),
+        Residual::Add | Residual::KeepSum => {
+            let add = |e: &str| {
+                let sum = crate::primitives::BinaryOp::Add.cuda(d, &ld(&format!("p[{e}]")), &ld(&format!("q[{e}]")));
+                ld(&store_float(d, &sum, d == DType::F64))
+            };
+            (add("j"), add("0"))
+        }
+    };
+    let (lw, lb) = (ld("w[j]"), ld("bb[j]"));
     let st = store_float(d, "y", d == DType::F64);
     let moments =
         if rms { "s2 += v * v;".to_string() } else { "{f} t = v - x0; s1 += t; s2 += t * t;".replace("{f}", f) };
@@ -99,17 +124,25 @@ fn norm(cs: &GpuStream<'_>, inputs: &[Storage], eps: f64, has_w: bool, has_b: bo
     };
     let apply_w = if has_w { format!("y = y * {lw};") } else { String::new() };
     let apply_b = if has_b { format!("y = y + {lb};") } else { String::new() };
-    let key = format!("norm:{rms}:{has_w}:{has_b}:{}", d.name());
+    let keep = if residual == Residual::KeepSum {
+        format!("s[j] = {};", store_float(d, "v", d == DType::F64))
+    } else {
+        String::new()
+    };
     let reduce = block_sum2_src(f);
-    let src = move || {
+    {
         format!(
             r#"{PRELUDE}
 {reduce}
-extern "C" __global__ void k_norm({t}* out, const {t}* x, const {t}* w, const {t}* bb, i64 rows, i64 cols, double eps_d) {{
+extern "C" __global__ void k_norm({t}* out, const {t}* x, const {t}* w, const {t}* bb, i64 rows, i64 cols, double eps_d,
+                                  const {t}* rx, {t}* sum) {{
     {f} eps = ({f})eps_d;
     {f} nf = ({f})cols;
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {{
         const {t}* p = x + r * cols;
+        const {t}* q = rx + r * cols;
+        {t}* s = sum + r * cols;
+        (void)q; (void)s;
         {t}* o = out + r * cols;
         {f} x0 = {lx0};
         {f} s1 = 0, s2 = 0;
@@ -118,7 +151,9 @@ extern "C" __global__ void k_norm({t}* out, const {t}* x, const {t}* w, const {t
         {f} mean, scale;
         {stats}
         for (i64 j = threadIdx.x; j < cols; j += blockDim.x) {{
-            {f} y = ({lx} - mean) * scale;
+            {f} v = {lx};
+            {keep}
+            {f} y = (v - mean) * scale;
             {apply_w}
             {apply_b}
             o[j] = {st};
@@ -127,9 +162,42 @@ extern "C" __global__ void k_norm({t}* out, const {t}* x, const {t}* w, const {t
 }}
 "#
         )
+    }
+}
+
+fn norm(cs: &GpuStream<'_>, inputs: &[Storage], eps: f64, cols_in: Cols, residual: Residual) -> Result<Storage> {
+    let Cols { w: has_w, b: has_b, rms } = cols_in;
+    let name = if rms { "rms_norm" } else { "layer_norm" };
+    let x = &inputs[0];
+    let d = x.dtype;
+    if !d.is_float() {
+        return Err(super::unsupported(name, format!("dtype {d}")));
+    }
+    let shape = x.layout.shape.clone();
+    let cols = shape.last().copied().unwrap_or(1);
+    let n: usize = shape.iter().product();
+    let first = (residual != Residual::None) as usize + 1;
+    let mut out_shape = shape.to_vec();
+    if residual == Residual::KeepSum {
+        out_shape.insert(0, 2);
+    }
+    let out = new_storage(cs, d, &out_shape)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let rows = n / cols;
+    let xs = contiguous(cs, x)?;
+    let rs = if first == 2 { Some(contiguous(cs, &inputs[1])?) } else { None };
+    let ws = if has_w { Some(contiguous(cs, &inputs[first])?) } else { None };
+    let bs = if has_b { Some(contiguous(cs, &inputs[first + has_w as usize])?) } else { None };
+    let key = format!("norm:{rms}:{has_w}:{has_b}:{residual:?}:{}", d.name());
+    let func = nvrtc::function(cs.driver(), &cs.dev, &key, "k_norm", move || norm_source(d, cols_in, residual))?;
+    let size = d.size() as u64;
+    let (ps, po) = match residual {
+        Residual::KeepSum => (elem_ptr(&out), elem_ptr(&out) + n as u64 * size),
+        Residual::None | Residual::Add => (0, elem_ptr(&out)),
     };
-    let func = nvrtc::function(cs.driver(), &cs.dev, &key, "k_norm", src)?;
-    let po = elem_ptr(&out);
+    let pr = rs.as_ref().map(elem_ptr).unwrap_or(0);
     let px = elem_ptr(&xs);
     let pw = ws.as_ref().map(elem_ptr).unwrap_or(0);
     let pb = bs.as_ref().map(elem_ptr).unwrap_or(0);
@@ -138,9 +206,32 @@ extern "C" __global__ void k_norm({t}* out, const {t}* x, const {t}* w, const {t
     let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
     let _ = cs.bind();
     let mut lb = Launch::new(&func);
-    lb.arg(&po).arg(&px).arg(&pw).arg(&pb).arg(&r64).arg(&c64).arg(&eps);
-    // SAFETY: `out` and `x` hold rows*cols contiguous elements, `w`/`b` (read only when
-    // present) hold `cols`; the arguments match the kernel's signature.
+    lb.arg(&po).arg(&px).arg(&pw).arg(&pb).arg(&r64).arg(&c64).arg(&eps).arg(&pr).arg(&ps);
+    // SAFETY: `x` (and `r` when added) hold rows*cols contiguous elements, `out` as many
+    // (twice as many when the sum is kept: `ps` is its first half, `po` its second);
+    // `w`/`b` (read only when present) hold `cols`; the arguments match the kernel's
+    // signature.
     unsafe { lb.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::nvrtc::check_compiles;
+
+    #[test]
+    fn norm_kernels_compile_for_sm90() {
+        for d in [DType::F32, DType::F16, DType::BF16, DType::F64] {
+            for rms in [false, true] {
+                for residual in [Residual::None, Residual::Add, Residual::KeepSum] {
+                    let cols = Cols { w: true, b: !rms, rms };
+                    let key = format!("test:norm:{rms}:{residual:?}:{}", d.name());
+                    if !check_compiles(&key, &norm_source(d, cols, residual)) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
 }

@@ -1,0 +1,314 @@
+//! Fused blocks: patterns of a fused tape that become one [`FusedBlock`] node.
+//!
+//! Run after elementwise fusion (`fuse.rs`), on nodes nothing else reads:
+//! - **Matmul epilogues.** An elementwise node (a `Fused` group or a single op) reading a
+//!   `Matmul` of its own shape that has no other consumer and is not an output becomes a
+//!   `Matmul` block: the product and the program in one node. The backends compute the
+//!   product and run the program on it; when the program is `act(product + bias +
+//!   residual)` (`primitives::fused::lt_epilogue`), cuBLASLt can do it all in one call.
+//! - **Residual norms.** `layer_norm(x + r)` / `rms_norm(x + r)` with `x` and `r` of one
+//!   shape becomes a `ResidualNorm` block; when the sum is also read elsewhere (pre-norm
+//!   transformers return it), the block stores both (`[2, ..]`) and the sum and the norm
+//!   become views of it (not in a shapeless tape).
+//! - **Multi-tensor apply.** `Fused` nodes with the same program, at the same depth of
+//!   the graph (so none reads another), whose inputs each have the node's shape or one
+//!   element, become one `Multi` block over all of them, and each becomes a view of its
+//!   piece of the block's output (not in a shapeless tape). An optimizer step over many
+//!   parameters is then one kernel per distinct program.
+
+use std::sync::Arc;
+
+use crate::compile::simplify::dce;
+use crate::compile::trace::{Ref, Tape, TapeNode, order_reads};
+use crate::dtype::DType;
+use crate::primitives::Primitive;
+use crate::primitives::fused::{
+    BlockKind, Builder, FusedBlock, FusedProgram, Inst, fusable, lt_epilogue, renumber_inputs,
+};
+
+fn ref_shape(tape: &Tape, r: Ref) -> &[usize] {
+    match r {
+        Ref::Input(i) => &tape.input_shapes[i],
+        Ref::Node(i) => &tape.nodes[i].shape,
+        Ref::Const(i) => tape.consts[i].shape(),
+    }
+}
+
+fn ref_dtype(tape: &Tape, r: Ref) -> DType {
+    match r {
+        Ref::Input(i) => tape.input_dtypes[i],
+        Ref::Node(i) => tape.nodes[i].dtype,
+        Ref::Const(i) => tape.consts[i].dtype(),
+    }
+}
+
+/// Distinct consumers of each node (outputs and rule reads count), and which are outputs.
+fn uses(tape: &Tape) -> (Vec<u32>, Vec<bool>) {
+    let n = tape.nodes.len();
+    let (mut count, mut last) = (vec![0u32; n], vec![usize::MAX; n]);
+    for (c, node) in tape.nodes.iter().enumerate() {
+        for r in node.inputs.iter().copied().chain(node.rule.iter().flat_map(|r| r.refs())) {
+            if let Ref::Node(i) = r {
+                if last[i] != c {
+                    last[i] = c;
+                    count[i] += 1;
+                }
+            }
+        }
+    }
+    let mut out = vec![false; n];
+    for r in &tape.outputs {
+        if let Ref::Node(i) = *r {
+            out[i] = true;
+            count[i] += 1;
+        }
+    }
+    (count, out)
+}
+
+fn block(kind: BlockKind) -> Primitive {
+    Primitive::Block(Arc::new(FusedBlock { kind }))
+}
+
+/// Rewrites `tape` with fused blocks. `fixed_shapes`: the tape is replayed on its traced
+/// shapes only, so blocks whose views fix shapes may be made.
+pub(crate) fn blocks(tape: &mut Tape, fixed_shapes: bool) {
+    let mut changed = matmul_epilogues(tape);
+    changed |= residual_norms(tape, fixed_shapes);
+    // Blocks and views appended at the end are read by earlier nodes: order first (the
+    // liveness walk and the depths assume inputs come before their readers).
+    if changed {
+        order_reads(tape);
+        dce(tape);
+    }
+    if fixed_shapes && multi_tensor(tape) {
+        order_reads(tape);
+        dce(tape);
+    }
+}
+
+/// The program of node `i` and its external inputs, when it is elementwise: a `Fused`
+/// node's own, or a one-op program of a single fusable op (0-d fills inlined).
+fn program_of(tape: &Tape, i: usize) -> Option<(FusedProgram, Vec<Ref>)> {
+    let node = &tape.nodes[i];
+    if let Primitive::Fused(p) = &node.prim {
+        return Some(((**p).clone(), node.inputs.clone()));
+    }
+    let dts: Vec<DType> = node.inputs.iter().map(|&r| ref_dtype(tape, r)).collect();
+    if !node.prim.is_elementwise() || !fusable(&node.prim, &dts, node.dtype) {
+        return None;
+    }
+    let mut b = Builder::default();
+    let mut ext: Vec<Ref> = Vec::new();
+    let regs: Vec<usize> = node
+        .inputs
+        .iter()
+        .map(|&r| {
+            if let Ref::Node(j) = r {
+                let n = &tape.nodes[j];
+                if let Primitive::Full { value } = n.prim {
+                    if n.shape.is_empty() && n.rule.is_none() {
+                        return b.constant(value, n.dtype);
+                    }
+                }
+            }
+            let k = ext.iter().position(|&e| e == r).unwrap_or_else(|| {
+                ext.push(r);
+                ext.len() - 1
+            });
+            b.load(k, ref_dtype(tape, r))
+        })
+        .collect();
+    let inst = match &node.prim {
+        Primitive::Cast => Inst::Cast(regs[0]),
+        Primitive::Unary(op) => Inst::Unary(*op, regs[0]),
+        Primitive::Binary(op) => Inst::Binary(*op, regs[0], regs[1]),
+        Primitive::Where => Inst::Where(regs[0], regs[1], regs[2]),
+        _ => return None,
+    };
+    let out = b.push(inst, node.dtype);
+    Some((b.finish(out), ext))
+}
+
+/// Matmul epilogues (see the module docs); true when any was made.
+fn matmul_epilogues(tape: &mut Tape) -> bool {
+    let (count, is_out) = uses(tape);
+    let mut changed = false;
+    for i in 0..tape.nodes.len() {
+        let Some((prog, ext)) = program_of(tape, i) else { continue };
+        let node = &tape.nodes[i];
+        let product = ext.iter().position(|&r| match r {
+            Ref::Node(j) => {
+                let m = &tape.nodes[j];
+                matches!(m.prim, Primitive::Matmul)
+                    && count[j] == 1
+                    && !is_out[j]
+                    && m.stream == node.stream
+                    && m.shape == node.shape
+                    && m.dtype.is_float()
+                    && m.inputs.len() == 2
+            }
+            _ => false,
+        });
+        let Some(pk) = product else { continue };
+        let Ref::Node(j) = ext[pk] else { continue };
+        // The product becomes program input 0; the other externals follow in order.
+        let perm: Vec<usize> = (0..ext.len()).map(|k| if k == pk { 0 } else { k + (k < pk) as usize }).collect();
+        let program = renumber_inputs(&prog, &perm);
+        let mut inputs = tape.nodes[j].inputs.clone();
+        inputs.extend(ext.iter().enumerate().filter(|&(k, _)| k != pk).map(|(_, &r)| r));
+        // Program input k (k >= 1) is node input k + 1.
+        let shape = &node.shape;
+        let n = shape.last().copied().unwrap_or(1);
+        let is_bias = |k: usize| {
+            let s = ref_shape(tape, inputs[k + 1]);
+            !s.is_empty() && s.len() <= shape.len() && s[s.len() - 1] == n && s[..s.len() - 1].iter().all(|&d| d == 1)
+        };
+        let is_full = |k: usize| ref_shape(tape, inputs[k + 1]) == shape.as_slice();
+        let lt = lt_epilogue(&program, is_bias, is_full);
+        let new = TapeNode {
+            prim: block(BlockKind::Matmul { program, lt }),
+            inputs,
+            shape: node.shape.clone(),
+            dtype: node.dtype,
+            stream: node.stream.clone(),
+            rule: node.rule.clone(),
+        };
+        tape.nodes[i] = new;
+        changed = true;
+    }
+    changed
+}
+
+/// A view node: `prim` of `input`, with `shape`.
+fn view(prim: Primitive, input: Ref, shape: Vec<usize>, like: &TapeNode) -> TapeNode {
+    TapeNode { prim, inputs: vec![input], shape, dtype: like.dtype, stream: like.stream.clone(), rule: None }
+}
+
+/// Residual norms (see the module docs); true when any was made.
+fn residual_norms(tape: &mut Tape, fixed_shapes: bool) -> bool {
+    let (count, is_out) = uses(tape);
+    let mut changed = false;
+    for i in 0..tape.nodes.len() {
+        let node = &tape.nodes[i];
+        let (eps, rms, has_weight, has_bias) = match node.prim {
+            Primitive::LayerNorm { eps, has_weight, has_bias } => (eps, false, has_weight, has_bias),
+            Primitive::RmsNorm { eps, has_weight } => (eps, true, has_weight, false),
+            _ => continue,
+        };
+        let Some(&Ref::Node(j)) = node.inputs.first() else { continue };
+        let sum = &tape.nodes[j];
+        let plain_add = matches!(sum.prim, Primitive::Binary(crate::primitives::BinaryOp::Add))
+            && sum.stream == node.stream
+            && sum.dtype == node.dtype
+            && sum.dtype.is_float()
+            && sum.rule.is_none()
+            && sum
+                .inputs
+                .iter()
+                .all(|&r| ref_shape(tape, r) == sum.shape.as_slice() && ref_dtype(tape, r) == sum.dtype);
+        if !plain_add {
+            continue;
+        }
+        let only = count[j] == 1 && !is_out[j];
+        // The sum's other readers get a view of the block: the norm's other inputs must
+        // come before the sum (so the block, placed there, reads nothing made from it).
+        let before = node.inputs[1..].iter().all(|&r| !matches!(r, Ref::Node(k) if k >= j));
+        if !(only || fixed_shapes && before) {
+            continue;
+        }
+        let mut inputs = sum.inputs.clone();
+        inputs.extend_from_slice(&node.inputs[1..]);
+        let keep_sum = !only;
+        let kind = BlockKind::ResidualNorm { eps, rms, has_weight, has_bias, keep_sum };
+        let shape = node.shape.clone();
+        if !keep_sum {
+            tape.nodes[i] = TapeNode { prim: block(kind), inputs, ..node.clone() };
+        } else {
+            let like = node.clone();
+            let mut packed_shape = vec![2];
+            packed_shape.extend_from_slice(&shape);
+            let b = tape.nodes.len();
+            tape.nodes.push(TapeNode {
+                prim: block(kind),
+                inputs,
+                shape: packed_shape,
+                dtype: like.dtype,
+                stream: like.stream.clone(),
+                rule: None,
+            });
+            let mut one = vec![1];
+            one.extend_from_slice(&shape);
+            for (half, target) in [(0usize, j), (1, i)] {
+                let mut start = vec![0; shape.len() + 1];
+                start[0] = half;
+                let slice = Primitive::Slice { start, step: vec![1; shape.len() + 1] };
+                tape.nodes.push(view(slice, Ref::Node(b), one.clone(), &like));
+                let s = tape.nodes.len() - 1;
+                // The sum and the norm keep their indices: their readers need no change.
+                tape.nodes[target] = view(Primitive::Reshape, Ref::Node(s), shape.clone(), &like);
+            }
+        }
+        changed = true;
+    }
+    changed
+}
+
+/// Multi-tensor apply (see the module docs); true when any block was made.
+fn multi_tensor(tape: &mut Tape) -> bool {
+    let n = tape.nodes.len();
+    // Longest path from the inputs: nodes of one depth never read one another.
+    let mut depth = vec![0usize; n];
+    for i in 0..n {
+        let d =
+            tape.nodes[i].inputs.iter().filter_map(|r| if let Ref::Node(j) = *r { Some(depth[j] + 1) } else { None });
+        depth[i] = d.max().unwrap_or(0);
+    }
+    // Candidates: (node, scalar mask); grouped by program, mask, dtype, stream, depth.
+    let mut classes: Vec<(usize, Vec<bool>, Vec<usize>)> = Vec::new();
+    for i in 0..n {
+        let node = &tape.nodes[i];
+        let Primitive::Fused(p) = &node.prim else { continue };
+        let size: usize = node.shape.iter().product();
+        let mask: Vec<bool> = node.inputs.iter().map(|&r| ref_shape(tape, r).iter().product::<usize>() == 1).collect();
+        let fits = node.inputs.iter().zip(&mask).all(|(&r, &s)| s || ref_shape(tape, r) == node.shape.as_slice());
+        if size <= 1 || !fits || mask.iter().all(|&s| s) || node.rule.is_some() {
+            continue;
+        }
+        let same = |&(k, ref m, _): &(usize, Vec<bool>, Vec<usize>)| {
+            let o = &tape.nodes[k];
+            let Primitive::Fused(q) = &o.prim else { return false };
+            *m == mask
+                && depth[k] == depth[i]
+                && o.dtype == node.dtype
+                && o.stream == node.stream
+                && (Arc::ptr_eq(p, q) || **p == **q)
+        };
+        match classes.iter_mut().find(|c| same(c)) {
+            Some(c) => c.2.push(i),
+            None => classes.push((i, mask, vec![i])),
+        }
+    }
+    let mut changed = false;
+    for (first, scalar, members) in classes.into_iter().filter(|c| c.2.len() >= 2) {
+        let like = tape.nodes[first].clone();
+        let Primitive::Fused(p) = &like.prim else { continue };
+        let sizes: Vec<usize> = members.iter().map(|&m| tape.nodes[m].shape.iter().product()).collect();
+        let inputs: Vec<Ref> = members.iter().flat_map(|&m| tape.nodes[m].inputs.clone()).collect();
+        let total: usize = sizes.iter().sum();
+        let b = tape.nodes.len();
+        let kind = BlockKind::Multi { program: (**p).clone(), sizes: sizes.clone(), scalar };
+        tape.nodes.push(TapeNode { prim: block(kind), inputs, shape: vec![total], ..like.clone() });
+        let mut off = 0;
+        for (&m, &size) in members.iter().zip(&sizes) {
+            let slice = Primitive::Slice { start: vec![off], step: vec![1] };
+            tape.nodes.push(view(slice, Ref::Node(b), vec![size], &like));
+            let s = tape.nodes.len() - 1;
+            let shape = tape.nodes[m].shape.clone();
+            tape.nodes[m] = view(Primitive::Reshape, Ref::Node(s), shape, &like);
+            off += size;
+        }
+        changed = true;
+    }
+    changed
+}

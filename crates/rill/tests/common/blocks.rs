@@ -1,0 +1,348 @@
+//! Cases of `compile`'s fused blocks shared by `compile_blocks.rs` (CPU) and
+//! `gpu_blocks.rs` (GPU): generated shapes, dtypes and patterns; each compiled result is
+//! compared with the same function evaluated eagerly (bit for bit on the CPU, within the
+//! dtype's tolerance on a GPU, where cuBLASLt's epilogues round once) and with the
+//! function evaluated in float64 on the CPU from the same rounded inputs.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+
+use super::common::{Rng, assert_close, on, tol};
+use rill::{Array, DType, Device, Result};
+
+pub type F = std::sync::Arc<dyn Fn(&[Array]) -> Result<Vec<Array>> + Send + Sync>;
+
+pub const DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
+
+/// One generated case: a function, its inputs (as f64 values and shapes), the dtype and
+/// the block nodes its compiled graph must hold (and the primitives it must not).
+pub struct Case {
+    pub what: String,
+    pub f: F,
+    pub inputs: Vec<(Vec<f64>, Vec<usize>)>,
+    pub dtype: DType,
+    pub expect: Vec<(&'static str, usize)>,
+}
+
+fn make(inputs: &[(Vec<f64>, Vec<usize>)], dt: DType) -> Vec<Array> {
+    inputs.iter().map(|(v, s)| Array::from_slice(v, s).unwrap().astype(dt).unwrap()).collect()
+}
+
+/// Runs a case on `g`: compiled (twice: the replay must give the same bits) against
+/// eager and against float64. Returns the compiled graph's primitive counts.
+pub fn run(g: Device, c: &Case) -> BTreeMap<&'static str, usize> {
+    let exact = !g.is_gpu();
+    let f = c.f.clone();
+    let compiled = rill::compile(move |x: &[Array]| f(x));
+    let (counts, got, again) = on(g, || {
+        let x = make(&c.inputs, c.dtype);
+        let counts = compiled.primitive_counts(&x).unwrap();
+        let vals = |o: Vec<Array>| o.iter().map(|a| a.to_f64_vec().unwrap()).collect::<Vec<_>>();
+        (counts, vals(compiled.call(&x).unwrap()), vals(compiled.call(&x).unwrap()))
+    });
+    for (name, n) in &c.expect {
+        assert_eq!(counts.get(name).copied().unwrap_or(0), *n, "{}: {name} nodes in {counts:?}", c.what);
+    }
+    let eager = on(g, || {
+        let x = make(&c.inputs, c.dtype);
+        (c.f)(&x).unwrap().iter().map(|a| a.to_f64_vec().unwrap()).collect::<Vec<_>>()
+    });
+    let reference = on(Device::cpu(), || {
+        let x: Vec<Array> = make(&c.inputs, c.dtype).iter().map(|a| a.astype(DType::F64).unwrap()).collect();
+        (c.f)(&x).unwrap().iter().map(|a| a.to_f64_vec().unwrap()).collect::<Vec<_>>()
+    });
+    assert_eq!(got.len(), eager.len(), "{}: outputs", c.what);
+    for (k, ((y, e), r)) in got.iter().zip(&eager).zip(&reference).enumerate() {
+        let what = format!("{} output {k}", c.what);
+        assert!(y.iter().zip(&again[k]).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: the replay differs");
+        if exact {
+            let differ = y.iter().zip(e).position(|(a, b)| a.to_bits() != b.to_bits());
+            assert!(
+                differ.is_none(),
+                "{what}: element {differ:?} differs from eager: {:?} vs {:?}",
+                y.get(differ.unwrap_or(0)),
+                e.get(differ.unwrap_or(0))
+            );
+        } else {
+            assert_close(y, e, 2.0 * tol(c.dtype), &format!("{what}: compiled vs eager"));
+        }
+        assert_close(y, r, 8.0 * tol(c.dtype), &format!("{what}: compiled vs f64"));
+    }
+    counts
+}
+
+fn vals(rng: &mut Rng, shape: &[usize], scale: f64) -> (Vec<f64>, Vec<usize>) {
+    (rng.vec(shape.iter().product(), -scale, scale), shape.to_vec())
+}
+
+/// The matmul epilogues: `x @ w` (m x k x n random) followed by each pattern, with the
+/// name of the block the pattern must become.
+pub fn matmul_cases(seed: u64, count: usize) -> Vec<Case> {
+    type Epi = fn(&Array, &Array, &Array) -> Result<Array>;
+    let patterns: [(&str, &'static str, Epi); 11] = [
+        ("bias", "fused_matmul_lt", |p, b, _| p.add(b)),
+        ("bias+gelu_tanh", "fused_matmul_lt", |p, b, _| p.add(b)?.gelu_tanh()),
+        ("bias+relu", "fused_matmul_lt", |p, b, _| p.add(b)?.relu()),
+        ("bias+residual", "fused_matmul_lt", |p, b, r| r.add(&b.add(p)?)),
+        ("residual", "fused_matmul_lt", |p, _, r| p.add(r)),
+        ("bias+gelu_tanh+residual inside", "fused_matmul_lt", |p, b, r| p.add(b)?.add(r)?.gelu_tanh()),
+        // cuBLASLt's GELU is the tanh one: the erf GELU stays a generated kernel.
+        ("bias+gelu_erf", "fused_matmul", |p, b, _| p.add(b)?.gelu()),
+        // A residual after the activation is not what the C matrix adds.
+        ("bias+gelu_tanh then residual", "fused_matmul", |p, b, r| p.add(b)?.gelu_tanh()?.add(r)),
+        ("scale+tanh", "fused_matmul", |p, _, _| p.mul(0.5)?.tanh()),
+        // A scaled product is cuBLASLt's alpha.
+        ("scale", "fused_matmul_lt", |p, _, _| p.mul(0.125)),
+        ("scale+bias+relu", "fused_matmul_lt", |p, b, _| p.mul(0.5)?.add(b)?.relu()),
+    ];
+    let mut rng = Rng::new(seed);
+    let mut v = Vec::new();
+    for i in 0..count {
+        let (name, block, epi) = patterns[i % patterns.len()];
+        let dt = DTYPES[(i / patterns.len()) % DTYPES.len()];
+        let (m, k, n) =
+            (1 + rng.next_u64() as usize % 40, 1 + rng.next_u64() as usize % 70, 1 + rng.next_u64() as usize % 50);
+        let f: F = std::sync::Arc::new(move |x: &[Array]| Ok(vec![epi(&x[0].matmul(&x[1])?, &x[2], &x[3])?]));
+        v.push(Case {
+            what: format!("{name} {dt} {m}x{k}x{n}"),
+            f,
+            inputs: vec![
+                vals(&mut rng, &[m, k], 1.0),
+                vals(&mut rng, &[k, n], 0.3),
+                vals(&mut rng, &[n], 1.0),
+                vals(&mut rng, &[m, n], 1.0),
+            ],
+            dtype: dt,
+            expect: vec![(block, 1), ("matmul", 0)],
+        });
+    }
+    v
+}
+
+/// Edge cases of matmul epilogues: what must stay unfused, and operands that are views.
+pub fn matmul_edge_cases() -> Vec<Case> {
+    let mut rng = Rng::new(7);
+    let (m, k, n) = (9, 13, 11);
+    let ins = |rng: &mut Rng| {
+        vec![vals(rng, &[m, k], 1.0), vals(rng, &[k, n], 0.5), vals(rng, &[n], 1.0), vals(rng, &[m, 1], 1.0)]
+    };
+    let case = |what: &str, f: F, expect: Vec<(&'static str, usize)>, rng: &mut Rng| Case {
+        what: what.into(),
+        f,
+        inputs: ins(rng),
+        dtype: DType::F32,
+        expect,
+    };
+    vec![
+        // The product is an output too: it is not fused past.
+        case(
+            "product also returned",
+            std::sync::Arc::new(|x: &[Array]| {
+                let p = x[0].matmul(&x[1])?;
+                Ok(vec![p.add(&x[2])?, p])
+            }),
+            vec![("matmul", 1), ("fused_matmul", 0), ("fused_matmul_lt", 0)],
+            &mut rng,
+        ),
+        // Two readers of the product: it stays a product of its own.
+        case(
+            "product read by two outputs",
+            std::sync::Arc::new(|x: &[Array]| {
+                let p = x[0].matmul(&x[1])?;
+                Ok(vec![p.add(&x[2])?, p.mul(2.0)?.tanh()?])
+            }),
+            vec![("matmul", 1), ("fused_matmul", 0), ("fused_matmul_lt", 0)],
+            &mut rng,
+        ),
+        // One epilogue reading the product twice is one reader.
+        case(
+            "product read twice by one epilogue",
+            std::sync::Arc::new(|x: &[Array]| {
+                let p = x[0].matmul(&x[1])?;
+                Ok(vec![p.add(&x[2])?.mul(&p.relu()?)?])
+            }),
+            vec![("matmul", 0), ("fused_matmul", 1)],
+            &mut rng,
+        ),
+        // A column bias ([m, 1]) is no cuBLASLt bias: a generated epilogue.
+        case(
+            "column bias",
+            std::sync::Arc::new(|x: &[Array]| Ok(vec![x[0].matmul(&x[1])?.add(&x[3])?])),
+            vec![("fused_matmul", 1), ("fused_matmul_lt", 0), ("matmul", 0)],
+            &mut rng,
+        ),
+        // The weight transposed (a view) and the input sliced.
+        case(
+            "transposed weight",
+            std::sync::Arc::new(|x: &[Array]| {
+                let w = x[1].transpose(&[1, 0])?.transpose(&[1, 0])?.contiguous()?.transpose(&[1, 0])?;
+                Ok(vec![x[0].matmul(&w.transpose(&[1, 0])?)?.add(&x[2])?.gelu_tanh()?])
+            }),
+            vec![("fused_matmul_lt", 1), ("matmul", 0)],
+            &mut rng,
+        ),
+        // A batched product keeps its epilogue (run as product then kernel on a GPU).
+        case(
+            "batched",
+            std::sync::Arc::new(move |x: &[Array]| {
+                let a = x[0].reshape(&[1, m as isize, k as isize])?.broadcast_to(&[3, m, k])?;
+                Ok(vec![a.matmul(&x[1])?.add(&x[2])?.relu()?])
+            }),
+            vec![("matmul", 0)],
+            &mut rng,
+        ),
+    ]
+}
+
+/// Residual norms: `layer_norm(x + r)` / `rms_norm(x + r)` over random rows and columns,
+/// with and without weight and bias, the sum also returned or not.
+pub fn norm_cases(seed: u64, count: usize) -> Vec<Case> {
+    let mut rng = Rng::new(seed);
+    let mut v = Vec::new();
+    for i in 0..count {
+        let dt = DTYPES[i % DTYPES.len()];
+        let rms = (i / 3) % 2 == 1;
+        let keep = (i / 6) % 2 == 1;
+        let (w, b) = ((i / 12) % 2 == 0, (i / 24) % 2 == 0 && !rms);
+        let (rows, cols) = (1 + rng.next_u64() as usize % 30, 1 + rng.next_u64() as usize % 600);
+        let f: F = std::sync::Arc::new(move |x: &[Array]| {
+            let s = x[0].add(&x[1])?;
+            let y = if rms {
+                s.rms_norm(w.then_some(&x[2]), 1e-5)?
+            } else {
+                s.layer_norm(w.then_some(&x[2]), b.then_some(&x[3]), 1e-5)?
+            };
+            Ok(if keep { vec![y, s] } else { vec![y] })
+        });
+        let block = if rms { "fused_add_rms_norm" } else { "fused_add_layer_norm" };
+        v.push(Case {
+            what: format!("{block} {dt} {rows}x{cols} weight={w} bias={b} keep_sum={keep}"),
+            f,
+            inputs: vec![
+                vals(&mut rng, &[rows, cols], 2.0),
+                vals(&mut rng, &[rows, cols], 2.0),
+                vals(&mut rng, &[cols], 1.5),
+                vals(&mut rng, &[cols], 1.0),
+            ],
+            dtype: dt,
+            expect: vec![(block, 1), ("layer_norm", 0), ("rms_norm", 0), ("add", 0)],
+        });
+    }
+    v
+}
+
+/// Norms that must stay as they are: a broadcast residual, a sum of another dtype.
+pub fn norm_edge_cases() -> Vec<Case> {
+    let mut rng = Rng::new(9);
+    vec![
+        Case {
+            what: "broadcast residual".into(),
+            f: std::sync::Arc::new(|x: &[Array]| Ok(vec![x[0].add(&x[2])?.layer_norm(None, None, 1e-5)?])),
+            inputs: vec![vals(&mut rng, &[5, 33], 1.0), vals(&mut rng, &[5, 33], 1.0), vals(&mut rng, &[33], 1.0)],
+            dtype: DType::F32,
+            expect: vec![("layer_norm", 1), ("fused_add_layer_norm", 0)],
+        },
+        Case {
+            what: "a transposed summand".into(),
+            f: std::sync::Arc::new(|x: &[Array]| {
+                let r = x[1].reshape(&[33, 5])?.transpose(&[1, 0])?;
+                Ok(vec![x[0].add(&r)?.rms_norm(Some(&x[2]), 1e-6)?])
+            }),
+            inputs: vec![vals(&mut rng, &[5, 33], 1.0), vals(&mut rng, &[5, 33], 1.0), vals(&mut rng, &[33], 1.0)],
+            dtype: DType::BF16,
+            expect: vec![("fused_add_rms_norm", 1), ("rms_norm", 0)],
+        },
+    ]
+}
+
+/// Shapes of `count` parameters (1-D and 2-D, sizes from 2 to a few thousand).
+pub fn param_shapes(rng: &mut Rng, count: usize) -> Vec<Vec<usize>> {
+    (0..count)
+        .map(|_| {
+            let a = 2 + rng.next_u64() as usize % 300;
+            if rng.next_u64() % 2 == 0 { vec![a] } else { vec![a, 1 + rng.next_u64() as usize % 12] }
+        })
+        .collect()
+}
+
+/// Adam and AdamW steps, compiled through `AdamState` and eager through `Adam::update`,
+/// over random parameter shapes; returns the compiled graph's primitive counts of one step.
+pub fn adam_steps(g: Device, seed: u64, adamw: bool, dt: DType, steps: u64) -> BTreeMap<&'static str, usize> {
+    let exact = !g.is_gpu();
+    let mut rng = Rng::new(seed);
+    let count = 3 + rng.next_u64() as usize % 30;
+    let shapes = param_shapes(&mut rng, count);
+    let p0: Vec<(Vec<f64>, Vec<usize>)> = shapes.iter().map(|s| vals(&mut rng, s, 1.0)).collect();
+    let gs: Vec<Vec<(Vec<f64>, Vec<usize>)>> =
+        (0..steps).map(|_| shapes.iter().map(|s| vals(&mut rng, s, 1.0)).collect()).collect();
+    let opt = if adamw {
+        rill::optim::Adam::adamw(1e-2, 0.1)
+    } else {
+        rill::optim::Adam { weight_decay: 0.05, ..rill::optim::Adam::new(1e-2) }
+    };
+    let what = format!("{} {dt} {count} parameters", if adamw { "adamw" } else { "adam" });
+    let mut counts = BTreeMap::new();
+    on(g, || {
+        let mut p = make(&p0, dt);
+        let mut state = rill::optim::AdamState::new(opt, &p).unwrap();
+        let (mut pe, mut me, mut ve) = (p.clone(), state.moments().0.to_vec(), state.moments().1.to_vec());
+        // float64 reference state.
+        let mut pr: Vec<Vec<f64>> = p.iter().map(|a| a.to_f64_vec().unwrap()).collect();
+        let mut mr: Vec<Vec<f64>> = pr.iter().map(|x| vec![0.0; x.len()]).collect();
+        let mut vr = mr.clone();
+        for (t, g_t) in gs.iter().enumerate() {
+            let grads = make(g_t, dt);
+            if t == 1 {
+                // The step's graph, before it is evaluated (one step per program and dtype).
+                let c = rill::optim::Adam::compiled(opt);
+                let s = opt.scalars(2, dt, &p[0]).unwrap();
+                let mut x: Vec<Array> = p.clone();
+                x.extend(grads.iter().cloned());
+                x.extend(state.moments().0.iter().cloned());
+                x.extend(state.moments().1.iter().cloned());
+                x.extend([s.step_size, s.inv_sqrt_bc2, s.decay]);
+                counts = c.primitive_counts(&x).unwrap();
+            }
+            p = state.step(&p, &grads).unwrap();
+            let s = opt.scalars(t as u64 + 1, dt, &pe[0]).unwrap();
+            let (a, b, c) = opt.update(&pe, &grads, &me, &ve, &s).unwrap();
+            (pe, me, ve) = (a, b, c);
+            // Reference, in f64 from the rounded gradients.
+            let (b1, b2) = (opt.beta1, opt.beta2);
+            let tt = t as i32 + 1;
+            let (bc1, bc2) = (1.0 - b1.powi(tt), 1.0 - b2.powi(tt));
+            for i in 0..count {
+                let gr = grads[i].to_f64_vec().unwrap();
+                for j in 0..gr.len() {
+                    let mut gj = gr[j];
+                    if !opt.decoupled {
+                        gj += opt.weight_decay * pr[i][j];
+                    } else {
+                        pr[i][j] *= 1.0 - opt.lr * opt.weight_decay;
+                    }
+                    mr[i][j] = b1 * mr[i][j] + (1.0 - b1) * gj;
+                    vr[i][j] = b2 * vr[i][j] + (1.0 - b2) * gj * gj;
+                    pr[i][j] -= opt.lr / bc1 * mr[i][j] / (vr[i][j].sqrt() / bc2.sqrt() + opt.eps);
+                }
+            }
+            let (mc, vc) = state.moments();
+            for i in 0..count {
+                for (name, got, want, r) in
+                    [("p", &p[i], &pe[i], &pr[i]), ("m", &mc[i], &me[i], &mr[i]), ("v", &vc[i], &ve[i], &vr[i])]
+                {
+                    let (y, e) = (got.to_f64_vec().unwrap(), want.to_f64_vec().unwrap());
+                    let w = format!("{what}: step {t} {name}[{i}] {:?}", got.shape());
+                    if exact {
+                        assert!(y.iter().zip(&e).all(|(a, b)| a.to_bits() == b.to_bits()), "{w}: differs from eager");
+                    } else {
+                        assert_close(&y, &e, 2.0 * tol(dt), &format!("{w}: compiled vs eager"));
+                    }
+                    // The moments are small and the update divides them: compare in
+                    // units of the parameters' scale.
+                    assert_close(&y, r, 16.0 * tol(dt) * (1 + t) as f64, &format!("{w}: compiled vs f64"));
+                }
+            }
+        }
+    });
+    counts
+}

@@ -1,0 +1,123 @@
+//! `compile`'s fused blocks on the CPU: matmul epilogues, residual norms and multi-tensor
+//! apply (the Adam/AdamW update of `rill::optim`). Generated cases (`common/blocks.rs`)
+//! give the bits of eager evaluation and match a float64 reference; the compiled graphs
+//! hold the blocks (`Compiled::primitive_counts`) and the kernels ran
+//! (`runtime::stats`). The same cases run on a GPU in `gpu_blocks.rs`.
+
+#[path = "common/blocks.rs"]
+mod blocks;
+mod common;
+
+use rill::{Array, DType, Device};
+
+#[test]
+fn matmul_epilogues_give_eager_bits() {
+    let before = rill::runtime::stats().matmul_epilogue_kernels;
+    let cases = blocks::matmul_cases(1, 33);
+    for c in &cases {
+        blocks::run(Device::cpu(), c);
+    }
+    // Each case's compiled function ran twice, one block each.
+    assert!(rill::runtime::stats().matmul_epilogue_kernels - before >= 2 * cases.len() as u64);
+}
+
+#[test]
+fn matmul_epilogue_edges() {
+    for c in &blocks::matmul_edge_cases() {
+        blocks::run(Device::cpu(), c);
+    }
+}
+
+#[test]
+fn a_bias_of_the_wrong_shape_errors_as_eager() {
+    let x = Array::from_slice(&[1.0f32; 12], &[3, 4]).unwrap();
+    let w = Array::from_slice(&[0.5f32; 20], &[4, 5]).unwrap();
+    let bias = Array::from_slice(&[1.0f32; 4], &[4]).unwrap();
+    let f = |x: &[Array]| Ok(vec![x[0].matmul(&x[1])?.add(&x[2])?.gelu_tanh()?]);
+    let eager = f(&[x.clone(), w.clone(), bias.clone()]).unwrap_err();
+    let compiled = rill::compile(f).call(&[x, w, bias]).unwrap_err();
+    assert_eq!(format!("{eager}"), format!("{compiled}"));
+}
+
+#[test]
+fn residual_norms_give_eager_bits() {
+    let before = rill::runtime::stats().residual_norms;
+    let cases = blocks::norm_cases(2, 48);
+    for c in &cases {
+        blocks::run(Device::cpu(), c);
+    }
+    for c in &blocks::norm_edge_cases() {
+        blocks::run(Device::cpu(), c);
+    }
+    assert!(rill::runtime::stats().residual_norms - before >= 2 * cases.len() as u64);
+}
+
+#[test]
+fn residual_norms_replay_shapeless_on_new_rows() {
+    let f = |x: &[Array]| Ok(vec![x[0].add(&x[1])?.layer_norm(Some(&x[2]), None, 1e-5)?]);
+    let c = rill::compile_shapeless(f);
+    let mut rng = common::Rng::new(4);
+    for rows in [3usize, 7, 1, 12] {
+        let cols = 40;
+        let mut arr = |s: &[usize]| {
+            Array::from_slice(&rng.vec(s.iter().product(), -1.0, 1.0), s).unwrap().astype(DType::F32).unwrap()
+        };
+        let x = vec![arr(&[rows, cols]), arr(&[rows, cols]), arr(&[cols])];
+        let got = c.call(&x).unwrap()[0].to_vec::<f32>().unwrap();
+        let want = f(&x).unwrap()[0].to_vec::<f32>().unwrap();
+        assert_eq!(got, want, "rows {rows}");
+    }
+    assert_eq!(c.trace_count(), 1);
+}
+
+#[test]
+fn adam_and_adamw_are_one_kernel_per_program() {
+    let before = rill::runtime::stats();
+    for (seed, adamw, dt) in
+        [(1, false, DType::F32), (2, true, DType::F32), (3, true, DType::BF16), (4, false, DType::BF16)]
+    {
+        let counts = blocks::adam_steps(Device::cpu(), seed, adamw, dt, 3);
+        // The moments and the parameters: three programs, one block each (Adam's L2
+        // term in the gradient is a fourth, read by both moments).
+        let multi = counts.get("fused_multi").copied().unwrap_or(0);
+        assert_eq!(multi, if adamw { 3 } else { 4 }, "{counts:?}");
+        assert_eq!(counts.get("fused").copied().unwrap_or(0), 0, "{counts:?}");
+    }
+    let after = rill::runtime::stats();
+    assert!(after.multi_tensor_launches > before.multi_tensor_launches);
+    // Every launch covered at least two tensors.
+    let launches = after.multi_tensor_launches - before.multi_tensor_launches;
+    assert!(after.multi_tensor_members - before.multi_tensor_members >= 2 * launches);
+}
+
+#[test]
+fn one_program_at_two_depths_is_not_merged() {
+    // y2 reads y1 and both run the same program: merging them would read its own output.
+    let f = |x: &[Array]| {
+        let y1 = x[0].mul(2.0)?.add(1.0)?;
+        let y2 = y1.mul(2.0)?.add(1.0)?;
+        let z = x[1].mul(2.0)?.add(1.0)?;
+        Ok(vec![y1, y2, z])
+    };
+    let x =
+        [Array::from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap(), Array::from_slice(&[4.0f32, 5.0, 6.0], &[3]).unwrap()];
+    let c = rill::compile(f);
+    let counts = c.primitive_counts(&x).unwrap();
+    assert_eq!(counts.get("fused_multi"), Some(&1), "{counts:?}");
+    let got: Vec<Vec<f32>> = c.call(&x).unwrap().iter().map(|a| a.to_vec().unwrap()).collect();
+    assert_eq!(got, vec![vec![3.0, 5.0, 7.0], vec![7.0, 11.0, 15.0], vec![9.0, 11.0, 13.0]]);
+}
+
+#[test]
+fn blocks_can_be_turned_off() {
+    let f = |x: &[Array]| Ok(vec![x[0].matmul(&x[1])?.add(&x[2])?.relu()?]);
+    let x = [
+        Array::from_slice(&[1.0f32; 6], &[2, 3]).unwrap(),
+        Array::from_slice(&[0.5f32; 12], &[3, 4]).unwrap(),
+        Array::from_slice(&[-1.0f32; 4], &[4]).unwrap(),
+    ];
+    let opts = rill::compile::CompileOptions { blocks: false, ..Default::default() };
+    let off = rill::compile::compile_with_options(move |x: &[Array], _: &[i64]| f(x), opts);
+    let counts = off.primitive_counts(&x).unwrap();
+    assert_eq!((counts.get("matmul"), counts.get("fused_matmul_lt")), (Some(&1), None), "{counts:?}");
+}
