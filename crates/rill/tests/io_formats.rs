@@ -1247,3 +1247,166 @@ mod gguf_files {
         assert!(Gguf::from_bytes(f, "nest").unwrap_err().to_string().contains("nested"));
     }
 }
+
+// ---------------------------------------------------------------- the GGUF tokenizer
+
+mod gguf_tokens {
+    use super::*;
+    use rill::io::gguf::{self, GgmlType, Gguf, Value as GV};
+    use rill::io::gguf_tokenizer::{ChatMessage, GgufTokenizer, StreamDecoder};
+
+    /// The default language model's file, like [`model`]: `None` when it cannot be had.
+    fn llm() -> Option<PathBuf> {
+        match cache::default_llm() {
+            Ok(f) => Some(f),
+            Err(e) => {
+                assert!(std::env::var("RILL_REQUIRE_MODEL").as_deref() != Ok("1"), "RILL_REQUIRE_MODEL=1 but: {e}");
+                eprintln!("skipped: no model ({e})");
+                None
+            }
+        }
+    }
+
+    fn fixture() -> Value {
+        let dir = std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR");
+        let text = std::fs::read_to_string(Path::new(&dir).join("tests/fixtures/gguf_tokenizer_fixture.json"))
+            .expect("tests/fixtures/gguf_tokenizer_fixture.json (made by make_gguf_tokenizer_fixture.py)");
+        serde_json::from_str(&text).expect("fixture JSON")
+    }
+
+    #[test]
+    fn ids_and_text_equal_the_python_tokenizer_built_from_the_same_file() {
+        let Some(path) = llm() else { return };
+        let g = gguf::load(&path).unwrap();
+        let tok = GgufTokenizer::from_gguf(&g).unwrap();
+        assert_eq!(tok.vocab_size() as u64, g.require_u64("llama.vocab_size").unwrap());
+        let fx = fixture();
+        for c in fx["cases"].as_array().unwrap() {
+            let text = c["text"].as_str().unwrap();
+            let want = u32s(&c["ids"]);
+            let got = tok.encode(text, false).unwrap();
+            assert_eq!(got, want, "ids of {text:?}");
+            assert_eq!(tok.decode(&got, false).unwrap(), c["decoded"].as_str().unwrap(), "text of {text:?}");
+            // Streaming, one id at a time, gives the same text.
+            let mut d = StreamDecoder::new();
+            let mut s = String::new();
+            for &i in &got {
+                s.push_str(&d.push(&tok, i, false).unwrap());
+            }
+            s.push_str(&d.finish());
+            assert_eq!(s, c["decoded"].as_str().unwrap(), "streamed text of {text:?}");
+        }
+        for c in fx["chats"].as_array().unwrap() {
+            let text = c["text"].as_str().unwrap();
+            let messages: Vec<ChatMessage> = serde_json::from_value(c["messages"].clone()).unwrap();
+            let gen = c["add_generation_prompt"].as_bool().unwrap();
+            assert_eq!(tok.apply_chat_template(&messages, gen).unwrap(), text, "the chat template on {messages:?}");
+            assert_eq!(tok.encode(text, false).unwrap(), u32s(&c["ids"]), "ids of the chat prompt {text:?}");
+        }
+        assert!(tok.token_bytes(tok.vocab_size() as u32).is_err());
+        let eos = tok.eos_id().expect("the file names an EOS id");
+        assert!(tok.is_control(eos));
+        assert_eq!(tok.decode(&[eos], true).unwrap(), "");
+    }
+
+    /// A small tokenizer file: bytes as tokens, a few merges, one control token.
+    fn small(model: &str, pre: &str, extra: Vec<(&str, GV)>) -> Gguf {
+        // GPT-2's byte-to-character map for the printable ASCII range is the identity.
+        let mut tokens: Vec<GV> = (33u8..=126).map(|b| GV::String((b as char).to_string())).collect();
+        for t in ["Ġ", "he", "ll", "hell", "hello", "Ġw", "<|end|>"] {
+            tokens.push(GV::String(t.into()));
+        }
+        let n = tokens.len();
+        let mut types = vec![GV::I32(1); n];
+        types[n - 1] = GV::I32(3);
+        let merges = ["h e", "l l", "he ll", "hell o", "Ġ w"].iter().map(|m| GV::String(m.to_string())).collect();
+        let mut meta = vec![
+            ("tokenizer.ggml.model", GV::String(model.into())),
+            ("tokenizer.ggml.pre", GV::String(pre.into())),
+            ("tokenizer.ggml.tokens", GV::Array(tokens)),
+            ("tokenizer.ggml.token_type", GV::Array(types)),
+            ("tokenizer.ggml.merges", GV::Array(merges)),
+            ("tokenizer.ggml.eos_token_id", GV::U32(n as u32 - 1)),
+        ];
+        meta.extend(extra);
+        let b = gguf::to_bytes(&meta, &[] as &[(&str, &[usize], GgmlType, &[u8])]).unwrap();
+        Gguf::from_bytes(b, "small.gguf").unwrap()
+    }
+
+    #[test]
+    fn merges_control_tokens_and_bad_metadata() {
+        let g = small("gpt2", "gpt2", vec![]);
+        let tok = GgufTokenizer::from_gguf(&g).unwrap();
+        let ids = tok.encode("hello<|end|>", false).unwrap();
+        let hello = (126 - 33 + 1) + 4; // the 5th token after the bytes
+        assert_eq!(ids, vec![hello as u32, tok.eos_id().unwrap()]);
+        assert_eq!(tok.decode(&ids, false).unwrap(), "hello<|end|>");
+        assert_eq!(tok.decode(&ids, true).unwrap(), "hello");
+        assert!(tok.apply_chat_template(&[ChatMessage::new("user", "hi")], true).unwrap_err().to_string().contains("no chat template"));
+        // A template renders with the file's tokens; raise_exception is an error.
+        let tpl = "{% for m in messages %}{% if m.role == 'bad' %}{{ raise_exception('no bad roles') }}{% endif %}[{{ m.role.upper() }}] {{ m.content.strip() }}\n{% endfor %}{% if add_generation_prompt %}>{% endif %}{{ eos_token }}";
+        let g2 = small("gpt2", "gpt2", vec![("tokenizer.chat_template", GV::String(tpl.into()))]);
+        let t2 = GgufTokenizer::from_gguf(&g2).unwrap();
+        let chat = [ChatMessage::new("user", "  hi  "), ChatMessage::new("assistant", "yo")];
+        assert_eq!(t2.apply_chat_template(&chat, true).unwrap(), "[USER] hi\n[ASSISTANT] yo\n><|end|>");
+        let e = t2.apply_chat_template(&[ChatMessage::new("bad", "x")], false).unwrap_err().to_string();
+        assert!(e.contains("no bad roles"), "{e}");
+        for (model, pre, extra, needle) in [
+            ("llama", "default", vec![], "tokenizer model"),
+            ("gpt2", "qwen9", vec![], "pre-tokenizer"),
+            ("gpt2", "gpt2", vec![("tokenizer.ggml.eos_token_id", GV::U32(10_000))], "eos_token_id"),
+        ] {
+            let mut extra = extra;
+            // A later duplicate key is refused by the reader, so replace by building anew.
+            let g = if extra.is_empty() {
+                small(model, pre, vec![])
+            } else {
+                let (k, v) = extra.remove(0);
+                let mut meta: Vec<(String, GV)> =
+                    small(model, pre, vec![]).metadata().iter().filter(|(key, _)| key != k).cloned().collect();
+                meta.push((k.to_string(), v));
+                let m: Vec<(&str, GV)> = meta.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+                Gguf::from_bytes(gguf::to_bytes(&m, &[]).unwrap(), "bad.gguf").unwrap()
+            };
+            let e = GgufTokenizer::from_gguf(&g).expect_err(needle).to_string();
+            assert!(e.contains(needle), "{e}");
+        }
+    }
+
+    #[test]
+    fn streaming_holds_characters_split_across_tokens() {
+        // Byte-level tokens for each byte of "é🙂" (2 + 4 bytes), fed one at a time.
+        let text = "é🙂";
+        let chars: Vec<char> = {
+            let mut map = Vec::new();
+            let mut extra = 0u32;
+            for b in 0..256u32 {
+                let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+                map.push(if printable {
+                    char::from_u32(b).unwrap()
+                } else {
+                    extra += 1;
+                    char::from_u32(255 + extra).unwrap()
+                });
+            }
+            map
+        };
+        let tokens: Vec<GV> = chars.iter().map(|c| GV::String(c.to_string())).collect();
+        let meta = vec![
+            ("tokenizer.ggml.model", GV::String("gpt2".into())),
+            ("tokenizer.ggml.tokens", GV::Array(tokens)),
+            ("tokenizer.ggml.merges", GV::Array(vec![])),
+        ];
+        let g = Gguf::from_bytes(gguf::to_bytes(&meta, &[]).unwrap(), "bytes.gguf").unwrap();
+        let tok = GgufTokenizer::from_gguf(&g).unwrap();
+        let ids = tok.encode(text, false).unwrap();
+        assert_eq!(ids, text.bytes().map(u32::from).collect::<Vec<_>>());
+        let mut d = StreamDecoder::new();
+        let pieces: Vec<String> = ids.iter().map(|&i| d.push(&tok, i, false).unwrap()).collect();
+        assert_eq!(pieces, vec!["", "é", "", "", "", "🙂"]);
+        // An invalid byte is replaced, not held; a cut character at the end is replaced by finish.
+        assert_eq!(d.push(&tok, 0xff, false).unwrap(), "\u{fffd}");
+        assert_eq!(d.push(&tok, 0xf0, false).unwrap(), "");
+        assert_eq!(d.finish(), "\u{fffd}");
+    }
+}

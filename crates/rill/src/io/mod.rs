@@ -14,6 +14,7 @@
 pub mod cache;
 pub mod config;
 pub mod gguf;
+pub mod gguf_tokenizer;
 pub mod safetensors;
 pub mod tokenizer;
 
