@@ -1299,8 +1299,8 @@ mod gguf_tokens {
         for c in fx["chats"].as_array().unwrap() {
             let text = c["text"].as_str().unwrap();
             let messages: Vec<ChatMessage> = serde_json::from_value(c["messages"].clone()).unwrap();
-            let gen = c["add_generation_prompt"].as_bool().unwrap();
-            assert_eq!(tok.apply_chat_template(&messages, gen).unwrap(), text, "the chat template on {messages:?}");
+            let add_gen = c["add_generation_prompt"].as_bool().unwrap();
+            assert_eq!(tok.apply_chat_template(&messages, add_gen).unwrap(), text, "the chat template on {messages:?}");
             assert_eq!(tok.encode(text, false).unwrap(), u32s(&c["ids"]), "ids of the chat prompt {text:?}");
         }
         assert!(tok.token_bytes(tok.vocab_size() as u32).is_err());

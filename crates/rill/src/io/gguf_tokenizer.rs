@@ -251,7 +251,10 @@ impl GgufTokenizer {
             Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
         });
         let ctx = minijinja::context! {
-            messages => minijinja::Value::from_serialize(messages),
+            messages => messages
+                .iter()
+                .map(|m| minijinja::Value::from_pairs([("role", m.role.as_str()), ("content", m.content.as_str())]))
+                .collect::<Vec<_>>(),
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_text.as_str(),
             eos_token => self.eos_text.as_str(),
