@@ -1,6 +1,7 @@
 """GPU peer for `rill bench --device gpu`: the same operations in PyTorch on the same card,
 same sizes, median of repeated runs (each synchronised). Run on the GPU machine:
     python3 bench/torch_bench.py [--compile] [--batched]
+    python3 bench/torch_bench.py sdpa     (only the attention grid of `rill bench sdpa`)
 --batched adds, for add/sum/softmax, the time per op when 8 are queued before one
 synchronisation (as `rill bench` prints on a GPU)."""
 import sys
@@ -34,6 +35,37 @@ def median_time(f, warm, reps):
 
 dev = "cuda"
 print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}")
+
+
+def sdpa_grid():
+    """`rill bench sdpa`'s grid and ids: F.scaled_dot_product_attention, 8 calls per
+    synchronisation, median of 5 after one warm-up, one JSON object a line."""
+    import json
+    import torch.nn.functional as F
+    heads = 16
+    for bh in [16, 128, 512]:
+        for t in [128, 512, 1024, 2048, 4096]:
+            for d in [64, 128]:
+                for name, dt in [("bf16", torch.bfloat16), ("f16", torch.float16)]:
+                    shape = (bh // heads, heads, t, d)
+                    q, k, v = [(torch.rand(shape, device=dev) * 2 - 1).to(dt) for _ in range(3)]
+                    b = bh // heads
+                    i = torch.arange(b * t, device=dev)
+                    keep = (((i // t) % 2) == 0) | ((i % t) < t - t // 4)
+                    pad = keep.reshape(b, 1, 1, t)
+                    for m in ["none", "causal", "padding"]:
+                        kw = {"is_causal": True} if m == "causal" else ({"attn_mask": pad} if m == "padding" else {})
+                        s = batched_time(lambda: F.scaled_dot_product_attention(q, k, v, **kw))
+                        flops = 4 * bh * t * t * d * (0.5 if m == "causal" else 1.0)
+                        rec = {"id": f"sdpa:bh{bh}:t{t}:d{d}:{name}:{m}", "impl": "torch", "seconds": s,
+                               "tflops": round(flops / s / 1e12, 2)}
+                        print(json.dumps(rec), flush=True)
+                    del q, k, v
+
+
+if "sdpa" in sys.argv:
+    sdpa_grid()
+    sys.exit(0)
 n = 1 << 28
 a = torch.rand(n, device=dev) * 2 - 1
 b = torch.rand(n, device=dev) * 2 - 1

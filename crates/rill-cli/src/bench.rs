@@ -95,6 +95,10 @@ pub fn run(device: Device, names: &[String]) -> Result<()> {
     let gpu = device.is_gpu();
     let want = |n: &str| names.is_empty() || names.iter().any(|x| x == n);
     println!("rill bench on {device}");
+    // The attention grid takes about a minute on a GPU: only when named.
+    if names.iter().any(|x| x == "sdpa") {
+        crate::sdpa_bench::run()?;
+    }
     if want("add") {
         let n = if gpu { 1usize << 28 } else { 1 << 24 };
         let (a, b) = (filled(&[n], DType::F32, 1)?, filled(&[n], DType::F32, 2)?);

@@ -10,6 +10,7 @@
 mod bench;
 mod demo;
 mod matrix;
+mod sdpa_bench;
 
 use rill::Device;
 
