@@ -5,7 +5,8 @@
 //! PyTorch peer (`bench/torch_bench.py sdpa`) prints the same ids with
 //! `F.scaled_dot_product_attention`. A figure is the median of 5 repetitions (after one
 //! warm-up) of 8 calls on the same inputs evaluated together, divided by 8. FLOPs count
-//! `4 · bh · Tq · Tk · D`, halved for causal.
+//! `4 · bh · Tq · Tk · D`, halved for causal. `RILL_SDPA_FILTER=a,b` times only the ids
+//! containing every one of the comma-separated pieces (the peer reads it too).
 
 use std::time::Instant;
 
@@ -42,8 +43,13 @@ fn filled(shape: &[usize], dtype: DType, seed: u64) -> Result<Array> {
 
 /// Times the grid on the ambient stream's device.
 pub(crate) fn run() -> Result<()> {
+    let filter = std::env::var("RILL_SDPA_FILTER").unwrap_or_default();
     let mut inputs: Option<((usize, usize, usize, DType), [Array; 3], Array)> = None;
     for (bh, t, d, dt, m) in grid() {
+        let id = format!("sdpa:bh{bh}:t{t}:d{d}:{}:{m}", dt.name());
+        if !filter.split(',').filter(|f| !f.is_empty()).all(|f| id.contains(f)) {
+            continue;
+        }
         let key = (bh, t, d, dt);
         if inputs.as_ref().map(|i| i.0) != Some(key) {
             inputs = None; // free the previous inputs first
@@ -51,8 +57,8 @@ pub(crate) fn run() -> Result<()> {
             let qkv = [filled(&shape, dt, 1)?, filled(&shape, dt, 2)?, filled(&shape, dt, 3)?];
             // Padding: the last quarter of the keys hidden in every other batch entry.
             let b = bh / HEADS;
-            let keep: Vec<bool> = (0..b * t).map(|i| (i / t) % 2 == 0 || i % t < t - t / 4).collect();
-            let pad = Array::from_slice(&keep, &[b, 1, 1, t])?;
+            let keep: Vec<f32> = (0..b * t).map(|i| ((i / t) % 2 == 0 || i % t < t - t / 4) as u8 as f32).collect();
+            let pad = Array::from_slice(&keep, &[b, 1, 1, t])?.astype(DType::Bool)?;
             pad.eval()?;
             inputs = Some((key, qkv, pad));
         }
@@ -74,11 +80,7 @@ pub(crate) fn run() -> Result<()> {
         ts.sort_by(|a, b| a.total_cmp(b));
         let s = ts[ts.len() / 2];
         let flops = 4.0 * (bh * t * t * d) as f64 * if m == "causal" { 0.5 } else { 1.0 };
-        println!(
-            "{{\"id\": \"sdpa:bh{bh}:t{t}:d{d}:{}:{m}\", \"impl\": \"rill\", \"seconds\": {s:.9}, \"tflops\": {:.2}}}",
-            dt.name(),
-            flops / s / 1e12
-        );
+        println!("{{\"id\": \"{id}\", \"impl\": \"rill\", \"seconds\": {s:.9}, \"tflops\": {:.2}}}", flops / s / 1e12);
     }
     Ok(())
 }

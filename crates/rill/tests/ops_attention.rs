@@ -56,7 +56,7 @@ fn rows_without_keys_are_zero() {
     }
     // A bool mask all false, and an additive mask all -inf.
     let q = Array::from_slice(&rng.vec(2 * 3 * 4, -1.0, 1.0), &[2, 3, 4]).unwrap();
-    let none = Array::from_slice(&[false; 3], &[1, 1, 3]).unwrap();
+    let none = Array::zeros(&[1, 1, 3], DType::Bool).unwrap();
     let inf = Array::full(&[3], f64::NEG_INFINITY, DType::F32).unwrap();
     for m in [&none, &inf] {
         let got = sdpa(&q, &q, &q, AttentionMask::Array(m), None).unwrap().to_f64_vec().unwrap();
@@ -84,7 +84,8 @@ fn under_compile_and_fusion() {
         let eager = f(&args).unwrap().remove(0).to_f64_vec().unwrap();
         let mut qv = vals.clone();
         qv[0] = x[0].mul(2.0).unwrap().to_f64_vec().unwrap();
-        let want: Vec<f64> = case.reference(&qv, mask.as_ref().map(|m| m.1.as_slice())).iter().map(|v| v + 1.0).collect();
+        let want: Vec<f64> =
+            case.reference(&qv, mask.as_ref().map(|m| m.1.as_slice())).iter().map(|v| v + 1.0).collect();
         let tol = tolerance(case.dtype) * 3.0;
         assert_close(&eager, &want, tol, &format!("eager {n}: {case:?}"));
         for shapeless in [false, true] {

@@ -36,9 +36,7 @@ pub(crate) fn attention(
     if r < 3 || k.len() != r || v.len() != r {
         return Err(Error::shape(
             name,
-            format!(
-                "q, k and v need the same rank of at least 3 ([..., H, T, D]), got q {q:?}, k {k:?}, v {v:?}"
-            ),
+            format!("q, k and v need the same rank of at least 3 ([..., H, T, D]), got q {q:?}, k {k:?}, v {v:?}"),
         ));
     }
     let nb = r - 3;

@@ -17,6 +17,9 @@ pub enum MaskCase {
     Add(Vec<usize>, DType),
 }
 
+/// `[q, k, v]`, their values, and the mask with its additive values.
+pub type Inputs = (Vec<Array>, Vec<Vec<f64>>, Option<(Array, Vec<f64>)>);
+
 /// One attention call.
 #[derive(Clone, Debug)]
 pub struct Case {
@@ -57,7 +60,11 @@ impl Case {
             let d = pick(rng, &[64, 128, 64, 128, 80, 16, 8]);
             let dv = if rng.next_u64() % 4 == 0 { pick(rng, &[16, 64, 32]) } else { d };
             let tk = 1 + (rng.next_u64() % 300) as usize;
-            let tq = if rng.next_u64() % 3 == 0 { 1 + (rng.next_u64() % 8) as usize } else { 1 + (rng.next_u64() % 200) as usize };
+            let tq = if rng.next_u64() % 3 == 0 {
+                1 + (rng.next_u64() % 8) as usize
+            } else {
+                1 + (rng.next_u64() % 200) as usize
+            };
             (d, dv, tq, tk)
         } else {
             let d = pick(rng, &[1, 8, 64, 80, 128]);
@@ -82,7 +89,7 @@ impl Case {
 
     /// The inputs (on the ambient stream's device) and their values as the reference sees
     /// them: `[q, k, v]` and the mask (as additive f64 values of its own shape).
-    pub fn inputs(&self, rng: &mut Rng) -> (Vec<Array>, Vec<Vec<f64>>, Option<(Array, Vec<f64>)>) {
+    pub fn inputs(&self, rng: &mut Rng) -> Inputs {
         let specs = [(self.hq, self.tq, self.d), (self.hkv, self.tk, self.d), (self.hkv, self.tk, self.dv)];
         let mut arrays = Vec::new();
         let mut values = Vec::new();
@@ -113,15 +120,17 @@ impl Case {
                 if n > 0 && rng.next_u64() % 2 == 0 {
                     b[..tk].iter_mut().for_each(|x| *x = false);
                 }
-                let a = Array::from_slice(&b, shape).unwrap();
+                let ones: Vec<f64> = b.iter().map(|&x| x as u8 as f64).collect();
+                let a = Array::from_slice(&ones, shape).unwrap().astype(DType::Bool).unwrap();
                 let add = b.iter().map(|&x| if x { 0.0 } else { f64::NEG_INFINITY }).collect();
                 Some((a, add))
             }
             MaskCase::Add(shape, dt) => {
                 let n: usize = shape.iter().product();
                 let tk = *shape.last().unwrap();
-                let mut v: Vec<f64> =
-                    (0..n).map(|_| if rng.next_u64() % 8 == 0 { f64::NEG_INFINITY } else { rng.uniform(-2.0, 2.0) }).collect();
+                let mut v: Vec<f64> = (0..n)
+                    .map(|_| if rng.next_u64() % 8 == 0 { f64::NEG_INFINITY } else { rng.uniform(-2.0, 2.0) })
+                    .collect();
                 if n > tk && rng.next_u64() % 2 == 0 {
                     v[tk..2 * tk].iter_mut().for_each(|x| *x = f64::NEG_INFINITY);
                 }

@@ -172,7 +172,14 @@ fn dot<C: Real>(a: &[C], b: &[C]) -> C {
 }
 
 /// Rows `i0 .. i0 + nr` of plane `p` into `out` (`nr * dv` values).
-fn rows<C: Real, T: Reducible<A = C>>(dm: &Dims, p: &Plane<'_, C>, i0: usize, nr: usize, scr: &mut Scratch<C>, out: &mut [T]) {
+fn rows<C: Real, T: Reducible<A = C>>(
+    dm: &Dims,
+    p: &Plane<'_, C>,
+    i0: usize,
+    nr: usize,
+    scr: &mut Scratch<C>,
+    out: &mut [T],
+) {
     let (d, dv, tk) = (dm.d, dm.dv, dm.tk);
     let (b, h) = (p.bh / dm.hq, p.bh % dm.hq);
     let kvh = b * dm.hkv + h / (dm.hq / dm.hkv);
@@ -180,9 +187,7 @@ fn rows<C: Real, T: Reducible<A = C>>(dm: &Dims, p: &Plane<'_, C>, i0: usize, nr
     let v = &p.v[kvh * tk * dv..(kvh + 1) * tk * dv];
     let q = &p.q[(p.bh * dm.tq + i0) * d..(p.bh * dm.tq + i0 + nr) * d];
     // The keys each row may attend: all of them, or up to `i + Tk - Tq` when causal.
-    let hi = |ri: usize| -> usize {
-        if p.causal { (i0 + ri + 1 + tk).saturating_sub(dm.tq).min(tk) } else { tk }
-    };
+    let hi = |ri: usize| -> usize { if p.causal { (i0 + ri + 1 + tk).saturating_sub(dm.tq).min(tk) } else { tk } };
     scr.m.clear();
     scr.m.resize(nr, C::LOWEST);
     scr.l.clear();

@@ -41,6 +41,7 @@ const SIMT_MAX_DV: usize = 256;
 const P_WORDS: usize = 65;
 
 const PARAMS_SRC: &str = r#"
+#define NEG_INF __int_as_float(0xff800000u)
 struct AttnP {
     i64 nb; i64 bshape[8];
     i64 bq[8]; i64 bk[8]; i64 bv[8]; i64 bm[8]; i64 bo[8];
@@ -61,28 +62,28 @@ __device__ __forceinline__ void attn_offsets(const AttnP& p, i64 bh, i64& oq, i6
 }
 "#;
 
-/// The mask's part of a kernel: its C type and an expression applying mask element
-/// `idx` to the score `x` (log2-scaled when `log2`).
-fn mask_src(kind: AttentionMaskKind, md: Option<DType>, log2: bool) -> (String, String) {
+/// The mask's part of a kernel: its C type and a statement applying the mask element at
+/// `idx` (an expression) to the score `x` (log2-scaled when `log2`).
+fn mask_src(kind: AttentionMaskKind, md: Option<DType>, log2: bool, idx: &str) -> (String, String) {
     match (kind, md) {
         (AttentionMaskKind::Array, Some(d)) => {
             let t = ctype(d).to_string();
             let e = if d == DType::Bool {
-                "x = mask[idx] ? x : -INFINITY;".to_string()
+                "x = mask[idx] ? x : NEG_INF;".to_string()
             } else {
                 let v = load(d, "mask[idx]");
                 if log2 { format!("x += (float)({v}) * 1.4426950408889634f;") } else { format!("x += ({v});") }
             };
-            (t, e)
+            (t, format!("{{ const i64 idx = {idx}; {e} }}"))
         }
-        _ => ("u8".to_string(), String::new()),
+        _ => ("u8".to_string(), "{}".to_string()),
     }
 }
 
 /// The tensor-core kernel for `d` (f16 or bf16), head dimensions `dk`/`dv`.
 pub(crate) fn tc_source(d: DType, dk: usize, dv: usize, kind: AttentionMaskKind, md: Option<DType>) -> String {
     let ab = if d == DType::BF16 { "bf16" } else { "f16" };
-    let (mt, mexpr) = mask_src(kind, md, true);
+    let (mt, mexpr) = mask_src(kind, md, true, "om + row * p.mq + key * p.mk");
     let causal = (kind == AttentionMaskKind::Causal) as i32;
     let array = (kind == AttentionMaskKind::Array) as i32;
     let sq = (BQ * (dk + 8)).max(64 * (dv + 8));
@@ -163,7 +164,7 @@ extern "C" __global__ void __launch_bounds__(128) k_attn_tc(u16* out, const u16*
     float o[DV / 8][4];
 #pragma unroll
     for (int i = 0; i < DV / 8; ++i) {{ o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f; }}
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
     const float sl2 = (float)p.scale * 1.4426950408889634f;
     const i64 r0 = q0 + warp * 16 + (lane >> 2), r1 = r0 + 8;
     for (i64 t = 0; t < ntiles; ++t) {{
@@ -194,13 +195,13 @@ extern "C" __global__ void __launch_bounds__(128) k_attn_tc(u16* out, const u16*
                 if (edge) {{
                     i64 row = e < 2 ? r0 : r1;
                     i64 key = k0 + nb * 8 + 2 * (lane & 3) + (e & 1);
-                    if (ARRAY && row < p.tq && key < p.tk) {{ i64 idx = om + row * p.mq + key * p.mk; {mexpr} }}
-                    if (key >= p.tk || (CAUSAL && key > row + off)) x = -INFINITY;
+                    if (ARRAY && row < p.tq && key < p.tk) {mexpr}
+                    if (key >= p.tk || (CAUSAL && key > row + off)) x = NEG_INF;
                 }}
                 s[nb][e] = x;
             }}
         }}
-        float mx0 = -INFINITY, mx1 = -INFINITY;
+        float mx0 = NEG_INF, mx1 = NEG_INF;
 #pragma unroll
         for (int nb = 0; nb < BK / 8; ++nb) {{
             mx0 = fmaxf(mx0, fmaxf(s[nb][0], s[nb][1]));
@@ -212,7 +213,7 @@ extern "C" __global__ void __launch_bounds__(128) k_attn_tc(u16* out, const u16*
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
         const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
         // A row with every key so far masked keeps max -inf: shift by 0 so exp2 gives 0, not NaN.
-        const float u0 = n0 == -INFINITY ? 0.f : n0, u1 = n1 == -INFINITY ? 0.f : n1;
+        const float u0 = n0 == NEG_INF ? 0.f : n0, u1 = n1 == NEG_INF ? 0.f : n1;
         const float c0 = exp2f(m0 - u0), c1 = exp2f(m1 - u1);
         m0 = n0; m1 = n1;
         float rs0 = 0.f, rs1 = 0.f;
@@ -267,7 +268,7 @@ extern "C" __global__ void __launch_bounds__(128) k_attn_tc(u16* out, const u16*
 pub(crate) fn simt_source(d: DType, dvl: usize, kind: AttentionMaskKind, md: Option<DType>) -> String {
     let (t, f) = (ctype(d), ftype(d));
     let wide = d == DType::F64;
-    let (mt, mexpr) = mask_src(kind, md, false);
+    let (mt, mexpr) = mask_src(kind, md, false, "om + i * p.mq + j * p.mk");
     let causal = (kind == AttentionMaskKind::Causal) as i32;
     let array = (kind == AttentionMaskKind::Array) as i32;
     let (lq, lk, lv) = (load(d, "Q[c]"), load(d, "K[j * p.kt + c]"), load(d, "V[jj * p.vt + c]"));
@@ -294,24 +295,24 @@ extern "C" __global__ void __launch_bounds__(128) k_attn_simt({t}* out, const {t
     i64 kend = p.tk;
     if (CAUSAL) {{ i64 lim = i + p.tk - p.tq + 1; kend = lim < 0 ? 0 : (lim < kend ? lim : kend); }}
     const {f} scale = ({f})p.scale;
-    {f} m = -INFINITY, l = 0;
+    {f} m = NEG_INF, l = 0;
     {f} acc[DVL];
 #pragma unroll
     for (int u = 0; u < DVL; ++u) acc[u] = 0;
     for (i64 j0 = 0; j0 < kend; j0 += 32) {{
         const i64 j = j0 + lane;
-        {f} x = -INFINITY;
+        {f} x = NEG_INF;
         if (j < kend) {{
             {f} dot = 0;
             for (i64 c = 0; c < d; ++c) dot += sq[warp][c] * {lk};
             x = dot * scale;
-            if (ARRAY) {{ i64 idx = om + i * p.mq + j * p.mk; {mexpr} }}
+            if (ARRAY) {mexpr}
         }}
         {f} mx = x;
         for (int s = 16; s > 0; s >>= 1) mx = {fmax}(mx, __shfl_xor_sync(0xffffffffu, mx, s));
         const {f} n = {fmax}(m, mx);
         // Every key so far masked: shift by 0 so the exponentials are 0, not NaN.
-        const {f} sh = n == -INFINITY ? ({f})0 : n;
+        const {f} sh = n == NEG_INF ? ({f})0 : n;
         const {f} c0 = {exp}(m - sh);
         const {f} e = {exp}(x - sh);
         {f} es = e;
@@ -362,7 +363,8 @@ pub(crate) fn attention(
     if shape.contains(&0) {
         return Ok(out);
     }
-    let tc = matches!(dtype, DType::F16 | DType::BF16) && dk > 0 && dk % 16 == 0 && dv % 16 == 0 && dk <= 128 && dv <= 128;
+    let tc =
+        matches!(dtype, DType::F16 | DType::BF16) && dk > 0 && dk % 16 == 0 && dv % 16 == 0 && dk <= 128 && dv <= 128;
     if !tc && (dk > 256 || dv > SIMT_MAX_DV) {
         return Err(super::unsupported(NAME, format!("head dimensions up to 256 on a GPU, got D = {dk}, Dv = {dv}")));
     }
@@ -399,14 +401,7 @@ pub(crate) fn attention(
         }
     }
     let ht = |l: &Layout| [l.strides[nb] as i64, l.strides[nb + 1] as i64];
-    let rest = [
-        [hq as i64, hkv as i64],
-        [tq as i64, tk as i64],
-        ht(&q.layout),
-        ht(&k.layout),
-        ht(&v.layout),
-        ht(&ml),
-    ];
+    let rest = [[hq as i64, hkv as i64], [tq as i64, tk as i64], ht(&q.layout), ht(&k.layout), ht(&v.layout), ht(&ml)];
     for (i, pair) in rest.iter().enumerate() {
         p[49 + 2 * i] = pair[0];
         p[50 + 2 * i] = pair[1];
@@ -459,19 +454,26 @@ mod tests {
             for (dk, dv) in [(64, 64), (128, 128), (16, 48)] {
                 for kind in kinds {
                     let md = (kind == AttentionMaskKind::Array).then_some(DType::Bool);
-                    if !check_compiles(&format!("test:attn_tc:{d}:{dk}:{dv}:{kind:?}"), &tc_source(d, dk, dv, kind, md)) {
+                    if !check_compiles(&format!("test:attn_tc:{d}:{dk}:{dv}:{kind:?}"), &tc_source(d, dk, dv, kind, md))
+                    {
                         return;
                     }
                 }
             }
-            check_compiles(&format!("test:attn_tc:{d}:f32mask"), &tc_source(d, 64, 64, AttentionMaskKind::Array, Some(d)));
+            check_compiles(
+                &format!("test:attn_tc:{d}:f32mask"),
+                &tc_source(d, 64, 64, AttentionMaskKind::Array, Some(d)),
+            );
         }
         for d in [DType::F16, DType::BF16, DType::F32, DType::F64] {
             for kind in kinds {
                 let md = (kind == AttentionMaskKind::Array).then_some(DType::F32);
                 check_compiles(&format!("test:attn_simt:{d}:{kind:?}"), &simt_source(d, 8, kind, md));
             }
-            check_compiles(&format!("test:attn_simt:{d}:f64mask"), &simt_source(d, 1, AttentionMaskKind::Array, Some(DType::F64)));
+            check_compiles(
+                &format!("test:attn_simt:{d}:f64mask"),
+                &simt_source(d, 1, AttentionMaskKind::Array, Some(DType::F64)),
+            );
         }
     }
 }
