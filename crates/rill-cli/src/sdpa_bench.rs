@@ -52,7 +52,7 @@ pub(crate) fn run() -> Result<()> {
         }
         let key = (bh, t, d, dt);
         if inputs.as_ref().map(|i| i.0) != Some(key) {
-            inputs = None; // free the previous inputs first
+            drop(inputs.take()); // free the previous inputs first
             let shape = [bh / HEADS, HEADS, t, d];
             let qkv = [filled(&shape, dt, 1)?, filled(&shape, dt, 2)?, filled(&shape, dt, 3)?];
             // Padding: the last quarter of the keys hidden in every other batch entry.
