@@ -2,6 +2,7 @@
 same sizes, median of repeated runs (each synchronised). Run on the GPU machine:
     python3 bench/torch_bench.py [--compile] [--batched]
     python3 bench/torch_bench.py --blocks [ffn] [attention] [adam]
+    python3 bench/torch_bench.py sdpa     (only the attention grid of `rill bench sdpa`)
 --batched adds, for add/sum/softmax, the time per op when 8 are queued before one
 synchronisation (as `rill bench` prints on a GPU). --blocks runs only the fused-block peers
 of `rill bench ffn attention adam` (see below)."""
@@ -121,6 +122,45 @@ if "--blocks" in sys.argv:
 
 
 print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}")
+
+
+def sdpa_grid():
+    """`rill bench sdpa`'s grid and ids: F.scaled_dot_product_attention, 8 calls per
+    synchronisation, median of 5 after one warm-up, one JSON object a line."""
+    import json
+    import os
+    import torch.nn.functional as F
+    pieces = [p for p in os.environ.get("RILL_SDPA_FILTER", "").split(",") if p]
+    heads = 16
+    for bh in [16, 128, 512]:
+        for t in [128, 512, 1024, 2048, 4096]:
+            for d in [64, 128]:
+                for name, dt in [("bf16", torch.bfloat16), ("f16", torch.float16)]:
+                    if not any(all(p in f"sdpa:bh{bh}:t{t}:d{d}:{name}:{m}" for p in pieces)
+                               for m in ["none", "causal", "padding"]):
+                        continue
+                    shape = (bh // heads, heads, t, d)
+                    q, k, v = [(torch.rand(shape, device=dev) * 2 - 1).to(dt) for _ in range(3)]
+                    b = bh // heads
+                    i = torch.arange(b * t, device=dev)
+                    keep = (((i // t) % 2) == 0) | ((i % t) < t - t // 4)
+                    pad = keep.reshape(b, 1, 1, t)
+                    for m in ["none", "causal", "padding"]:
+                        rid = f"sdpa:bh{bh}:t{t}:d{d}:{name}:{m}"
+                        if not all(p in rid for p in pieces):
+                            continue
+                        kw = {"is_causal": True} if m == "causal" else ({"attn_mask": pad} if m == "padding" else {})
+                        s = batched_time(lambda: F.scaled_dot_product_attention(q, k, v, **kw))
+                        flops = 4 * bh * t * t * d * (0.5 if m == "causal" else 1.0)
+                        rec = {"id": rid, "impl": "torch", "seconds": s,
+                               "tflops": round(flops / s / 1e12, 2)}
+                        print(json.dumps(rec), flush=True)
+                    del q, k, v
+
+
+if "sdpa" in sys.argv:
+    sdpa_grid()
+    sys.exit(0)
 n = 1 << 28
 a = torch.rand(n, device=dev) * 2 - 1
 b = torch.rand(n, device=dev) * 2 - 1

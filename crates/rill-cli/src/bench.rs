@@ -105,6 +105,7 @@ pub const BENCHMARKS: &[(&str, &str)] = &[
     ("ffn", "FFN blocks (matmul, bias, GELU, matmul, bias, residual, layer norm), eager and compiled; only when named"),
     ("attention", "attention as matmul-scale-softmax-matmul, eager and compiled; only when named"),
     ("adam", "compiled Adam and AdamW steps over many parameters; only when named"),
+    ("sdpa", "scaled_dot_product_attention over a grid of shapes, dtypes and masks; only when named"),
 ];
 /// The FFN block cases, generated (the PyTorch peer's `ffn_cases` makes the same list):
 /// (dtype, model width, rows); the hidden width is 4x. bf16 over every width and row
@@ -247,6 +248,10 @@ pub fn run(device: Device, names: &[String]) -> Result<()> {
     let want = |n: &str| names.is_empty() || names.iter().any(|x| x == n);
     println!("rill bench on {device}");
     blocks(device, names)?;
+    // The attention grid takes about a minute on a GPU: only when named.
+    if names.iter().any(|x| x == "sdpa") {
+        crate::sdpa_bench::run()?;
+    }
     if want("add") {
         let n = if gpu { 1usize << 28 } else { 1 << 24 };
         let (a, b) = (filled(&[n], DType::F32, 1)?, filled(&[n], DType::F32, 2)?);

@@ -35,6 +35,7 @@ pub use array::Array;
 pub use backend::cuda::set_allow_tf32;
 pub use dtype::{DType, Element, Scalar};
 pub use error::{Error, Result};
+pub use ops::attention::{AttentionMask, scaled_dot_product_attention};
 pub use ops::custom::custom;
 pub use ops::elementwise::where_;
 pub use ops::{IntoOperand, Operand};

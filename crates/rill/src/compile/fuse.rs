@@ -219,6 +219,7 @@ fn build_group(
                 | Primitive::RmsNorm { .. }
                 | Primitive::Cumsum { .. }
                 | Primitive::Matmul
+                | Primitive::Attention { .. }
                 | Primitive::Reshape
                 | Primitive::Permute(_)
                 | Primitive::BroadcastTo
@@ -284,6 +285,7 @@ fn build_group(
             | Primitive::RmsNorm { .. }
             | Primitive::Cumsum { .. }
             | Primitive::Matmul
+            | Primitive::Attention { .. }
             | Primitive::Reshape
             | Primitive::Permute(_)
             | Primitive::BroadcastTo

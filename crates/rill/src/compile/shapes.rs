@@ -22,7 +22,7 @@
 use crate::compile::rules::{Rule, ShapeOf};
 use crate::compile::trace::{Ref, Tape, TapeNode};
 use crate::error::{Error, Result};
-use crate::primitives::{Primitive, linalg, movement, nn, reduce};
+use crate::primitives::{Primitive, attention, linalg, movement, nn, reduce};
 use crate::shape::{broadcast_all, checked_size};
 
 /// Every node's shape, and the value of each count fill, for one set of input shapes.
@@ -78,6 +78,10 @@ fn derive(node: &TapeNode, ins: &[&[usize]], read: &dyn Fn(&ShapeOf) -> Vec<usiz
                 return None;
             }
             linalg::matmul(a, b).map(|m| m.out)
+        }
+        Attention { .. } => {
+            let [q, k, v, mask @ ..] = ins else { return None };
+            attention::attention(prim.name(), q, k, v, mask.first().copied())
         }
         // Shapes the trace fixed: fills other than 0-d, ranges, eyes, random draws,
         // reshapes and broadcasts without a rule; and shapes made with traced parameters
@@ -208,6 +212,7 @@ fn count(tape: &Tape, inputs: &[Vec<usize>], shapes: &[Vec<usize>], rule: &Rule)
         | Primitive::RmsNorm { .. }
         | Primitive::Cumsum { .. }
         | Primitive::Matmul
+        | Primitive::Attention { .. }
         | Primitive::Reshape
         | Primitive::Permute(_)
         | Primitive::BroadcastTo

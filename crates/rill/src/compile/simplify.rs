@@ -26,6 +26,10 @@ pub fn same_op(a: &Primitive, b: &Primitive) -> bool {
         Cast => matches!(b, Cast),
         Where => matches!(b, Where),
         Matmul => matches!(b, Matmul),
+        Attention { scale: s1, mask: m1 } => matches!(
+            b,
+            Attention { scale: s2, mask: m2 } if s1.map(f64::to_bits) == s2.map(f64::to_bits) && m1 == m2
+        ),
         Reshape => matches!(b, Reshape),
         BroadcastTo => matches!(b, BroadcastTo),
         Contiguous => matches!(b, Contiguous),

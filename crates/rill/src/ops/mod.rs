@@ -6,6 +6,7 @@
 //! another device are moved with a `ToDevice` node; inputs of another dtype get a `Cast`
 //! node. Errors name the op and the shapes, axes or dtypes involved.
 
+pub(crate) mod attention;
 pub(crate) mod custom;
 pub(crate) mod elementwise;
 pub(crate) mod linalg;

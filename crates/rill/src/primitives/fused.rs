@@ -267,6 +267,7 @@ pub(crate) fn fusable(prim: &crate::primitives::Primitive, ins: &[DType], out: D
         | RmsNorm { .. }
         | Cumsum { .. }
         | Matmul
+        | Attention { .. }
         | Reshape
         | Permute(_)
         | BroadcastTo

@@ -1,6 +1,6 @@
 //! The gradient slot of every primitive: [`Primitive::vjp`] and [`Primitive::jvp`]
 //! dispatch to the rule in the primitive's family file (`unary.rs`, `binary.rs`,
-//! `reduce.rs`, `nn.rs`, `linalg.rs`, `movement.rs`, `creation.rs`, `fused.rs`), so each
+//! `reduce.rs`, `nn.rs`, `linalg.rs`, `attention.rs`, `movement.rs`, `creation.rs`, `fused.rs`), so each
 //! primitive's gradient sits beside its shape rule and its kernels' formulas. A rule sees
 //! the node's inputs and output as arrays of a traced graph and builds its result with
 //! ops. A primitive without a rule returns `Error::Unsupported` naming it (never a zero).
@@ -13,7 +13,7 @@
 use crate::array::Array;
 use crate::error::{Error, Result};
 
-use super::{BinaryOp, Primitive, UnaryOp, creation, fused, linalg, movement, nn, reduce};
+use super::{BinaryOp, Primitive, UnaryOp, attention, creation, fused, linalg, movement, nn, reduce};
 
 /// What a reverse-mode rule is given: the node's inputs, its output, and the cotangent of
 /// the output (same shape and dtype as `output`).
@@ -69,6 +69,7 @@ enum Owner {
     Reduce,
     Nn,
     Linalg,
+    Attention,
     Movement,
     /// A host callback: no derivative.
     Host(&'static str),
@@ -88,6 +89,7 @@ impl Primitive {
             Reduce { .. } | ArgReduce { .. } | Cumsum { .. } => Owner::Reduce,
             Softmax { .. } | LayerNorm { .. } | RmsNorm { .. } => Owner::Nn,
             Matmul => Owner::Linalg,
+            Attention { .. } => Owner::Attention,
             Reshape
             | Permute(_)
             | BroadcastTo
@@ -114,6 +116,7 @@ impl Primitive {
             Owner::Reduce => reduce::vjp(self, g),
             Owner::Nn => nn::vjp(self, g),
             Owner::Linalg => linalg::vjp(self, g),
+            Owner::Attention => attention::vjp(self, g),
             Owner::Movement => movement::vjp(self, g),
             Owner::Host(name) => Err(no_derivative(name)),
             Owner::Placeholder => Ok(Vec::new()),
@@ -132,6 +135,7 @@ impl Primitive {
             Owner::Reduce => reduce::jvp(self, g),
             Owner::Nn => nn::jvp(self, g),
             Owner::Linalg => linalg::jvp(self, g),
+            Owner::Attention => attention::jvp(self, g),
             Owner::Movement => movement::jvp(self, g),
             Owner::Host(name) => Err(no_derivative(name)),
             Owner::Placeholder => Ok(None),
@@ -165,6 +169,7 @@ mod tests {
             Primitive::Reduce { op: ReduceOp::Sum, axes: vec![0] },
             Primitive::Softmax { axis: 0, log: false },
             Primitive::Matmul,
+            Primitive::Attention { scale: None, mask: crate::primitives::AttentionMaskKind::Causal },
             Primitive::Reshape,
             Primitive::Take { axis: 0 },
             Primitive::Host { name: "my_callback", f: std::sync::Arc::new(|v: &[Vec<f64>]| Ok(v[0].clone())) },

@@ -13,7 +13,8 @@
 //! share; `cuda.rs` holds the conversions, `cast` and `where`.
 //!
 //! The other families' shape and dtype rules have one home each, as pure functions over
-//! shapes and parameters: `reduce.rs`, `movement.rs`, `linalg.rs`, `nn.rs`, `creation.rs`.
+//! shapes and parameters: `reduce.rs`, `movement.rs`, `linalg.rs`, `nn.rs`, `attention.rs`,
+//! `creation.rs`.
 //! The op that records a node and shapeless replay (`compile/shapes.rs`) both call them,
 //! so a replay derives the shape, or the error, the op would give.
 
@@ -66,6 +67,7 @@ macro_rules! op_enum {
     };
 }
 
+pub(crate) mod attention;
 mod binary;
 pub(crate) mod creation;
 pub(crate) mod cuda;
@@ -79,6 +81,7 @@ pub(crate) mod scalar;
 mod unary;
 pub(crate) mod vexp;
 
+pub use attention::AttentionMaskKind;
 pub use binary::BinaryOp;
 pub(crate) use binary::each_binary;
 pub use unary::UnaryOp;
@@ -223,6 +226,13 @@ pub enum Primitive {
     // ---- linear algebra ----
     /// `[.., M, K] @ [.., K, N]` with equal (already broadcast) batch shapes.
     Matmul,
+    /// Scaled dot-product attention (`primitives/attention.rs`); inputs `q, k, v[, mask]`.
+    Attention {
+        /// Multiplies the scores; `None`: `1 / sqrt(D)` of the inputs' head dimension.
+        scale: Option<f64>,
+        /// How the scores are masked.
+        mask: AttentionMaskKind,
+    },
 
     // ---- views: zero-copy on every backend ----
     /// Same elements, new shape.
@@ -320,6 +330,7 @@ impl Primitive {
             RmsNorm { .. } => "rms_norm",
             Cumsum { .. } => "cumsum",
             Matmul => "matmul",
+            Attention { .. } => "scaled_dot_product_attention",
             Reshape => "reshape",
             Permute(_) => "permute",
             BroadcastTo => "broadcast_to",
@@ -347,7 +358,7 @@ impl Primitive {
             Reduce { .. } | ArgReduce { .. } | Softmax { .. } | LayerNorm { .. } | RmsNorm { .. } | Cumsum { .. } => {
                 Family::Reduction
             }
-            Matmul => Family::LinearAlgebra,
+            Matmul | Attention { .. } => Family::LinearAlgebra,
             Reshape | Permute(_) | BroadcastTo | Slice { .. } => Family::View,
             Contiguous | Take { .. } | Concatenate { .. } | Pad { .. } | ToDevice | Host { .. } => Family::Copy,
             Placeholder { .. } => Family::Placeholder,
@@ -386,7 +397,7 @@ pub(crate) enum Family {
     Elementwise,
     /// Reductions, scans and the normalisations over an axis.
     Reduction,
-    /// Matrix products.
+    /// Matrix products and attention.
     LinearAlgebra,
     /// Zero-copy: the output shares the input's buffer.
     View,

@@ -6,6 +6,7 @@
 //! Kernels receive inputs already converted by the ops layer: elementwise inputs share
 //! the output dtype (predicates output bool), reductions keep their input dtype.
 
+pub(crate) mod attention;
 mod blocks;
 mod buffer;
 pub(crate) mod creation;
@@ -49,6 +50,7 @@ pub(crate) fn eval(prim: &Primitive, shape: &[usize], dtype: DType, inputs: &[&S
         LayerNorm { eps, has_weight, has_bias } => nn::layer_norm(inputs, *eps, *has_weight, *has_bias),
         RmsNorm { eps, has_weight } => nn::rms_norm(inputs, *eps, *has_weight),
         Matmul => matmul::matmul(inputs[0], inputs[1], shape, dtype),
+        Attention { scale, mask } => attention::attention(inputs, *scale, *mask, shape, dtype),
         Reshape => movement::reshape(inputs[0], shape),
         Permute(perm) => Ok(inputs[0].with_layout(inputs[0].layout.permute(perm))),
         BroadcastTo => Ok(inputs[0].with_layout(inputs[0].layout.broadcast_to(shape))),

@@ -24,7 +24,9 @@ use crate::sync::Arc;
 use super::buffer::{cuda_of, download, scalar_on_device, slab_scalar, upload};
 use super::driver::{Driver, GpuStream};
 use super::handles::{CudaStreamHandle, Ev};
-use super::{blocks, check, copy, elementwise as ew, fused, launch, matmul, norm, random, reduce, scan, take};
+use super::{
+    attention, blocks, check, copy, elementwise as ew, fused, launch, matmul, norm, random, reduce, scan, take,
+};
 use smallvec::SmallVec;
 
 /// One batch on a GPU stream, from its first node to the hand-over of its fence.
@@ -248,6 +250,7 @@ fn eval(
         LayerNorm { eps, has_weight, has_bias } => norm::layer_norm(cs, &owned(), *eps, *has_weight, *has_bias),
         RmsNorm { eps, has_weight } => norm::rms_norm(cs, &owned(), *eps, *has_weight),
         Matmul => matmul::matmul(cs, x(), inputs[1], shape, dtype),
+        Attention { scale, mask } => attention::attention(cs, inputs, *scale, *mask, shape, dtype),
         Reshape => match x().layout.reshape(shape) {
             Some(l) => Ok(x().with_layout(l)),
             None => Ok(copy::make_contiguous(cs, x())?.with_layout(crate::shape::Layout::contiguous(shape))),

@@ -22,6 +22,7 @@
 //! | concatenate (one kernel per 16 inputs), pad, tiled transposes making views contiguous | `copy.rs` | nothing |
 //! | threefry random arrays (the CPU's values) | `random.rs` | nothing |
 //! | matmul | `matmul.rs` | nothing |
+//! | scaled dot-product attention (flash-attention style; tensor cores for f16/bf16) | `attention.rs` | nothing |
 //! | fused elementwise programs and fused reductions (`rill::compile`) | `fused.rs` | nothing |
 //!
 //! Synchronisation model: a storage exists once its kernel is enqueued. Work on the same
@@ -38,6 +39,7 @@
 //! `catch_unwind`, and every handle whose cudarc `Drop` could panic is destroyed by hand,
 //! only while the runtime is running, and leaked on purpose during shutdown.
 
+mod attention;
 mod blocks;
 mod buffer;
 mod cache;

@@ -1,0 +1,86 @@
+//! `rill bench sdpa`: scaled dot-product attention over a generated grid (batch·heads in
+//! {16, 128, 512}, T in {128, .., 4096}, D in {64, 128}, bf16 and f16, no mask, causal,
+//! and a `[B, 1, 1, T]` padding mask hiding the last quarter of the keys of every other
+//! batch), one JSON object a line: `{"id", "impl": "rill", "seconds", "tflops"}`. The
+//! PyTorch peer (`bench/torch_bench.py sdpa`) prints the same ids with
+//! `F.scaled_dot_product_attention`. A figure is the median of 5 repetitions (after one
+//! warm-up) of 8 calls on the same inputs evaluated together, divided by 8. FLOPs count
+//! `4 · bh · Tq · Tk · D`, halved for causal. `RILL_SDPA_FILTER=a,b` times only the ids
+//! containing every one of the comma-separated pieces (the peer reads it too).
+
+use std::time::Instant;
+
+use rill::random::{Key, uniform};
+use rill::{Array, AttentionMask, DType, Result};
+
+/// Heads per batch entry (bh = B · 16).
+const HEADS: usize = 16;
+/// Calls evaluated together per repetition.
+const CALLS: usize = 8;
+
+/// The grid: (bh, T, D, dtype, mask).
+pub(crate) fn grid() -> Vec<(usize, usize, usize, DType, &'static str)> {
+    let mut v = Vec::new();
+    for bh in [16, 128, 512] {
+        for t in [128, 512, 1024, 2048, 4096] {
+            for d in [64, 128] {
+                for dt in [DType::BF16, DType::F16] {
+                    for m in ["none", "causal", "padding"] {
+                        v.push((bh, t, d, dt, m));
+                    }
+                }
+            }
+        }
+    }
+    v
+}
+
+fn filled(shape: &[usize], dtype: DType, seed: u64) -> Result<Array> {
+    let a = uniform(Key::new(seed), shape, -1.0, 1.0, DType::F32)?.astype(dtype)?;
+    a.eval()?;
+    Ok(a)
+}
+
+/// Times the grid on the ambient stream's device.
+pub(crate) fn run() -> Result<()> {
+    let filter = std::env::var("RILL_SDPA_FILTER").unwrap_or_default();
+    let mut inputs: Option<((usize, usize, usize, DType), [Array; 3], Array)> = None;
+    for (bh, t, d, dt, m) in grid() {
+        let id = format!("sdpa:bh{bh}:t{t}:d{d}:{}:{m}", dt.name());
+        if !filter.split(',').filter(|f| !f.is_empty()).all(|f| id.contains(f)) {
+            continue;
+        }
+        let key = (bh, t, d, dt);
+        if inputs.as_ref().map(|i| i.0) != Some(key) {
+            drop(inputs.take()); // free the previous inputs first
+            let shape = [bh / HEADS, HEADS, t, d];
+            let qkv = [filled(&shape, dt, 1)?, filled(&shape, dt, 2)?, filled(&shape, dt, 3)?];
+            // Padding: the last quarter of the keys hidden in every other batch entry.
+            let b = bh / HEADS;
+            let keep: Vec<f32> = (0..b * t).map(|i| ((i / t) % 2 == 0 || i % t < t - t / 4) as u8 as f32).collect();
+            let pad = Array::from_slice(&keep, &[b, 1, 1, t])?.astype(DType::Bool)?;
+            pad.eval()?;
+            inputs = Some((key, qkv, pad));
+        }
+        let Some((_, [q, k, v], pad)) = &inputs else { unreachable!("inputs were just made") };
+        let mask = match m {
+            "causal" => AttentionMask::Causal,
+            "padding" => AttentionMask::Array(pad),
+            _ => AttentionMask::None,
+        };
+        let rep = || -> Result<f64> {
+            let t0 = Instant::now();
+            let outs: Vec<Array> =
+                (0..CALLS).map(|_| rill::scaled_dot_product_attention(q, k, v, mask, None)).collect::<Result<_>>()?;
+            rill::eval(&outs)?;
+            Ok(t0.elapsed().as_secs_f64() / CALLS as f64)
+        };
+        rep()?;
+        let mut ts: Vec<f64> = (0..5).map(|_| rep()).collect::<Result<_>>()?;
+        ts.sort_by(|a, b| a.total_cmp(b));
+        let s = ts[ts.len() / 2];
+        let flops = 4.0 * (bh * t * t * d) as f64 * if m == "causal" { 0.5 } else { 1.0 };
+        println!("{{\"id\": \"{id}\", \"impl\": \"rill\", \"seconds\": {s:.9}, \"tflops\": {:.2}}}", flops / s / 1e12);
+    }
+    Ok(())
+}

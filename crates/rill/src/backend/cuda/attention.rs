@@ -1,0 +1,479 @@
+//! Scaled dot-product attention on the GPU, flash-attention style: a block takes a tile
+//! of queries, walks the keys in tiles with an online softmax, and keeps the running
+//! maximum, sum and output rows in registers; no `[Tq, Tk]` matrix touches global memory.
+//!
+//! | inputs | kernel |
+//! |---|---|
+//! | f16/bf16, `D` and `Dv` multiples of 16 up to 128 | `k_attn_tc`: 4 warps, 64 queries a block (16 a warp) and 64 keys a tile; Q, K and V tiles in shared memory (`cp.async`, rows padded by 16 bytes so `ldmatrix` is conflict-free), `mma.sync.m16n8k16` with f32 accumulation for `Q Kᵀ` and `P V` (P rounded to the inputs' type, as in FlashAttention), the next V tile loading while `Q Kᵀ` runs and the next K tile while `P V` runs; one kernel per (dtype, `D`, `Dv`, mask) |
+//! | anything else (f32, f64, other `D` up to 256 per lane group) | `k_attn_simt`: a warp per query row, 32 keys per step (a lane per key's dot product, then the lanes share the `Dv` columns of the output) |
+//!
+//! Both read q, k, v through (batch, head, token) strides with the last axis contiguous
+//! (other inputs are copied first), the mask through its broadcast strides, and write a
+//! contiguous output. Causal masking stops the key loop at the last tile a query block
+//! can see; query blocks are launched in reverse so the longest start first. A row with
+//! no key left after masking is 0 (its sum is 0, and the division is skipped).
+
+use cudarc::driver::LaunchConfig;
+
+use crate::backend::Storage;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::primitives::AttentionMaskKind;
+use crate::primitives::attention::MAX_BATCH_DIMS;
+use crate::shape::Layout;
+
+use super::buffer::new_storage;
+use super::driver::GpuStream;
+use super::launch::Launch;
+use super::map::merge_dims;
+use super::norm::elem_ptr;
+use super::nvrtc;
+use super::source::{PRELUDE, ctype, ftype, load, store_float};
+
+/// Query rows per block of the tensor-core kernel.
+const BQ: usize = 64;
+/// Query rows per block of the SIMT kernel (one per warp).
+const SIMT_ROWS: usize = 4;
+/// Largest `Dv` the SIMT kernel holds in registers (per lane: `Dv / 32`).
+const SIMT_MAX_DV: usize = 256;
+
+/// The kernel parameter struct (mirrors `struct AttnP` in the source), as i64 words.
+const P_WORDS: usize = 65;
+
+const PARAMS_SRC: &str = r#"
+#define NEG_INF __int_as_float(0xff800000u)
+struct AttnP {
+    i64 nb; i64 bshape[8];
+    i64 bq[8]; i64 bk[8]; i64 bv[8]; i64 bm[8]; i64 bo[8];
+    i64 hq, hkv, tq, tk;
+    i64 qh, qt, kh, kt, vh, vt, mh, mq, mk, oh, ot;
+    double scale;
+};
+// The offsets of the (batch, query head) plane `bh` in q, k, v, the mask and the output.
+__device__ __forceinline__ void attn_offsets(const AttnP& p, i64 bh, i64& oq, i64& ok, i64& ov, i64& om, i64& oo) {
+    i64 b = bh / p.hq, h = bh % p.hq;
+    i64 hk = h / (p.hq / p.hkv);
+    oq = h * p.qh; ok = hk * p.kh; ov = hk * p.vh; om = h * p.mh; oo = h * p.oh;
+    for (int a = (int)p.nb - 1; a >= 0; --a) {
+        i64 i = b % p.bshape[a];
+        b /= p.bshape[a];
+        oq += i * p.bq[a]; ok += i * p.bk[a]; ov += i * p.bv[a]; om += i * p.bm[a]; oo += i * p.bo[a];
+    }
+}
+"#;
+
+/// The mask's part of a kernel: its C type and a statement applying the mask element at
+/// `idx` (an expression) to the score `x` (log2-scaled when `log2`).
+fn mask_src(kind: AttentionMaskKind, md: Option<DType>, log2: bool, idx: &str) -> (String, String) {
+    match (kind, md) {
+        (AttentionMaskKind::Array, Some(d)) => {
+            let t = ctype(d).to_string();
+            let e = if d == DType::Bool {
+                "x = mask[idx] ? x : NEG_INF;".to_string()
+            } else {
+                let v = load(d, "mask[idx]");
+                if log2 { format!("x += (float)({v}) * 1.4426950408889634f;") } else { format!("x += ({v});") }
+            };
+            (t, format!("{{ const i64 idx = {idx}; {e} }}"))
+        }
+        _ => ("u8".to_string(), "{}".to_string()),
+    }
+}
+
+/// The tensor-core kernel for `d` (f16 or bf16), head dimensions `dk`/`dv`.
+pub(crate) fn tc_source(d: DType, dk: usize, dv: usize, kind: AttentionMaskKind, md: Option<DType>) -> String {
+    let ab = if d == DType::BF16 { "bf16" } else { "f16" };
+    let (mt, mexpr) = mask_src(kind, md, true, "om + row * p.mq + key * p.mk");
+    let causal = (kind == AttentionMaskKind::Causal) as i32;
+    let array = (kind == AttentionMaskKind::Array) as i32;
+    let sq = (BQ * (dk + 8)).max(64 * (dv + 8));
+    format!(
+        r#"{PRELUDE}
+{PARAMS_SRC}
+#define BQ 64
+#define BK 64
+#define D {dk}
+#define DV {dv}
+#define SD (D + 8)
+#define SDV (DV + 8)
+#define CAUSAL {causal}
+#define ARRAY {array}
+__device__ __forceinline__ u32 smem(const void* p) {{ return (u32)__cvta_generic_to_shared(p); }}
+__device__ __forceinline__ void cp16(u32 dst, const void* src, int n) {{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(n) : "memory");
+}}
+__device__ __forceinline__ void cp_commit() {{ asm volatile("cp.async.commit_group;" ::: "memory"); }}
+__device__ __forceinline__ void cp_wait0() {{ asm volatile("cp.async.wait_group 0;" ::: "memory"); }}
+__device__ __forceinline__ void ldm4(u32* r, u32 a) {{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%0,%1,%2,%3}}, [%4];"
+        : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}}
+__device__ __forceinline__ void ldm4t(u32* r, u32 a) {{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{%0,%1,%2,%3}}, [%4];"
+        : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}}
+__device__ __forceinline__ void mma(float* c, const u32* a, u32 b0, u32 b1) {{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{ab}.{ab}.f32 {{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}}
+// Two floats as a packed pair (`lo` in the low half), rounded to nearest even.
+__device__ __forceinline__ u32 pack(float lo, float hi) {{
+    u32 r; asm("cvt.rn.{ab}x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}}
+// Rows `row0 ..` of a [rows, cols] tile (global row stride `gs`) into shared memory
+// (row stride `ss`); rows at or past `nvalid` are zero-filled.
+__device__ __forceinline__ void load_tile(u16* s, int ss, const u16* g, i64 gs, i64 row0, i64 nvalid, int rows, int cols) {{
+    int per = cols / 8;
+    for (int c = threadIdx.x; c < rows * per; c += 128) {{
+        int r = c / per, cc = (c % per) * 8;
+        bool ok = row0 + r < nvalid;
+        const u16* src = ok ? g + (row0 + r) * gs + cc : g;
+        cp16(smem(s + r * ss + cc), src, ok ? 16 : 0);
+    }}
+}}
+extern "C" __global__ void __launch_bounds__(128) k_attn_tc(u16* out, const u16* q, const u16* k, const u16* v, const {mt}* mask, AttnP p) {{
+    __shared__ __align__(16) u16 sK[BK * SD];
+    __shared__ __align__(16) u16 sQV[{sq}];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const i64 nqb = (p.tq + BQ - 1) / BQ;
+    const i64 bhn = (i64)gridDim.x / nqb;
+    const i64 x = blockIdx.x;
+    const i64 qb = nqb - 1 - x / bhn;
+    const i64 bh = x % bhn;
+    i64 oq, okk, ov, om, oo;
+    attn_offsets(p, bh, oq, okk, ov, om, oo);
+    const u16* Q = q + oq; const u16* K = k + okk; const u16* V = v + ov; u16* O = out + oo;
+    const i64 q0 = qb * BQ;
+    const i64 off = p.tk - p.tq;
+    i64 kend = p.tk;
+    if (CAUSAL) {{ i64 lim = q0 + BQ + off; if (lim < kend) kend = lim; }}
+    const i64 ntiles = kend > 0 ? (kend + BK - 1) / BK : 0;
+    load_tile(sQV, SD, Q, p.qt, q0, p.tq, BQ, D);
+    cp_commit();
+    if (ntiles > 0) {{ load_tile(sK, SD, K, p.kt, 0, p.tk, BK, D); cp_commit(); }}
+    cp_wait0();
+    __syncthreads();
+    u32 qf[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {{
+        int row = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, col = kk * 16 + (lane >> 4) * 8;
+        ldm4(qf[kk], smem(sQV + row * SD + col));
+    }}
+    __syncthreads();
+    float o[DV / 8][4];
+#pragma unroll
+    for (int i = 0; i < DV / 8; ++i) {{ o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f; }}
+    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
+    const float sl2 = (float)p.scale * 1.4426950408889634f;
+    const i64 r0 = q0 + warp * 16 + (lane >> 2), r1 = r0 + 8;
+    for (i64 t = 0; t < ntiles; ++t) {{
+        const i64 k0 = t * BK;
+        load_tile(sQV, SDV, V, p.vt, k0, p.tk, BK, DV);
+        cp_commit();
+        float s[BK / 8][4];
+#pragma unroll
+        for (int i = 0; i < BK / 8; ++i) {{ s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f; }}
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {{
+#pragma unroll
+            for (int nb = 0; nb < BK / 16; ++nb) {{
+                u32 b[4];
+                int key = nb * 16 + (lane & 7) + ((lane >> 4) << 3), col = kk * 16 + ((lane >> 3) & 1) * 8;
+                ldm4(b, smem(sK + key * SD + col));
+                mma(s[2 * nb], qf[kk], b[0], b[1]);
+                mma(s[2 * nb + 1], qf[kk], b[2], b[3]);
+            }}
+        }}
+        // Scale (log2 domain) and mask; the per-element checks only where a tile needs them.
+        const bool edge = (k0 + BK > p.tk) || (CAUSAL && k0 + BK - 1 > q0 + off) || ARRAY;
+#pragma unroll
+        for (int nb = 0; nb < BK / 8; ++nb) {{
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {{
+                float x = s[nb][e] * sl2;
+                if (edge) {{
+                    i64 row = e < 2 ? r0 : r1;
+                    i64 key = k0 + nb * 8 + 2 * (lane & 3) + (e & 1);
+                    if (ARRAY && row < p.tq && key < p.tk) {mexpr}
+                    if (key >= p.tk || (CAUSAL && key > row + off)) x = NEG_INF;
+                }}
+                s[nb][e] = x;
+            }}
+        }}
+        float mx0 = NEG_INF, mx1 = NEG_INF;
+#pragma unroll
+        for (int nb = 0; nb < BK / 8; ++nb) {{
+            mx0 = fmaxf(mx0, fmaxf(s[nb][0], s[nb][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[nb][2], s[nb][3]));
+        }}
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+        // A row with every key so far masked keeps max -inf: shift by 0 so exp2 gives 0, not NaN.
+        const float u0 = n0 == NEG_INF ? 0.f : n0, u1 = n1 == NEG_INF ? 0.f : n1;
+        const float c0 = exp2f(m0 - u0), c1 = exp2f(m1 - u1);
+        m0 = n0; m1 = n1;
+        float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+        for (int nb = 0; nb < BK / 8; ++nb) {{
+            s[nb][0] = exp2f(s[nb][0] - u0); s[nb][1] = exp2f(s[nb][1] - u0);
+            s[nb][2] = exp2f(s[nb][2] - u1); s[nb][3] = exp2f(s[nb][3] - u1);
+            rs0 += s[nb][0] + s[nb][1];
+            rs1 += s[nb][2] + s[nb][3];
+        }}
+        l0 = l0 * c0 + rs0;
+        l1 = l1 * c1 + rs1;
+#pragma unroll
+        for (int i = 0; i < DV / 8; ++i) {{ o[i][0] *= c0; o[i][1] *= c0; o[i][2] *= c1; o[i][3] *= c1; }}
+        cp_wait0();
+        __syncthreads();
+        if (t + 1 < ntiles) {{ load_tile(sK, SD, K, p.kt, k0 + BK, p.tk, BK, D); cp_commit(); }}
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {{
+            u32 a[4] = {{ pack(s[2 * kk][0], s[2 * kk][1]), pack(s[2 * kk][2], s[2 * kk][3]),
+                          pack(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack(s[2 * kk + 1][2], s[2 * kk + 1][3]) }};
+#pragma unroll
+            for (int dn = 0; dn < DV / 16; ++dn) {{
+                u32 b[4];
+                int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, col = dn * 16 + (lane >> 4) * 8;
+                ldm4t(b, smem(sQV + key * SDV + col));
+                mma(o[2 * dn], a, b[0], b[1]);
+                mma(o[2 * dn + 1], a, b[2], b[3]);
+            }}
+        }}
+        cp_wait0();
+        __syncthreads();
+    }}
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
+#pragma unroll
+    for (int dn = 0; dn < DV / 8; ++dn) {{
+        int col = dn * 8 + 2 * (lane & 3);
+        if (r0 < p.tq) *(u32*)(O + r0 * p.ot + col) = pack(o[dn][0] * i0, o[dn][1] * i0);
+        if (r1 < p.tq) *(u32*)(O + r1 * p.ot + col) = pack(o[dn][2] * i1, o[dn][3] * i1);
+    }}
+}}
+"#
+    )
+}
+
+/// The SIMT kernel for values of `d` (computing in `float`, or `double` for f64), `Dv`
+/// up to `32 * dvl`.
+pub(crate) fn simt_source(d: DType, dvl: usize, kind: AttentionMaskKind, md: Option<DType>) -> String {
+    let (t, f) = (ctype(d), ftype(d));
+    let wide = d == DType::F64;
+    let (mt, mexpr) = mask_src(kind, md, false, "om + i * p.mq + j * p.mk");
+    let causal = (kind == AttentionMaskKind::Causal) as i32;
+    let array = (kind == AttentionMaskKind::Array) as i32;
+    let (lq, lk, lv) = (load(d, "Q[c]"), load(d, "K[j * p.kt + c]"), load(d, "V[jj * p.vt + c]"));
+    let st = store_float(d, "acc[u] * inv", wide);
+    let (exp, fmax) = if wide { ("exp", "fmax") } else { ("expf", "fmaxf") };
+    format!(
+        r#"{PRELUDE}
+{PARAMS_SRC}
+#define ROWS {SIMT_ROWS}
+#define DVL {dvl}
+#define CAUSAL {causal}
+#define ARRAY {array}
+extern "C" __global__ void __launch_bounds__(128) k_attn_simt({t}* out, const {t}* q, const {t}* k, const {t}* v, const {mt}* mask, AttnP p, i64 nrows, i64 d, i64 dv) {{
+    __shared__ {f} sq[ROWS][256];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const i64 row = (i64)blockIdx.x * ROWS + warp;
+    if (row >= nrows) return; // a whole warp; no block-wide barrier follows
+    const i64 bh = row / p.tq, i = row % p.tq;
+    i64 oq, okk, ov, om, oo;
+    attn_offsets(p, bh, oq, okk, ov, om, oo);
+    const {t}* Q = q + oq + i * p.qt; const {t}* K = k + okk; const {t}* V = v + ov; {t}* O = out + oo + i * p.ot;
+    for (i64 c = lane; c < d; c += 32) sq[warp][c] = {lq};
+    __syncwarp();
+    i64 kend = p.tk;
+    if (CAUSAL) {{ i64 lim = i + p.tk - p.tq + 1; kend = lim < 0 ? 0 : (lim < kend ? lim : kend); }}
+    const {f} scale = ({f})p.scale;
+    {f} m = NEG_INF, l = 0;
+    {f} acc[DVL];
+#pragma unroll
+    for (int u = 0; u < DVL; ++u) acc[u] = 0;
+    for (i64 j0 = 0; j0 < kend; j0 += 32) {{
+        const i64 j = j0 + lane;
+        {f} x = NEG_INF;
+        if (j < kend) {{
+            {f} dot = 0;
+            for (i64 c = 0; c < d; ++c) dot += sq[warp][c] * {lk};
+            x = dot * scale;
+            if (ARRAY) {mexpr}
+        }}
+        {f} mx = x;
+        for (int s = 16; s > 0; s >>= 1) mx = {fmax}(mx, __shfl_xor_sync(0xffffffffu, mx, s));
+        const {f} n = {fmax}(m, mx);
+        // Every key so far masked: shift by 0 so the exponentials are 0, not NaN.
+        const {f} sh = n == NEG_INF ? ({f})0 : n;
+        const {f} c0 = {exp}(m - sh);
+        const {f} e = {exp}(x - sh);
+        {f} es = e;
+        for (int s = 16; s > 0; s >>= 1) es += __shfl_xor_sync(0xffffffffu, es, s);
+        l = l * c0 + es;
+        m = n;
+#pragma unroll
+        for (int u = 0; u < DVL; ++u) acc[u] *= c0;
+        const i64 cnt = kend - j0 < 32 ? kend - j0 : 32;
+        for (i64 r = 0; r < cnt; ++r) {{
+            const {f} pr = __shfl_sync(0xffffffffu, e, (int)r);
+            const i64 jj = j0 + r;
+#pragma unroll
+            for (int u = 0; u < DVL; ++u) {{
+                const i64 c = lane + 32 * u;
+                if (c < dv) acc[u] += pr * {lv};
+            }}
+        }}
+    }}
+    const {f} inv = l > 0 ? ({f})1 / l : ({f})0;
+#pragma unroll
+    for (int u = 0; u < DVL; ++u) {{
+        const i64 c = lane + 32 * u;
+        if (c < dv) O[c] = {st};
+    }}
+}}
+"#
+    )
+}
+
+/// Attention over inputs `q, k, v[, mask]` into a new contiguous `shape` of `dtype`.
+pub(crate) fn attention(
+    cs: &GpuStream<'_>,
+    inputs: &[&Storage],
+    scale: Option<f64>,
+    kind: AttentionMaskKind,
+    shape: &[usize],
+    dtype: DType,
+) -> Result<Storage> {
+    const NAME: &str = "scaled_dot_product_attention";
+    let qs = inputs[0].layout.shape.clone();
+    let r = qs.len();
+    let nb = r - 3;
+    let (hq, tq, dk) = (qs[nb], qs[nb + 1], qs[nb + 2]);
+    let (hkv, tk) = (inputs[1].layout.shape[nb], inputs[1].layout.shape[nb + 1]);
+    let dv = inputs[2].layout.shape[nb + 2];
+    let out = new_storage(cs, dtype, shape)?;
+    if shape.contains(&0) {
+        return Ok(out);
+    }
+    let tc =
+        matches!(dtype, DType::F16 | DType::BF16) && dk > 0 && dk % 16 == 0 && dv % 16 == 0 && dk <= 128 && dv <= 128;
+    if !tc && (dk > 256 || dv > SIMT_MAX_DV) {
+        return Err(super::unsupported(NAME, format!("head dimensions up to 256 on a GPU, got D = {dk}, Dv = {dv}")));
+    }
+    // q, k, v with the last axis contiguous; for the tensor-core kernel also every row
+    // 16-byte aligned (`cp.async`). Others are copied.
+    let fit = |s: &Storage| -> Result<Storage> {
+        let l = &s.layout;
+        let inner = l.shape[r - 1] <= 1 || l.strides[r - 1] == 1;
+        let aligned = !tc || (elem_ptr(s) % 16 == 0 && (0..r - 1).all(|a| l.shape[a] <= 1 || l.strides[a] % 8 == 0));
+        if inner && aligned { Ok(s.clone()) } else { super::elementwise::copy(cs, s) }
+    };
+    let (q, k, v) = (fit(inputs[0])?, fit(inputs[1])?, fit(inputs[2])?);
+    let scores: Vec<usize> = qs[..r - 1].iter().copied().chain([tk]).collect();
+    let (mask, md) = match kind {
+        AttentionMaskKind::Array => (Some(inputs[3]), Some(inputs[3].dtype)),
+        AttentionMaskKind::None | AttentionMaskKind::Causal => (None, None),
+    };
+    let ml = mask.map(|m| m.layout.broadcast_to(&scores)).unwrap_or_else(|| Layout {
+        shape: scores.iter().copied().collect(),
+        strides: smallvec::smallvec![0; r],
+        offset: 0,
+    });
+    let ol = Layout::contiguous(shape);
+    let lays = [&q.layout, &k.layout, &v.layout, &ml, &ol];
+    let bst: Vec<&[isize]> = lays.iter().map(|l| &l.strides[..nb]).collect();
+    let (dims, mst) = merge_dims(&qs[..nb], &bst);
+    debug_assert!(dims.len() <= MAX_BATCH_DIMS);
+    let mut p = [0i64; P_WORDS];
+    p[0] = dims.len() as i64;
+    for a in 0..MAX_BATCH_DIMS {
+        p[1 + a] = dims.get(a).map_or(1, |&x| x as i64);
+        for (o, st) in mst.iter().enumerate() {
+            p[9 + 8 * o + a] = st.get(a).map_or(0, |&x| x as i64);
+        }
+    }
+    let ht = |l: &Layout| [l.strides[nb] as i64, l.strides[nb + 1] as i64];
+    let rest = [[hq as i64, hkv as i64], [tq as i64, tk as i64], ht(&q.layout), ht(&k.layout), ht(&v.layout), ht(&ml)];
+    for (i, pair) in rest.iter().enumerate() {
+        p[49 + 2 * i] = pair[0];
+        p[50 + 2 * i] = pair[1];
+    }
+    p[61] = ml.strides[nb + 2] as i64;
+    p[62] = ol.strides[nb] as i64;
+    p[63] = ol.strides[nb + 1] as i64;
+    let scale = scale.unwrap_or(if dk == 0 { 1.0 } else { 1.0 / (dk as f64).sqrt() });
+    p[64] = scale.to_bits() as i64;
+    let planes: usize = qs[..nb + 1].iter().product();
+    let mname = md.map_or("none", |d| d.name());
+    let (po, pq, pk, pv) = (elem_ptr(&out), elem_ptr(&q), elem_ptr(&k), elem_ptr(&v));
+    let pm = mask.map_or(0, elem_ptr);
+    let (func, blocks, extra) = if tc {
+        let key = format!("attn_tc:{}:{dk}:{dv}:{kind:?}:{mname}", dtype.name());
+        let f = nvrtc::function(cs.driver(), &cs.dev, &key, "k_attn_tc", || tc_source(dtype, dk, dv, kind, md))?;
+        (f, tq.div_ceil(BQ) * planes, None)
+    } else {
+        let dvl = dv.div_ceil(32).max(1);
+        let key = format!("attn_simt:{}:{dvl}:{kind:?}:{mname}", dtype.name());
+        let f = nvrtc::function(cs.driver(), &cs.dev, &key, "k_attn_simt", || simt_source(dtype, dvl, kind, md))?;
+        (f, (planes * tq).div_ceil(SIMT_ROWS), Some([(planes * tq) as i64, dk as i64, dv as i64]))
+    };
+    if blocks > i32::MAX as usize {
+        return Err(super::unsupported(NAME, format!("{blocks} thread blocks (at most 2^31 - 1)")));
+    }
+    let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    let _ = cs.bind();
+    let mut lb = Launch::new(&func);
+    lb.arg(&po).arg(&pq).arg(&pk).arg(&pv).arg(&pm).arg_slice(&p);
+    if let Some(e) = &extra {
+        lb.arg(&e[0]).arg(&e[1]).arg(&e[2]);
+    }
+    // SAFETY: the pointers address q, k, v (and the mask) through the strides in `p`,
+    // within their storages' extents, and the contiguous output of `shape`; the
+    // arguments match the kernel's signature.
+    unsafe { lb.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::nvrtc::check_compiles;
+
+    #[test]
+    fn attention_kernels_compile() {
+        let kinds = [AttentionMaskKind::None, AttentionMaskKind::Causal, AttentionMaskKind::Array];
+        for d in [DType::F16, DType::BF16] {
+            for (dk, dv) in [(64, 64), (128, 128), (16, 48)] {
+                for kind in kinds {
+                    let md = (kind == AttentionMaskKind::Array).then_some(DType::Bool);
+                    if !check_compiles(&format!("test:attn_tc:{d}:{dk}:{dv}:{kind:?}"), &tc_source(d, dk, dv, kind, md))
+                    {
+                        return;
+                    }
+                }
+            }
+            check_compiles(
+                &format!("test:attn_tc:{d}:f32mask"),
+                &tc_source(d, 64, 64, AttentionMaskKind::Array, Some(d)),
+            );
+        }
+        for d in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+            for kind in kinds {
+                let md = (kind == AttentionMaskKind::Array).then_some(DType::F32);
+                check_compiles(&format!("test:attn_simt:{d}:{kind:?}"), &simt_source(d, 8, kind, md));
+            }
+            check_compiles(
+                &format!("test:attn_simt:{d}:f64mask"),
+                &simt_source(d, 1, AttentionMaskKind::Array, Some(DType::F64)),
+            );
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! Generated cases of `scaled_dot_product_attention` and their float64 reference
+//! (`softmax(q kᵀ · scale + mask) v` written out plainly), shared by `ops_attention.rs`
+//! (CPU) and `gpu_attention.rs` (GPU).
+#![allow(dead_code)]
+
+use crate::common::Rng;
+use rill::{Array, AttentionMask, DType};
+
+/// The mask of a case.
+#[derive(Clone, Debug)]
+pub enum MaskCase {
+    None,
+    Causal,
+    /// A bool mask of this shape (some rows all false).
+    Bool(Vec<usize>),
+    /// An additive mask of this shape and dtype (some entries and rows -inf).
+    Add(Vec<usize>, DType),
+}
+
+/// `[q, k, v]`, their values, and the mask with its additive values.
+pub type Inputs = (Vec<Array>, Vec<Vec<f64>>, Option<(Array, Vec<f64>)>);
+
+/// One attention call.
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub batch: Vec<usize>,
+    pub hq: usize,
+    pub hkv: usize,
+    pub tq: usize,
+    pub tk: usize,
+    pub d: usize,
+    pub dv: usize,
+    pub dtype: DType,
+    pub mask: MaskCase,
+    pub scale: Option<f64>,
+    /// q, k, v built as `[..., T, H, D]` and transposed to `[..., H, T, D]` (strided views).
+    pub transposed: bool,
+}
+
+fn pick<T: Copy>(rng: &mut Rng, xs: &[T]) -> T {
+    xs[(rng.next_u64() % xs.len() as u64) as usize]
+}
+
+/// A broadcastable mask shape for the scores `[batch..., hq, tq, tk]`: some axes 1, some
+/// leading axes dropped (always including the padding shape `[B, 1, 1, Tk]` style).
+fn mask_shape(rng: &mut Rng, scores: &[usize]) -> Vec<usize> {
+    let drop = (rng.next_u64() % (scores.len() as u64 - 1)) as usize;
+    scores[drop..].iter().map(|&s| if rng.next_u64() % 3 == 0 { 1 } else { s }).collect()
+}
+
+impl Case {
+    /// A random case; `big` picks the sizes of the GPU's fast paths (D 64/128, several
+    /// key tiles).
+    pub fn random(rng: &mut Rng, dtypes: &[DType], big: bool) -> Case {
+        let nb = (rng.next_u64() % 3) as usize;
+        let batch: Vec<usize> = (0..nb).map(|_| 1 + (rng.next_u64() % 2) as usize).collect();
+        let hkv = 1 + (rng.next_u64() % 2) as usize;
+        let hq = hkv * pick(rng, &[1, 2, 3]);
+        let (d, dv, tq, tk) = if big {
+            let d = pick(rng, &[64, 128, 64, 128, 80, 16, 8]);
+            let dv = if rng.next_u64() % 4 == 0 { pick(rng, &[16, 64, 32]) } else { d };
+            let tk = 1 + (rng.next_u64() % 300) as usize;
+            let tq = if rng.next_u64() % 3 == 0 {
+                1 + (rng.next_u64() % 8) as usize
+            } else {
+                1 + (rng.next_u64() % 200) as usize
+            };
+            (d, dv, tq, tk)
+        } else {
+            let d = pick(rng, &[1, 8, 64, 80, 128]);
+            let dv = if rng.next_u64() % 4 == 0 { pick(rng, &[1, 8, 24]) } else { d };
+            (d, dv, 1 + (rng.next_u64() % 40) as usize, 1 + (rng.next_u64() % 150) as usize)
+        };
+        let dtype = pick(rng, dtypes);
+        let scores: Vec<usize> = batch.iter().copied().chain([hq, tq, tk]).collect();
+        let mask = match rng.next_u64() % 4 {
+            0 => MaskCase::None,
+            1 => MaskCase::Causal,
+            2 => MaskCase::Bool(mask_shape(rng, &scores)),
+            _ => MaskCase::Add(mask_shape(rng, &scores), pick(rng, &[DType::F32, dtype])),
+        };
+        let scale = if rng.next_u64() % 4 == 0 { Some(0.3) } else { None };
+        Case { batch, hq, hkv, tq, tk, d, dv, dtype, mask, scale, transposed: rng.next_u64() % 3 == 0 }
+    }
+
+    fn shape(&self, h: usize, t: usize, d: usize) -> Vec<usize> {
+        self.batch.iter().copied().chain([h, t, d]).collect()
+    }
+
+    /// The inputs (on the ambient stream's device) and their values as the reference sees
+    /// them: `[q, k, v]` and the mask (as additive f64 values of its own shape).
+    pub fn inputs(&self, rng: &mut Rng) -> Inputs {
+        let specs = [(self.hq, self.tq, self.d), (self.hkv, self.tk, self.d), (self.hkv, self.tk, self.dv)];
+        let mut arrays = Vec::new();
+        let mut values = Vec::new();
+        for (h, t, d) in specs {
+            let shape = self.shape(h, t, d);
+            let n: usize = shape.iter().product();
+            let vals = rng.vec(n, -1.0, 1.0);
+            let a = if self.transposed {
+                let nb = self.batch.len();
+                let mut built = shape.clone();
+                built.swap(nb, nb + 1);
+                let mut perm: Vec<usize> = (0..shape.len()).collect();
+                perm.swap(nb, nb + 1);
+                Array::from_slice(&vals, &built).unwrap().astype(self.dtype).unwrap().transpose(&perm).unwrap()
+            } else {
+                Array::from_slice(&vals, &shape).unwrap().astype(self.dtype).unwrap()
+            };
+            values.push(a.to_f64_vec().unwrap());
+            arrays.push(a);
+        }
+        let mask = match &self.mask {
+            MaskCase::None | MaskCase::Causal => None,
+            MaskCase::Bool(shape) => {
+                let n: usize = shape.iter().product();
+                let tk = *shape.last().unwrap();
+                let mut b: Vec<bool> = (0..n).map(|_| rng.next_u64() % 10 < 7).collect();
+                // One row with every key masked out.
+                if n > 0 && rng.next_u64() % 2 == 0 {
+                    b[..tk].iter_mut().for_each(|x| *x = false);
+                }
+                let ones: Vec<f64> = b.iter().map(|&x| x as u8 as f64).collect();
+                let a = Array::from_slice(&ones, shape).unwrap().astype(DType::Bool).unwrap();
+                let add = b.iter().map(|&x| if x { 0.0 } else { f64::NEG_INFINITY }).collect();
+                Some((a, add))
+            }
+            MaskCase::Add(shape, dt) => {
+                let n: usize = shape.iter().product();
+                let tk = *shape.last().unwrap();
+                let mut v: Vec<f64> = (0..n)
+                    .map(|_| if rng.next_u64() % 8 == 0 { f64::NEG_INFINITY } else { rng.uniform(-2.0, 2.0) })
+                    .collect();
+                if n > tk && rng.next_u64() % 2 == 0 {
+                    v[tk..2 * tk].iter_mut().for_each(|x| *x = f64::NEG_INFINITY);
+                }
+                let a = Array::from_slice(&v, shape).unwrap().astype(*dt).unwrap();
+                let exact = a.to_f64_vec().unwrap();
+                Some((a, exact))
+            }
+        };
+        (arrays, values, mask)
+    }
+
+    /// The rill call on these inputs.
+    pub fn call(&self, x: &[Array], mask: Option<&Array>) -> rill::Result<Array> {
+        let m = match (&self.mask, mask) {
+            (MaskCase::Causal, _) => AttentionMask::Causal,
+            (_, Some(m)) => AttentionMask::Array(m),
+            (_, None) => AttentionMask::None,
+        };
+        rill::scaled_dot_product_attention(&x[0], &x[1], &x[2], m, self.scale)
+    }
+
+    /// The float64 reference: `softmax(q kᵀ · scale + mask) v`; a row with every key
+    /// masked out is 0.
+    pub fn reference(&self, v: &[Vec<f64>], mask: Option<&[f64]>) -> Vec<f64> {
+        let (q, k, vv) = (&v[0], &v[1], &v[2]);
+        let (hq, hkv, tq, tk, d, dv) = (self.hq, self.hkv, self.tq, self.tk, self.d, self.dv);
+        let planes: usize = self.batch.iter().product::<usize>() * hq;
+        let scale = self.scale.unwrap_or(1.0 / (d as f64).sqrt());
+        let scores: Vec<usize> = self.batch.iter().copied().chain([hq, tq, tk]).collect();
+        let mshape = match &self.mask {
+            MaskCase::Bool(s) | MaskCase::Add(s, _) => s.clone(),
+            MaskCase::None | MaskCase::Causal => Vec::new(),
+        };
+        // The mask element of the scores' element at multi-index `idx` (right-aligned broadcast).
+        let mask_at = |idx: &[usize]| -> f64 {
+            let Some(m) = mask else { return 0.0 };
+            let off = idx.len() - mshape.len();
+            let mut flat = 0;
+            for (a, &s) in mshape.iter().enumerate() {
+                flat = flat * s + if s == 1 { 0 } else { idx[off + a] };
+            }
+            m[flat]
+        };
+        let mut out = vec![0.0; planes * tq * dv];
+        let mut s = vec![0.0; tk];
+        for p in 0..planes {
+            let (b, h) = (p / hq, p % hq);
+            let kvp = b * hkv + h / (hq / hkv);
+            let mut idx: Vec<usize> = Vec::with_capacity(scores.len());
+            let mut rem = p;
+            for &n in scores[..scores.len() - 2].iter().rev() {
+                idx.push(rem % n);
+                rem /= n;
+            }
+            idx.reverse();
+            idx.extend([0, 0]);
+            for i in 0..tq {
+                let last = idx.len() - 1;
+                idx[last - 1] = i;
+                for (j, sj) in s.iter_mut().enumerate() {
+                    idx[last] = j;
+                    let dot: f64 = (0..d).map(|c| q[(p * tq + i) * d + c] * k[(kvp * tk + j) * d + c]).sum();
+                    let causal_out = matches!(self.mask, MaskCase::Causal) && (j + tq > i + tk);
+                    *sj = if causal_out { f64::NEG_INFINITY } else { dot * scale + mask_at(&idx) };
+                }
+                let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                if m == f64::NEG_INFINITY {
+                    continue; // every key masked out: the row stays 0
+                }
+                let e: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for c in 0..dv {
+                    let acc: f64 = (0..tk).map(|j| e[j] * vv[(kvp * tk + j) * dv + c]).sum();
+                    out[(p * tq + i) * dv + c] = acc / sum;
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The tolerance of a dtype's result against the reference (absolute, relative to 1 +
+/// |value|; outputs are averages of values in [-1, 1]).
+pub fn tolerance(d: DType) -> f64 {
+    match d {
+        DType::F64 => 1e-11,
+        DType::F32 => 3e-5,
+        DType::F16 => 3e-3,
+        _ => 2e-2,
+    }
+}
