@@ -225,7 +225,10 @@ mod tests {
                     // extreme (code 8 is clamped to 7); plus the f16 rounding of the scale.
                     let steps = if f == QuantFormat::Q4_0 { 1.0 } else { 0.5 };
                     for (a, b) in xb.iter().zip(yb) {
-                        assert!((a - b).abs() <= step * steps + 3.0 * step.max(a.abs()) / 1024.0 + 1e-6, "{f:?} {a} {b}");
+                        assert!(
+                            (a - b).abs() <= step * steps + 3.0 * step.max(a.abs()) / 1024.0 + 1e-6,
+                            "{f:?} {a} {b}"
+                        );
                     }
                 }
             }

@@ -1342,7 +1342,12 @@ mod gguf_tokens {
         assert_eq!(ids, vec![hello as u32, tok.eos_id().unwrap()]);
         assert_eq!(tok.decode(&ids, false).unwrap(), "hello<|end|>");
         assert_eq!(tok.decode(&ids, true).unwrap(), "hello");
-        assert!(tok.apply_chat_template(&[ChatMessage::new("user", "hi")], true).unwrap_err().to_string().contains("no chat template"));
+        assert!(
+            tok.apply_chat_template(&[ChatMessage::new("user", "hi")], true)
+                .unwrap_err()
+                .to_string()
+                .contains("no chat template")
+        );
         // A template renders with the file's tokens; raise_exception is an error.
         let tpl = "{% for m in messages %}{% if m.role == 'bad' %}{{ raise_exception('no bad roles') }}{% endif %}[{{ m.role.upper() }}] {{ m.content.strip() }}\n{% endfor %}{% if add_generation_prompt %}>{% endif %}{{ eos_token }}";
         let g2 = small("gpt2", "gpt2", vec![("tokenizer.chat_template", GV::String(tpl.into()))]);

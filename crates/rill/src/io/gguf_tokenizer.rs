@@ -144,7 +144,10 @@ impl GgufTokenizer {
                 if items.len() != n {
                     return Err(err(format!("{} token types for {n} tokens", items.len())));
                 }
-                items.iter().map(|t| t.as_f64().map(|x| x as i64).ok_or_else(|| err("a token type is not a number"))).collect::<Result<_>>()?
+                items
+                    .iter()
+                    .map(|t| t.as_f64().map(|x| x as i64).ok_or_else(|| err("a token type is not a number")))
+                    .collect::<Result<_>>()?
             }
         };
         let mut vocab = serde_json::Map::with_capacity(n);
@@ -172,7 +175,8 @@ impl GgufTokenizer {
                       "ignore_merges": pre.starts_with("llama"), "vocab": vocab, "merges": merges},
         });
         let text = serde_json::to_vec(&spec).map_err(|e| err(e.to_string()))?;
-        let inner = tokenizers::Tokenizer::from_bytes(&text).map_err(|e| err(format!("cannot build the tokenizer: {e}")))?;
+        let inner =
+            tokenizers::Tokenizer::from_bytes(&text).map_err(|e| err(format!("cannot build the tokenizer: {e}")))?;
 
         let chars = byte_chars();
         let mut unmap = std::collections::HashMap::with_capacity(256);

@@ -405,10 +405,11 @@ pub(crate) fn lt_epilogue(
     for k in leaves {
         if k == usize::MAX || k == 0 {
             product += 1;
-        } else if bias.is_none() && is_bias(k) {
-            bias = Some(k);
+        // A full-shape operand is the residual first: with one row it is a bias too.
         } else if residual.is_none() && is_full(k) {
             residual = Some(k);
+        } else if bias.is_none() && is_bias(k) {
+            bias = Some(k);
         } else {
             return None;
         }
