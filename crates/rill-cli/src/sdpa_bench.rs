@@ -41,10 +41,13 @@ fn filled(shape: &[usize], dtype: DType, seed: u64) -> Result<Array> {
     Ok(a)
 }
 
+/// The inputs of one shape: (batch×heads, tokens, head dim, dtype), q/k/v, the padding mask.
+type Inputs = ((usize, usize, usize, DType), [Array; 3], Array);
+
 /// Times the grid on the ambient stream's device.
 pub(crate) fn run() -> Result<()> {
     let filter = std::env::var("RILL_SDPA_FILTER").unwrap_or_default();
-    let mut inputs: Option<((usize, usize, usize, DType), [Array; 3], Array)> = None;
+    let mut inputs: Option<Inputs> = None;
     for (bh, t, d, dt, m) in grid() {
         let id = format!("sdpa:bh{bh}:t{t}:d{d}:{}:{m}", dt.name());
         if !filter.split(',').filter(|f| !f.is_empty()).all(|f| id.contains(f)) {
