@@ -20,7 +20,6 @@
 //! [`GgufTensor::shape`] is the row-major shape, outermost first.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::Path;
 
 use super::safetensors::Bytes;
@@ -280,18 +279,8 @@ pub fn load(path: impl AsRef<Path>) -> Result<Gguf> {
 impl Gguf {
     /// Memory-maps and checks a GGUF file; reads no tensor data.
     pub fn open(path: impl AsRef<Path>) -> Result<Gguf> {
-        let path = path.as_ref();
-        let source = path.display().to_string();
-        let file = File::open(path).map_err(|e| io_err(LOAD, &source, format!("cannot open: {e}")))?;
-        let len = file.metadata().map_err(|e| io_err(LOAD, &source, format!("cannot stat: {e}")))?.len();
-        if len < 24 {
-            return Err(io_err(LOAD, &source, format!("truncated: {len} bytes, less than a GGUF header")));
-        }
-        // SAFETY: the map is read-only and private to this value; the documented contract
-        // (see `Gguf`) is that the file is not truncated while it is open.
-        let map =
-            unsafe { memmap2::Mmap::map(&file) }.map_err(|e| io_err(LOAD, &source, format!("cannot map: {e}")))?;
-        Gguf::parse(source, Bytes::Mapped(map))
+        let (source, bytes) = Bytes::map(LOAD, path.as_ref(), 24, "a GGUF header")?;
+        Gguf::parse(source, bytes)
     }
 
     /// Checks a GGUF file held in memory (`name` is used in messages).

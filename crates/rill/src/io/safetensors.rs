@@ -127,6 +127,22 @@ pub(crate) enum Bytes {
 }
 
 impl Bytes {
+    /// Memory-maps the file at `path` (named in errors of `op`), refusing one shorter than
+    /// `min` bytes (`what` says what those bytes hold). The contract of every reader is
+    /// that the file is not truncated while it is mapped.
+    pub(crate) fn map(op: &'static str, path: &Path, min: u64, what: &str) -> Result<(String, Bytes)> {
+        let source = path.display().to_string();
+        let file = File::open(path).map_err(|e| io_err(op, &source, format!("cannot open: {e}")))?;
+        let len = file.metadata().map_err(|e| io_err(op, &source, format!("cannot stat: {e}")))?.len();
+        if len < min {
+            return Err(io_err(op, &source, format!("truncated: {len} bytes, less than {what}")));
+        }
+        // SAFETY: the map is read-only and private to the value it is put in; its readers
+        // document that the file must not be truncated while it is open.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| io_err(op, &source, format!("cannot map: {e}")))?;
+        Ok((source, Bytes::Mapped(map)))
+    }
+
     pub(crate) fn as_slice(&self) -> &[u8] {
         match self {
             Bytes::Mapped(m) => m,
@@ -168,18 +184,8 @@ fn io_err(op: &'static str, source: &str, msg: impl Into<String>) -> Error {
 impl Tensors {
     /// Memory-maps and checks a safetensors file; reads no tensor data.
     pub fn open(path: impl AsRef<Path>) -> Result<Tensors> {
-        let path = path.as_ref();
-        let source = path.display().to_string();
-        let file = File::open(path).map_err(|e| io_err(LOAD, &source, format!("cannot open: {e}")))?;
-        let len = file.metadata().map_err(|e| io_err(LOAD, &source, format!("cannot stat: {e}")))?.len();
-        if len < 8 {
-            return Err(io_err(LOAD, &source, format!("truncated: {len} bytes, less than the 8-byte header length")));
-        }
-        // SAFETY: the map is read-only and private to this value; the documented contract
-        // (see `Tensors`) is that the file is not truncated while it is open.
-        let map =
-            unsafe { memmap2::Mmap::map(&file) }.map_err(|e| io_err(LOAD, &source, format!("cannot map: {e}")))?;
-        Tensors::parse(source, Bytes::Mapped(map))
+        let (source, bytes) = Bytes::map(LOAD, path.as_ref(), 8, "the 8-byte header length")?;
+        Tensors::parse(source, bytes)
     }
 
     /// Checks a safetensors file held in memory (`name` is used in messages).
