@@ -70,6 +70,11 @@ const CASES: &[(&[usize], &[usize])] = &[
     (&[2, 0], &[0]),
     (&[33, 70], &[70, 65]),
     (&[130, 200], &[200, 90]),
+    // A batch sharing one right matrix (the GPU folds the batch into M), odd sizes.
+    (&[2, 3, 4], &[4, 5]),
+    (&[3, 2, 17, 9], &[9, 13]),
+    (&[2, 3, 33, 70], &[1, 3, 70, 65]),
+    (&[4, 1, 7], &[7, 1]),
 ];
 
 #[test]
@@ -196,6 +201,39 @@ fn matmul_of_views_at_every_alignment() {
                         assert_eq!(c.shape(), shape.as_slice(), "{what}");
                         assert_close(&c.to_f64_vec().unwrap(), &want, tol(dt) * (k as f64).sqrt(), &what);
                     }
+                }
+            }
+        });
+    }
+}
+
+/// Half-precision products accumulate in f32 and round once: a long row of f16 values
+/// whose partial sums pass 2048 (where f16's spacing is 2) stays within the output's
+/// rounding of the float64 result.
+#[test]
+fn half_precision_products_accumulate_in_f32() {
+    for dev in devices() {
+        on(dev, || {
+            for dt in [DType::F16, DType::BF16] {
+                let (m, k, n) = (3, 4096, 2);
+                let mut rng = Rng::new(31);
+                // Values near 1 with low bits set, exact in both dtypes.
+                let (a, av) = array_of(
+                    &rng.vec(m * k, 0.5, 1.5).iter().map(|v| (v * 64.0).round() / 64.0).collect::<Vec<_>>(),
+                    &[m, k],
+                    dt,
+                );
+                let (b, bv) = array_of(
+                    &rng.vec(k * n, 0.5, 1.5).iter().map(|v| (v * 64.0).round() / 64.0).collect::<Vec<_>>(),
+                    &[k, n],
+                    dt,
+                );
+                let (want, _) = ref_matmul(&av, &[m, k], &bv, &[k, n]);
+                let got = a.matmul(&b).unwrap().to_f64_vec().unwrap();
+                // One rounding of the result: half a unit in the last place, relative.
+                let ulp = if dt == DType::F16 { 2f64.powi(-10) } else { 2f64.powi(-7) };
+                for (g, w) in got.iter().zip(&want) {
+                    assert!((g - w).abs() <= ulp * w.abs(), "{dt} on {dev}: got {g}, want {w}");
                 }
             }
         });

@@ -3,8 +3,9 @@
 //! Inputs are `[.., M, K]` and `[.., K, N]` with equal batch shapes (the op broadcasts
 //! them with views). Each batch's matrices are handed to `gemm` with their own row and
 //! column strides, so transposed views need no copy; inputs with zero or negative strides
-//! inside a matrix are made contiguous first. f32, f64 and f16 use `gemm` directly; bf16
-//! converts to f32 and back; integers use a plain loop with wrapping i64 accumulation.
+//! inside a matrix are made contiguous first. f32 and f64 use `gemm` directly; bf16 and
+//! f16 convert to f32 and back (f32 accumulation, one rounding); integers use a plain loop
+//! with wrapping i64 accumulation.
 //! Many small matrices run one per task; a large one is split by `gemm` across the pool's
 //! threads (`par::gemm_parallelism`: on a pool thread only).
 
@@ -75,9 +76,18 @@ pub(crate) fn matmul(a: &Storage, b: &Storage, shape: &[usize], dtype: DType) ->
         match dtype {
             DType::F32 => gemm_batches::<f32>(&a, &b, dims, buf.typed_mut::<f32>(), 0.0, 1.0),
             DType::F64 => gemm_batches::<f64>(&a, &b, dims, buf.typed_mut::<f64>(), 0.0, 1.0),
-            DType::F16 => gemm_batches::<f16>(&a, &b, dims, buf.typed_mut::<f16>(), f16::ZERO, f16::ONE),
+            // gemm's own f16 kernel does not accumulate in f32 throughout; like bf16,
+            // f16 is widened to f32 and rounded once at the end.
+            DType::F16 => {
+                let (a32, b32) = (widen::<f16>(&a, f16::to_f32)?, widen::<f16>(&b, f16::to_f32)?);
+                let mut tmp = vec![0f32; numel(shape)];
+                gemm_batches::<f32>(&a32, &b32, dims, &mut tmp, 0.0, 1.0);
+                for (o, v) in buf.typed_mut::<f16>().iter_mut().zip(tmp) {
+                    *o = f16::from_f32(v);
+                }
+            }
             DType::BF16 => {
-                let (a32, b32) = (widen(&a)?, widen(&b)?);
+                let (a32, b32) = (widen::<bf16>(&a, bf16::to_f32)?, widen::<bf16>(&b, bf16::to_f32)?);
                 let mut tmp = vec![0f32; numel(shape)];
                 gemm_batches::<f32>(&a32, &b32, dims, &mut tmp, 0.0, 1.0);
                 for (o, v) in buf.typed_mut::<bf16>().iter_mut().zip(tmp) {
@@ -97,12 +107,12 @@ struct Dims {
     k: usize,
 }
 
-/// A contiguous f32 copy of a bf16 storage.
-fn widen(s: &Storage) -> Result<Storage> {
-    let v = strided::contiguous::<bf16>(s);
+/// A contiguous f32 copy of a half-precision storage.
+fn widen<T: Element>(s: &Storage, to_f32: fn(T) -> f32) -> Result<Storage> {
+    let v = strided::contiguous::<T>(s);
     let mut buf = CpuBuffer::alloc(DType::F32, v.len())?;
-    for (o, x) in buf.typed_mut::<f32>().iter_mut().zip(v.iter()) {
-        *o = x.to_f32();
+    for (o, &x) in buf.typed_mut::<f32>().iter_mut().zip(v.iter()) {
+        *o = to_f32(x);
     }
     Ok(Storage::contiguous(Buffer::Cpu(buf), DType::F32, &s.layout.shape))
 }
