@@ -25,6 +25,7 @@ use crate::backend::Storage;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::primitives::fused::LtAct;
+use crate::shape::{Dims, Layout, contiguous_strides};
 use crate::sync::OnceLock;
 use crate::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
@@ -136,6 +137,22 @@ fn product(
     if k == 0 {
         return super::elementwise::full(cs, shape, dtype, 0.0).map(Some);
     }
+    // A batch of products sharing one right operand (a matrix broadcast over the batch)
+    // with a row-major left operand is one product of batch x m rows: the broadcast
+    // operand is not copied per batch, and one large product replaces many small ones.
+    if batch > 1 && epi.is_none() && a.layout.is_contiguous() && shared_matrix(&b.layout) {
+        let rows = batch * m;
+        let view = |s: &Storage, r: usize, c: usize| {
+            let shape = [r, c];
+            s.with_layout(Layout {
+                shape: Dims::from_slice(&shape),
+                strides: contiguous_strides(&shape),
+                offset: s.layout.offset,
+            })
+        };
+        let folded = product(cs, &view(a, rows, k), &view(b, k, n), &[rows, n], dtype, None)?;
+        return Ok(folded.map(|c| c.with_layout(Layout::contiguous(shape))));
+    }
     let too_big = [m, n, k, batch].iter().any(|&v| v > i32::MAX as usize);
     if too_big {
         return Err(super::unsupported("matmul", format!("dimensions beyond i32 for shape {shape:?}")));
@@ -210,6 +227,14 @@ fn product(
     }));
     let done = r.unwrap_or_else(|_| Err(super::unsupported("matmul", "cuBLAS could not be loaded")))?;
     Ok(done.then_some(out))
+}
+
+/// True when `l` (`[.., K, N]`) is one row-major matrix broadcast over every batch axis.
+fn shared_matrix(l: &Layout) -> bool {
+    let nd = l.shape.len();
+    let (k, n) = (l.shape[nd - 2], l.shape[nd - 1]);
+    let batch_shared = l.shape[..nd - 2].iter().zip(&l.strides[..nd - 2]).all(|(&d, &s)| s == 0 || d == 1);
+    batch_shared && (n <= 1 || l.strides[nd - 1] == 1) && (k <= 1 || l.strides[nd - 2] == n as isize)
 }
 
 /// Runs a small product of every dtype, one and batched, through cuBLASLt and cuBLAS on a
