@@ -53,6 +53,9 @@ const OP: &str = "bert";
 /// Batches evaluated ahead of the one being read back.
 const IN_FLIGHT: usize = 2;
 
+/// Inputs of at least this many sentences are tokenized in parallel (see `prepare`).
+const PARALLEL_TOKENIZE: usize = 8;
+
 fn io_err(path: &Path, msg: impl Into<String>) -> Error {
     Error::Io { op: OP, path: path.display().to_string(), msg: msg.into() }
 }
@@ -553,13 +556,17 @@ impl Embedder {
     }
 
     /// One embedding per sentence, in input order.
-    pub fn embed<S: AsRef<str>>(&self, sentences: &[S]) -> Result<Vec<Vec<f32>>> {
+    pub fn embed<S: AsRef<str> + Sync>(&self, sentences: &[S]) -> Result<Vec<Vec<f32>>> {
         self.embed_with(sentences, |_| {})
     }
 
     /// [`Embedder::embed`], calling `progress(done)` with the number of sentences
     /// embedded so far after each batch.
-    pub fn embed_with<S: AsRef<str>>(&self, sentences: &[S], mut progress: impl FnMut(usize)) -> Result<Vec<Vec<f32>>> {
+    pub fn embed_with<S: AsRef<str> + Sync>(
+        &self,
+        sentences: &[S],
+        mut progress: impl FnMut(usize),
+    ) -> Result<Vec<Vec<f32>>> {
         let (enc, order) = self.prepare(sentences)?;
         let mut out: Vec<Vec<f32>> = vec![Vec::new(); sentences.len()];
         let mut pending: VecDeque<(&[usize], Array)> = VecDeque::new();
@@ -583,7 +590,7 @@ impl Embedder {
 
     /// [`Embedder::embed`] for async code: waits for each batch without blocking the
     /// executor thread.
-    pub async fn embed_async<S: AsRef<str>>(&self, sentences: &[S]) -> Result<Vec<Vec<f32>>> {
+    pub async fn embed_async<S: AsRef<str> + Sync>(&self, sentences: &[S]) -> Result<Vec<Vec<f32>>> {
         let (enc, order) = self.prepare(sentences)?;
         let mut out: Vec<Vec<f32>> = vec![Vec::new(); sentences.len()];
         for chunk in order.chunks(self.batch_size) {
@@ -595,20 +602,28 @@ impl Embedder {
     }
 
     /// Tokenizes every sentence and orders them longest first (ties in input order).
-    fn prepare<S: AsRef<str>>(&self, sentences: &[S]) -> Result<(Vec<Encoded>, Vec<usize>)> {
-        let enc: Vec<Encoded> = sentences
-            .iter()
-            .map(|s| {
-                let b = self.tokenizer.encode_batch(&[s.as_ref().trim()])?;
-                let n = b.lengths[0];
-                let (ids, types) = if b.padded_left {
-                    (b.input_ids[b.seq_len - n..].to_vec(), b.token_type_ids[b.seq_len - n..].to_vec())
-                } else {
-                    (b.input_ids[..n].to_vec(), b.token_type_ids[..n].to_vec())
-                };
-                Ok(Encoded { ids, types })
-            })
-            .collect::<Result<_>>()?;
+    /// Large inputs are tokenized in parallel on the runtime's CPU pool (the pool's own
+    /// threads; none is started for it), since a batch's tokenization on one thread takes
+    /// longer than its forward pass on a GPU.
+    fn prepare<S: AsRef<str> + Sync>(&self, sentences: &[S]) -> Result<(Vec<Encoded>, Vec<usize>)> {
+        let encode = |i: usize| -> Result<Encoded> {
+            let b = self.tokenizer.encode_batch(&[sentences[i].as_ref().trim()])?;
+            let n = b.lengths[0];
+            let (ids, types) = if b.padded_left {
+                (b.input_ids[b.seq_len - n..].to_vec(), b.token_type_ids[b.seq_len - n..].to_vec())
+            } else {
+                (b.input_ids[..n].to_vec(), b.token_type_ids[..n].to_vec())
+            };
+            Ok(Encoded { ids, types })
+        };
+        let n = sentences.len();
+        let enc: Vec<Encoded> = if n >= PARALLEL_TOKENIZE {
+            crate::runtime::pool::install(|| crate::backend::cpu::par::map(n, encode))
+                .into_iter()
+                .collect::<Result<_>>()?
+        } else {
+            (0..n).map(encode).collect::<Result<_>>()?
+        };
         let mut order: Vec<usize> = (0..enc.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(enc[i].ids.len()));
         Ok((enc, order))
