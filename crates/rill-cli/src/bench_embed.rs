@@ -4,7 +4,7 @@
 //!
 //! Two figures per dtype (f32, f16 and bf16 on a GPU; f32 on the CPU): sentences per
 //! second for batches of 128 sentences of about 100 tokens, and the latency of one short
-//! sentence. Each is the median of repeated runs after a warm-up run (which traces the
+//! sentence; and once, the time the tokenizer takes for one batch on one thread. Each is the median of repeated runs after a warm-up run (which traces the
 //! batch shapes).
 
 use std::path::Path;
@@ -77,6 +77,13 @@ pub fn run(device: Device, model: Option<&Path>) -> Result<(), String> {
             .sum::<rill::Result<usize>>()
             .map_err(|e| e.to_string())?;
         let mean_tokens = tokens as f64 / texts.len() as f64;
+        if dt == dtypes[0] {
+            // The share of the batch figure the tokenizer takes on one thread (`embed`
+            // itself tokenizes large inputs in parallel on the runtime's pool).
+            let t = median_secs(0, 3, || texts[..batch].iter().try_for_each(|s| e.token_ids(s).map(|_| ())))
+                .map_err(|e| e.to_string())?;
+            println!("tokenize {batch} sentences on one thread: {:8.3} ms", t * 1e3);
+        }
         let reps = if gpu { 10 } else { 3 };
         let t = median_secs(1, reps, || e.embed(&texts).map(|_| ())).map_err(|e| e.to_string())?;
         println!(
