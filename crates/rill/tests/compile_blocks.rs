@@ -1,6 +1,7 @@
-//! `compile`'s fused blocks on the CPU: matmul epilogues, residual norms and multi-tensor
-//! apply (the Adam/AdamW update of `rill::optim`). Generated cases (`common/blocks.rs`)
-//! give the bits of eager evaluation and match a float64 reference; the compiled graphs
+//! `compile`'s fused blocks on the CPU: matmul epilogues, residual norms, multi-tensor
+//! apply (the Adam/AdamW update of `rill::optim`) and attention written as ops.
+//! Generated cases (`common/blocks.rs`) give the bits of eager evaluation (attention:
+//! within the dtype's tolerance) and match a float64 reference; the compiled graphs
 //! hold the blocks (`Compiled::primitive_counts`) and the kernels ran
 //! (`runtime::stats`). The same cases run on a GPU in `gpu_blocks.rs`.
 
@@ -120,4 +121,42 @@ fn blocks_can_be_turned_off() {
     let off = rill::compile::compile_with_options(move |x: &[Array], _: &[i64]| f(x), opts);
     let counts = off.primitive_counts(&x).unwrap();
     assert_eq!((counts.get("matmul"), counts.get("fused_matmul_lt")), (Some(&1), None), "{counts:?}");
+}
+
+#[test]
+fn attention_written_as_ops_becomes_one_attention_node() {
+    assert_eq!(blocks::attention_blocks(Device::cpu(), 41, 36), 36);
+}
+
+/// Patterns that must stay ops: an intermediate the function also returns, a
+/// log-softmax, a softmax over another axis, a scale that is an array input.
+#[test]
+fn attention_is_not_fused_past_what_else_reads_it() {
+    let mut rng = common::Rng::new(5);
+    let x: Vec<Array> = [[2usize, 5, 8], [2, 7, 8], [2, 7, 4]]
+        .iter()
+        .map(|s| Array::from_slice(&rng.vec(s.iter().product(), -1.0, 1.0), s).unwrap())
+        .collect();
+    let scale = Array::from_slice(&[0.3f64], &[]).unwrap().astype(DType::F32).unwrap();
+    type Form = fn(&[Array]) -> rill::Result<Vec<Array>>;
+    let forms: [(&str, Form); 4] = [
+        ("scores returned", |x| {
+            let s = x[0].matmul(&x[1].swapaxes(-1, -2)?)?.mul(0.5)?;
+            Ok(vec![s.softmax(-1)?.matmul(&x[2])?, s])
+        }),
+        ("log_softmax", |x| Ok(vec![x[0].matmul(&x[1].swapaxes(-1, -2)?)?.log_softmax(-1)?.matmul(&x[2])?])),
+        ("softmax over queries", |x| Ok(vec![x[0].matmul(&x[1].swapaxes(-1, -2)?)?.softmax(-2)?.matmul(&x[2])?])),
+        ("array scale", |x| Ok(vec![x[0].matmul(&x[1].swapaxes(-1, -2)?)?.mul(&x[3])?.softmax(-1)?.matmul(&x[2])?])),
+    ];
+    let mut args = x.clone();
+    args.push(scale);
+    for (what, f) in forms {
+        let compiled = rill::compile(f);
+        let counts = compiled.primitive_counts(&args).unwrap();
+        assert_eq!(counts.get("scaled_dot_product_attention"), None, "{what}: {counts:?}");
+        let (got, eager) = (compiled.call(&args).unwrap(), f(&args).unwrap());
+        for (g, e) in got.iter().zip(&eager) {
+            assert_eq!(g.to_f64_vec().unwrap(), e.to_f64_vec().unwrap(), "{what}");
+        }
+    }
 }

@@ -60,3 +60,9 @@ fn gpu_adam_multi_tensor() {
         assert_eq!(after.multi_tensor_launches - before.multi_tensor_launches, 3 * programs as u64, "{after:?}");
     }
 }
+
+#[test]
+fn gpu_attention_written_as_ops() {
+    let Some(g) = common::gpu() else { return };
+    assert_eq!(blocks::attention_blocks(g, 42, 48), 48);
+}

@@ -15,16 +15,25 @@
 //!   element, become one `Multi` block over all of them, and each becomes a view of its
 //!   piece of the block's output (not in a shapeless tape). An optimizer step over many
 //!   parameters is then one kernel per distinct program.
+//!
+//! Before fusion (`attention`, on the simplified tape):
+//! - **Attention.** `softmax(q @ swapaxes(k) [* c] [+ mask], -1) @ v` with scalar `c`
+//!   becomes one `Attention` node (the fused kernel of `scaled_dot_product_attention`),
+//!   when the scores, the softmax and the scaled or masked scores are read by nothing
+//!   else and `q`, `k`, `v` fit its shape rule (no batch broadcasting). The scores are
+//!   then never stored; the kernels accumulate in f32 where the ops rounded the scores to
+//!   the dtype, so a half-precision result may differ from eager in its last bits.
 
 use std::sync::Arc;
 
 use crate::compile::simplify::dce;
 use crate::compile::trace::{Ref, Tape, TapeNode, order_reads};
 use crate::dtype::DType;
-use crate::primitives::Primitive;
+use crate::primitives::attention::AttentionMaskKind;
 use crate::primitives::fused::{
     BlockKind, Builder, FusedBlock, FusedProgram, Inst, fusable, lt_epilogue, renumber_inputs,
 };
+use crate::primitives::{BinaryOp, Primitive};
 
 fn ref_shape(tape: &Tape, r: Ref) -> &[usize] {
     match r {
@@ -311,4 +320,139 @@ fn multi_tensor(tape: &mut Tape) -> bool {
         changed = true;
     }
     changed
+}
+
+/// The value of a 0-d operand that is a fill (a node or a captured constant), rounded to
+/// `dtype` as the op that reads it sees it.
+fn scalar_value(tape: &Tape, r: Ref, dtype: DType) -> Option<f64> {
+    let (prim, shape_empty) = match r {
+        Ref::Node(i) => {
+            let n = &tape.nodes[i];
+            // A fill with a rule is recomputed per replay: not a constant.
+            if n.rule.is_some() {
+                return None;
+            }
+            (n.prim.clone(), n.shape.is_empty())
+        }
+        Ref::Const(i) => (tape.consts[i].primitive().clone(), tape.consts[i].shape().is_empty()),
+        Ref::Input(_) => return None,
+    };
+    let Primitive::Full { value } = prim else { return None };
+    if !shape_empty {
+        return None;
+    }
+    match dtype {
+        DType::F32 => Some(value as f32 as f64),
+        DType::BF16 => Some(half::bf16::from_f64(value).to_f64()),
+        DType::F16 => Some(half::f16::from_f64(value).to_f64()),
+        _ => None,
+    }
+}
+
+/// Attention blocks (see the module docs); true when any was made.
+pub(crate) fn attention(tape: &mut Tape) -> bool {
+    let (count, is_out) = uses(tape);
+    let mut changed = false;
+    for i in 0..tape.nodes.len() {
+        if let Some(new) = attention_at(tape, i, &count, &is_out) {
+            tape.nodes[i] = new;
+            changed = true;
+        }
+    }
+    if changed {
+        dce(tape);
+    }
+    changed
+}
+
+/// The `Attention` node that replaces node `i` when it is the final product of the
+/// pattern.
+fn attention_at(tape: &Tape, i: usize, count: &[u32], is_out: &[bool]) -> Option<TapeNode> {
+    let node = &tape.nodes[i];
+    if !matches!(node.prim, Primitive::Matmul) || !matches!(node.dtype, DType::F32 | DType::BF16 | DType::F16) {
+        return None;
+    }
+    // A node of the pattern other than the last: same stream and dtype, read only here.
+    let inner = |r: Ref| -> Option<(usize, &TapeNode)> {
+        let Ref::Node(j) = r else { return None };
+        let n = &tape.nodes[j];
+        (count[j] == 1 && !is_out[j] && n.stream == node.stream && n.dtype == node.dtype).then_some((j, n))
+    };
+    let [probs, v] = node.inputs[..] else { return None };
+    let (_, soft) = inner(probs)?;
+    let rank = soft.shape.len();
+    match soft.prim {
+        Primitive::Softmax { axis, log: false } if axis + 1 == rank && rank >= 3 => {}
+        _ => return None,
+    }
+    let mut x = soft.inputs[0];
+    // `+ mask`: the side that is not the chain is the mask.
+    let mut mask = None;
+    if let Some((_, add)) = inner(x).filter(|(_, n)| matches!(n.prim, Primitive::Binary(BinaryOp::Add))) {
+        let chain = |r: Ref| {
+            inner(r).is_some_and(|(_, n)| {
+                matches!(n.prim, Primitive::Matmul | Primitive::Binary(BinaryOp::Mul | BinaryOp::Div))
+                    && n.shape == soft.shape
+            })
+        };
+        let (c, m) = if chain(add.inputs[0]) { (add.inputs[0], add.inputs[1]) } else { (add.inputs[1], add.inputs[0]) };
+        if !chain(c) || ref_dtype(tape, m) != node.dtype {
+            return None;
+        }
+        mask = Some(m);
+        x = c;
+    }
+    // `* c` or `/ c` with a 0-d fill `c`, on either side of a product.
+    let mut scale = 1.0;
+    if let Some((_, op)) = inner(x).filter(|(_, n)| matches!(n.prim, Primitive::Binary(BinaryOp::Mul | BinaryOp::Div)))
+    {
+        let [a, b] = op.inputs[..] else { return None };
+        let div = matches!(op.prim, Primitive::Binary(BinaryOp::Div));
+        let (c, value) = match (scalar_value(tape, b, node.dtype), scalar_value(tape, a, node.dtype)) {
+            (Some(v), _) => (a, v),
+            (None, Some(v)) if !div => (b, v),
+            _ => return None,
+        };
+        scale = if div { 1.0 / value } else { value };
+        x = c;
+    }
+    let (_, scores) = inner(x)?;
+    if !matches!(scores.prim, Primitive::Matmul) || scores.shape != soft.shape {
+        return None;
+    }
+    let [q, kt] = scores.inputs[..] else { return None };
+    // `swapaxes(k, -1, -2)`: a permutation that swaps the last two axes only.
+    let Ref::Node(p) = kt else { return None };
+    let Primitive::Permute(perm) = &tape.nodes[p].prim else { return None };
+    let swaps = perm.len() == rank
+        && perm[..rank - 2].iter().enumerate().all(|(a, &b)| a == b)
+        && perm[rank - 2] == rank - 1
+        && perm[rank - 1] == rank - 2;
+    let k = tape.nodes[p].inputs[0];
+    if !swaps || [q, k, v].iter().any(|&r| ref_dtype(tape, r) != node.dtype) {
+        return None;
+    }
+    let mask_shape = mask.map(|m| ref_shape(tape, m));
+    let out = crate::primitives::attention::attention(
+        "scaled_dot_product_attention",
+        ref_shape(tape, q),
+        ref_shape(tape, k),
+        ref_shape(tape, v),
+        mask_shape,
+    )
+    .ok()?;
+    if out != node.shape {
+        return None;
+    }
+    let mut inputs = vec![q, k, v];
+    inputs.extend(mask);
+    let kind = if mask.is_some() { AttentionMaskKind::Array } else { AttentionMaskKind::None };
+    Some(TapeNode {
+        prim: Primitive::Attention { scale: Some(scale), mask: kind },
+        inputs,
+        shape: node.shape.clone(),
+        dtype: node.dtype,
+        stream: node.stream.clone(),
+        rule: node.rule.clone(),
+    })
 }

@@ -93,7 +93,11 @@
 //! over all of them. On the CPU each block gives the bits of the ops it replaces; on a
 //! GPU a cuBLASLt epilogue computes on the f32 accumulator, so f16/bf16 results may
 //! differ from the ops' in the last bit. Some outputs are then views of the block's one
-//! buffer (each member of a multi-tensor block, a kept sum).
+//! buffer (each member of a multi-tensor block, a kept sum). Before fusion, attention
+//! written as ops, `softmax(q @ swapaxes(k) * c + mask, -1) @ v`, becomes one
+//! `scaled_dot_product_attention` node when the intermediates are read by nothing else
+//! (its kernels accumulate in f32 and never store the scores, so half-precision results
+//! may differ from the ops' in the last bits).
 //!
 //! **Per call.** A replay looks the key up (one map lookup under a lock), records one
 //! node per tape node, and at evaluation the fused kernel's function is found in a memo
@@ -169,8 +173,8 @@ pub struct CompileOptions {
     pub shapeless: bool,
     /// Fuse elementwise ops (default true).
     pub fuse: bool,
-    /// With `fuse`, also make fused blocks: matmul epilogues, residual norms and
-    /// multi-tensor apply (default true; see the module docs).
+    /// With `fuse`, also make fused blocks: matmul epilogues, residual norms,
+    /// multi-tensor apply and attention (default true; see the module docs).
     pub blocks: bool,
 }
 
@@ -420,6 +424,10 @@ impl Compiled {
             tape.nodes.iter_mut().for_each(|n| n.rule = None);
         }
         if self.inner.options.fuse && fused_supported(stream.device()) {
+            if self.inner.options.blocks {
+                // Before fusion, which would take the scale and the mask into programs.
+                blocks::attention(&mut tape);
+            }
             fuse::fuse(&mut tape, !polymorphic);
             if self.inner.options.blocks {
                 blocks::blocks(&mut tape, !polymorphic);

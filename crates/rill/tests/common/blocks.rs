@@ -346,3 +346,98 @@ pub fn adam_steps(g: Device, seed: u64, adamw: bool, dt: DType, steps: u64) -> B
     });
     counts
 }
+
+/// How a generated attention-as-ops function is written.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionForm {
+    /// 3-D `[BH, T, D]` or 4-D `[B, H, T, D]` operands.
+    pub four_d: bool,
+    /// 0: no scale; 1: `scores * c`; 2: `c * scores`; 3: `scores / c`.
+    pub scale: u8,
+    /// 0: no mask; 1: a padding mask `[B, 1, 1, Tk]` (or `[1, Tk]` in 3-D); 2: a full one.
+    pub mask: u8,
+    /// `transpose` with a permutation instead of `swapaxes`.
+    pub permute: bool,
+}
+
+/// `softmax(q @ kᵀ [* c] [+ mask], -1) @ v` written as ops, on `[q, k, v(, mask)]`.
+pub fn attention_ops(form: AttentionForm, x: &[Array], d: usize) -> Result<Vec<Array>> {
+    let kt = if form.permute {
+        let r = x[1].ndim();
+        let mut p: Vec<usize> = (0..r).collect();
+        p.swap(r - 1, r - 2);
+        x[1].transpose(&p)?
+    } else {
+        x[1].swapaxes(-1, -2)?
+    };
+    let s = x[0].matmul(&kt)?;
+    let c = 1.0 / (d as f64).sqrt();
+    let s = match form.scale {
+        0 => s,
+        1 => s.mul(c)?,
+        2 => Array::full(&[], c, s.dtype())?.mul(&s)?,
+        _ => s.div(1.0 / c)?,
+    };
+    let s = if form.mask > 0 { s.add(&x[3])? } else { s };
+    Ok(vec![s.softmax(-1)?.matmul(&x[2])?])
+}
+
+/// Generated attention-as-ops cases on `g`: compiled, each is one attention node (no
+/// product or softmax left), within the dtype's tolerance of eager and of the float64
+/// evaluation of the same ops (f64 is not rewritten). Returns how many ran.
+pub fn attention_blocks(g: Device, seed: u64, count: usize) -> usize {
+    let mut rng = Rng::new(seed);
+    let pick = |rng: &mut Rng, n: u64| (rng.next_u64() % n) as usize;
+    for i in 0..count {
+        let form = AttentionForm {
+            four_d: pick(&mut rng, 2) == 1,
+            scale: pick(&mut rng, 4) as u8,
+            mask: pick(&mut rng, 3) as u8,
+            permute: pick(&mut rng, 2) == 1,
+        };
+        let dt = DTYPES[i % DTYPES.len()];
+        let (b, h) = (1 + pick(&mut rng, 2), 1 + pick(&mut rng, 3));
+        let (tq, tk, d, dv) = (
+            1 + pick(&mut rng, 40),
+            1 + pick(&mut rng, 70),
+            [8, 16, 32, 64][pick(&mut rng, 4)],
+            [8, 16, 32, 64][pick(&mut rng, 4)],
+        );
+        let lead: Vec<usize> = if form.four_d { vec![b, h] } else { vec![b * h] };
+        let with = |tail: [usize; 2]| -> Vec<usize> { lead.iter().copied().chain(tail).collect() };
+        let mut inputs = vec![
+            vals(&mut rng, &with([tq, d]), 1.0),
+            vals(&mut rng, &with([tk, d]), 1.0),
+            vals(&mut rng, &with([tk, dv]), 1.0),
+        ];
+        if form.mask > 0 {
+            let shape = match (form.mask, form.four_d) {
+                (1, true) => vec![b, 1, 1, tk],
+                (1, false) => vec![1, tk],
+                _ => with([tq, tk]),
+            };
+            // Padding-style values: 0 or a large negative, never a whole row masked.
+            let n: usize = shape.iter().product();
+            let v = (0..n).map(|j| if j % tk != 0 && rng.next_u64() % 4 == 0 { -1e4 } else { 0.0 }).collect();
+            inputs.push((v, shape));
+        }
+        let what = format!("attention {dt} {form:?} q {:?} k {:?} v {:?}", inputs[0].1, inputs[1].1, inputs[2].1);
+        let f = move |x: &[Array]| attention_ops(form, x, d);
+        let compiled = rill::compile(f);
+        let (counts, got) = on(g, || {
+            let x = make(&inputs, dt);
+            (compiled.primitive_counts(&x).unwrap(), compiled.call(&x).unwrap()[0].to_f64_vec().unwrap())
+        });
+        for (name, n) in [("scaled_dot_product_attention", 1), ("softmax", 0), ("matmul", 0)] {
+            assert_eq!(counts.get(name).copied().unwrap_or(0), n, "{what}: {name} nodes in {counts:?}");
+        }
+        let eager = on(g, || f(&make(&inputs, dt)).unwrap()[0].to_f64_vec().unwrap());
+        let reference = on(Device::cpu(), || {
+            let x: Vec<Array> = make(&inputs, dt).iter().map(|a| a.astype(DType::F64).unwrap()).collect();
+            f(&x).unwrap()[0].to_f64_vec().unwrap()
+        });
+        assert_close(&got, &eager, 4.0 * tol(dt), &format!("{what}: compiled vs eager"));
+        assert_close(&got, &reference, 8.0 * tol(dt), &format!("{what}: compiled vs f64"));
+    }
+    count
+}
