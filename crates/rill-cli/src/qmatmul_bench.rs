@@ -26,9 +26,7 @@ pub(crate) const ROWS: [usize; 4] = [1, 4, 16, 512];
 
 pub(crate) fn run() -> Result<()> {
     let filter = std::env::var("RILL_QMATMUL_FILTER").unwrap_or_default();
-    let stream = rill::current_stream_override()
-        .map(Ok)
-        .unwrap_or_else(|| rill::default_device().default_stream())?;
+    let stream = rill::current_stream_override().map(Ok).unwrap_or_else(|| rill::default_device().default_stream())?;
     for (n, k) in SHAPES {
         for f in QuantFormat::ALL {
             let ids: Vec<(usize, String)> = ROWS

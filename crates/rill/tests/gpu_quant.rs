@@ -56,7 +56,7 @@ fn gpu_dequantize_equals_the_host_and_compile_replays() {
     let Some(g) = gpu() else { return };
     let s = g.default_stream().unwrap();
     let mut rng = Rng::new(29);
-    common::on(g.clone(), || {
+    common::on(g, || {
         for f in QuantFormat::ALL {
             let case = Case { format: f, batch: vec![], m: 3, n: 37, k: 160, dtype: DType::BF16, strided: false };
             let (_, bytes) = case.weight(&mut rng);
@@ -90,16 +90,17 @@ fn gpu_weights_cross_streams_and_devices_are_checked() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng::new(30);
     let side = Stream::new(&g).unwrap();
-    let case = Case { format: QuantFormat::Q4_1, batch: vec![2], m: 2, n: 19, k: 96, dtype: DType::F32, strided: false };
+    let case =
+        Case { format: QuantFormat::Q4_1, batch: vec![2], m: 2, n: 19, k: 96, dtype: DType::F32, strided: false };
     let (_, bytes) = case.weight(&mut rng);
     let w = case.matrix(&bytes, &side);
-    let (x, xv) = common::on(g.clone(), || case.x(&mut rng));
-    let y = common::on(g.clone(), || qmatmul(&x, &w).unwrap());
+    let (x, xv) = common::on(g, || case.x(&mut rng));
+    let y = common::on(g, || qmatmul(&x, &w).unwrap());
     let (want, mag) = reference(case.format, &xv, &bytes, case.n, case.k);
     check(&y.to_f64_vec().unwrap(), &want, &mag, DType::F32, "cross-stream");
     let cpu = rill::Device::cpu().default_stream().unwrap();
     let wc = case.matrix(&bytes, &cpu);
-    let e = common::on(g.clone(), || qmatmul(&x, &wc)).unwrap_err();
+    let e = common::on(g, || qmatmul(&x, &wc)).unwrap_err();
     assert!(matches!(&e, Error::InvalidArgument { .. }) && e.to_string().contains("to_stream"), "{e}");
     // Moved once, it works there.
     let wg = wc.to_stream(&g.default_stream().unwrap()).unwrap();

@@ -114,11 +114,12 @@ fn small_gguf(rng: &mut Rng) -> (Gguf, Vec<u8>, usize, usize) {
     let case = Case { format: QuantFormat::Q4_0, batch: vec![], m: 1, n, k, dtype: DType::F32, strided: false };
     let (_, bytes) = case.weight(rng);
     let bias: Vec<u8> = (0..n).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    let (wshape, bshape) = ([n, k], [n]);
     let file = gguf::to_bytes(
         &[("general.architecture", gguf::Value::String("llama".into()))],
         &[
-            ("w", &[n, k], GgmlType::Quant(QuantFormat::Q4_0), &bytes),
-            ("b", &[n], GgmlType::F32, &bias),
+            ("w", &wshape[..], GgmlType::Quant(QuantFormat::Q4_0), &bytes[..]),
+            ("b", &bshape[..], GgmlType::F32, &bias[..]),
         ],
     )
     .unwrap();

@@ -39,11 +39,7 @@ const QMATMUL: &str = "qmatmul";
 const DEQUANTIZE: &str = "dequantize";
 
 fn float_dtype(op: &'static str, what: &str, d: DType) -> Result<()> {
-    if rule::float_ok(d) {
-        Ok(())
-    } else {
-        Err(Error::dtype(op, d, format!("{what} must be f32, bf16 or f16")))
-    }
+    if rule::float_ok(d) { Ok(()) } else { Err(Error::dtype(op, d, format!("{what} must be f32, bf16 or f16"))) }
 }
 
 /// Bytes of a `rows` x `cols` matrix of `format`, checking `cols` is whole blocks.
@@ -124,7 +120,10 @@ impl QMatrix {
             return Err(Error::dtype(FROM_PACKED, data.dtype(), "packed blocks are a u8 array"));
         }
         let &[rows, row] = data.shape() else {
-            return Err(Error::shape(FROM_PACKED, format!("packed rows must be 2-D [N, row bytes], got {:?}", data.shape())));
+            return Err(Error::shape(
+                FROM_PACKED,
+                format!("packed rows must be 2-D [N, row bytes], got {:?}", data.shape()),
+            ));
         };
         let cols = rule::dequantize(FROM_PACKED, format, &[row])?[0];
         Ok(QMatrix { format, rows, cols, data: data.clone() })
@@ -214,7 +213,12 @@ pub fn qmatmul(x: &Array, w: &QMatrix) -> Result<Array> {
     if x.shape().last() != Some(&w.cols) {
         return Err(Error::shape(
             QMATMUL,
-            format!("x of shape {:?} does not end in the weight's K = {} (weight [N, K] = {:?})", x.shape(), w.cols, w.shape()),
+            format!(
+                "x of shape {:?} does not end in the weight's K = {} (weight [N, K] = {:?})",
+                x.shape(),
+                w.cols,
+                w.shape()
+            ),
         ));
     }
     let shape = rule::qmatmul(QMATMUL, w.format, x.shape(), w.data.shape())?;

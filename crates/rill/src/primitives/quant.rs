@@ -29,7 +29,11 @@ pub(crate) fn qmatmul(name: &'static str, format: QuantFormat, x: &[usize], w: &
     if k % BLOCK != 0 {
         return Err(Error::shape(
             name,
-            format!("x's last axis K = {k} (shape {x:?}) is not a multiple of the {}-value block of {}", BLOCK, format.name()),
+            format!(
+                "x's last axis K = {k} (shape {x:?}) is not a multiple of the {}-value block of {}",
+                BLOCK,
+                format.name()
+            ),
         ));
     }
     let need = k / BLOCK * format.block_bytes();

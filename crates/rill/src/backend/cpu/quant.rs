@@ -148,7 +148,13 @@ fn row_dot(format: QuantFormat, row: &[u8], x: &[f32], xs: &[f32]) -> f32 {
     total
 }
 
-fn qmatmul_t<T: QFloat>(x: &Storage, w: &Storage, format: QuantFormat, shape: &[usize], dtype: DType) -> Result<Storage> {
+fn qmatmul_t<T: QFloat>(
+    x: &Storage,
+    w: &Storage,
+    format: QuantFormat,
+    shape: &[usize],
+    dtype: DType,
+) -> Result<Storage> {
     let k = *x.layout.shape.last().unwrap_or(&0);
     let n = *shape.last().unwrap_or(&0);
     let total: usize = shape.iter().product();
