@@ -14,6 +14,7 @@ mod bench_embed;
 mod demo;
 mod embed;
 mod matrix;
+mod qmatmul_bench;
 mod sdpa_bench;
 
 use std::path::PathBuf;

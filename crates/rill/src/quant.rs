@@ -13,10 +13,16 @@
 //! `j + 16` in its high nibble. [`quantize`] follows the reference rounding of those
 //! formats (scale from the block's extreme value, codes rounded and clamped), so that a
 //! rill-quantized tensor has the bytes other GGUF tools write for the same values.
+//!
+//! On arrays: [`QMatrix`] keeps a weight matrix packed on a device, [`qmatmul`] multiplies
+//! by it reading the blocks in place, [`dequantize_packed`] turns packed rows into floats
+//! (docs/DTYPES.md, "Quantized weights").
 
 use half::f16;
 
 use crate::error::{Error, Result};
+
+pub use crate::ops::quant::{QMatrix, dequantize_packed, qmatmul};
 
 /// Values per block, in every format here.
 pub const BLOCK: usize = 32;

@@ -22,7 +22,7 @@
 use crate::compile::rules::{Rule, ShapeOf};
 use crate::compile::trace::{Ref, Tape, TapeNode};
 use crate::error::{Error, Result};
-use crate::primitives::{Primitive, attention, linalg, movement, nn, reduce};
+use crate::primitives::{Primitive, attention, linalg, movement, nn, quant, reduce};
 use crate::shape::{broadcast_all, checked_size};
 
 /// Every node's shape, and the value of each count fill, for one set of input shapes.
@@ -83,6 +83,11 @@ fn derive(node: &TapeNode, ins: &[&[usize]], read: &dyn Fn(&ShapeOf) -> Vec<usiz
             let [q, k, v, mask @ ..] = ins else { return None };
             attention::attention(prim.name(), q, k, v, mask.first().copied())
         }
+        QuantMatmul { format } => {
+            let [x, w] = ins else { return None };
+            quant::qmatmul(prim.name(), *format, x, w)
+        }
+        Dequantize { format } => quant::dequantize(prim.name(), *format, &first()),
         // Shapes the trace fixed: fills other than 0-d, ranges, eyes, random draws,
         // reshapes and broadcasts without a rule; and shapes made with traced parameters
         // (slices, gathers, concatenations, pads) or by a callback. The tape is
@@ -213,6 +218,8 @@ fn count(tape: &Tape, inputs: &[Vec<usize>], shapes: &[Vec<usize>], rule: &Rule)
         | Primitive::Cumsum { .. }
         | Primitive::Matmul
         | Primitive::Attention { .. }
+        | Primitive::QuantMatmul { .. }
+        | Primitive::Dequantize { .. }
         | Primitive::Reshape
         | Primitive::Permute(_)
         | Primitive::BroadcastTo

@@ -30,6 +30,8 @@ pub fn same_op(a: &Primitive, b: &Primitive) -> bool {
             b,
             Attention { scale: s2, mask: m2 } if s1.map(f64::to_bits) == s2.map(f64::to_bits) && m1 == m2
         ),
+        QuantMatmul { format: f } => matches!(b, QuantMatmul { format: g } if f == g),
+        Dequantize { format: f } => matches!(b, Dequantize { format: g } if f == g),
         Reshape => matches!(b, Reshape),
         BroadcastTo => matches!(b, BroadcastTo),
         Contiguous => matches!(b, Contiguous),

@@ -12,6 +12,7 @@ pub(crate) mod elementwise;
 pub(crate) mod linalg;
 pub(crate) mod movement;
 pub(crate) mod nn;
+pub(crate) mod quant;
 pub(crate) mod reduce;
 
 use crate::array::Array;

@@ -268,6 +268,8 @@ pub(crate) fn fusable(prim: &crate::primitives::Primitive, ins: &[DType], out: D
         | Cumsum { .. }
         | Matmul
         | Attention { .. }
+        | QuantMatmul { .. }
+        | Dequantize { .. }
         | Reshape
         | Permute(_)
         | BroadcastTo

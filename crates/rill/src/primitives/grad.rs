@@ -13,7 +13,7 @@
 use crate::array::Array;
 use crate::error::{Error, Result};
 
-use super::{BinaryOp, Primitive, UnaryOp, attention, creation, fused, linalg, movement, nn, reduce};
+use super::{BinaryOp, Primitive, UnaryOp, attention, creation, fused, linalg, movement, nn, quant, reduce};
 
 /// What a reverse-mode rule is given: the node's inputs, its output, and the cotangent of
 /// the output (same shape and dtype as `output`).
@@ -70,6 +70,7 @@ enum Owner {
     Nn,
     Linalg,
     Attention,
+    Quant,
     Movement,
     /// A host callback: no derivative.
     Host(&'static str),
@@ -90,6 +91,7 @@ impl Primitive {
             Softmax { .. } | LayerNorm { .. } | RmsNorm { .. } => Owner::Nn,
             Matmul => Owner::Linalg,
             Attention { .. } => Owner::Attention,
+            QuantMatmul { .. } | Dequantize { .. } => Owner::Quant,
             Reshape
             | Permute(_)
             | BroadcastTo
@@ -117,6 +119,7 @@ impl Primitive {
             Owner::Nn => nn::vjp(self, g),
             Owner::Linalg => linalg::vjp(self, g),
             Owner::Attention => attention::vjp(self, g),
+            Owner::Quant => quant::vjp(self, g),
             Owner::Movement => movement::vjp(self, g),
             Owner::Host(name) => Err(no_derivative(name)),
             Owner::Placeholder => Ok(Vec::new()),
@@ -136,6 +139,7 @@ impl Primitive {
             Owner::Nn => nn::jvp(self, g),
             Owner::Linalg => linalg::jvp(self, g),
             Owner::Attention => attention::jvp(self, g),
+            Owner::Quant => quant::jvp(self, g),
             Owner::Movement => movement::jvp(self, g),
             Owner::Host(name) => Err(no_derivative(name)),
             Owner::Placeholder => Ok(None),
@@ -170,6 +174,8 @@ mod tests {
             Primitive::Softmax { axis: 0, log: false },
             Primitive::Matmul,
             Primitive::Attention { scale: None, mask: crate::primitives::AttentionMaskKind::Causal },
+            Primitive::QuantMatmul { format: crate::quant::QuantFormat::Q4_0 },
+            Primitive::Dequantize { format: crate::quant::QuantFormat::Q8_0 },
             Primitive::Reshape,
             Primitive::Take { axis: 0 },
             Primitive::Host { name: "my_callback", f: std::sync::Arc::new(|v: &[Vec<f64>]| Ok(v[0].clone())) },

@@ -14,7 +14,7 @@
 //!
 //! The other families' shape and dtype rules have one home each, as pure functions over
 //! shapes and parameters: `reduce.rs`, `movement.rs`, `linalg.rs`, `nn.rs`, `attention.rs`,
-//! `creation.rs`.
+//! `quant.rs`, `creation.rs`.
 //! The op that records a node and shapeless replay (`compile/shapes.rs`) both call them,
 //! so a replay derives the shape, or the error, the op would give.
 
@@ -76,6 +76,7 @@ mod grad;
 pub(crate) mod linalg;
 pub(crate) mod movement;
 pub(crate) mod nn;
+pub(crate) mod quant;
 pub(crate) mod reduce;
 pub(crate) mod scalar;
 mod unary;
@@ -233,6 +234,18 @@ pub enum Primitive {
         /// How the scores are masked.
         mask: AttentionMaskKind,
     },
+    /// `x [..., K] @ wᵀ` with `w` block-quantized (`primitives/quant.rs`); inputs `x` and
+    /// the packed bytes `[N, K / 32 * block_bytes]` (u8), read without dequantizing the
+    /// whole matrix.
+    QuantMatmul {
+        /// The weight's block format.
+        format: crate::quant::QuantFormat,
+    },
+    /// Packed u8 blocks `[..., B * block_bytes]` as floats `[..., B * 32]` of the node's dtype.
+    Dequantize {
+        /// The block format.
+        format: crate::quant::QuantFormat,
+    },
 
     // ---- views: zero-copy on every backend ----
     /// Same elements, new shape.
@@ -331,6 +344,8 @@ impl Primitive {
             Cumsum { .. } => "cumsum",
             Matmul => "matmul",
             Attention { .. } => "scaled_dot_product_attention",
+            QuantMatmul { .. } => "qmatmul",
+            Dequantize { .. } => "dequantize",
             Reshape => "reshape",
             Permute(_) => "permute",
             BroadcastTo => "broadcast_to",
@@ -358,7 +373,7 @@ impl Primitive {
             Reduce { .. } | ArgReduce { .. } | Softmax { .. } | LayerNorm { .. } | RmsNorm { .. } | Cumsum { .. } => {
                 Family::Reduction
             }
-            Matmul | Attention { .. } => Family::LinearAlgebra,
+            Matmul | Attention { .. } | QuantMatmul { .. } | Dequantize { .. } => Family::LinearAlgebra,
             Reshape | Permute(_) | BroadcastTo | Slice { .. } => Family::View,
             Contiguous | Take { .. } | Concatenate { .. } | Pad { .. } | ToDevice | Host { .. } => Family::Copy,
             Placeholder { .. } => Family::Placeholder,
@@ -397,7 +412,7 @@ pub(crate) enum Family {
     Elementwise,
     /// Reductions, scans and the normalisations over an axis.
     Reduction,
-    /// Matrix products and attention.
+    /// Matrix products (dense and block-quantized), dequantization and attention.
     LinearAlgebra,
     /// Zero-copy: the output shares the input's buffer.
     View,

@@ -16,6 +16,7 @@ pub(crate) mod matmul;
 pub(crate) mod movement;
 pub(crate) mod nn;
 pub(crate) mod par;
+pub(crate) mod quant;
 pub(crate) mod random;
 pub(crate) mod reduce;
 pub(crate) mod strided;
@@ -51,6 +52,8 @@ pub(crate) fn eval(prim: &Primitive, shape: &[usize], dtype: DType, inputs: &[&S
         RmsNorm { eps, has_weight } => nn::rms_norm(inputs, *eps, *has_weight),
         Matmul => matmul::matmul(inputs[0], inputs[1], shape, dtype),
         Attention { scale, mask } => attention::attention(inputs, *scale, *mask, shape, dtype),
+        QuantMatmul { format } => quant::qmatmul(inputs[0], inputs[1], *format, shape, dtype),
+        Dequantize { format } => quant::dequantize(inputs[0], *format, shape, dtype),
         Reshape => movement::reshape(inputs[0], shape),
         Permute(perm) => Ok(inputs[0].with_layout(inputs[0].layout.permute(perm))),
         BroadcastTo => Ok(inputs[0].with_layout(inputs[0].layout.broadcast_to(shape))),

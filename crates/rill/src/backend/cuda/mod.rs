@@ -23,6 +23,7 @@
 //! | threefry random arrays (the CPU's values) | `random.rs` | nothing |
 //! | matmul | `matmul.rs` | nothing |
 //! | scaled dot-product attention (flash-attention style; tensor cores for f16/bf16) | `attention.rs` | nothing |
+//! | block-quantized matmul from the packed blocks, dequantization | `quant.rs` | nothing |
 //! | fused elementwise programs and fused reductions (`rill::compile`) | `fused.rs` | nothing |
 //!
 //! Synchronisation model: a storage exists once its kernel is enqueued. Work on the same
@@ -60,6 +61,7 @@ mod map;
 mod matmul;
 mod norm;
 mod nvrtc;
+mod quant;
 mod random;
 mod reduce;
 mod scan;

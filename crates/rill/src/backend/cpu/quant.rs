@@ -1,0 +1,222 @@
+//! Block-quantized kernels on the CPU: `x @ wᵀ` read from the packed blocks, and
+//! dequantization. The weight is never dequantized as a whole: work is split over
+//! pieces of [`NB`] weight rows (through `par.rs`, on the runtime's pool), and
+//!
+//! - for a few rows of `x` (decode, `M < PANEL_M`) each block is folded into the dot
+//!   product where it is read (`d · Σ q·x` plus the block's offset times `Σ x`, the sums
+//!   of `x` per block computed once), so a row of the weight is read once per `x` row
+//!   from cache and memory traffic is the packed bytes;
+//! - for more rows (prefill) a piece's [`NB`] rows are dequantized once into a small
+//!   f32 panel that every row of `x` then reads.
+//!
+//! Everything accumulates in f32; f16 and bf16 are converted on the way in and out.
+
+use half::{bf16, f16};
+
+use crate::backend::cpu::{CpuBuffer, par, strided};
+use crate::backend::{Buffer, Storage};
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+use crate::quant::{BLOCK, QuantFormat, dequantize_block};
+
+/// Weight rows per parallel piece.
+const NB: usize = 16;
+/// From this many rows of `x` on, a piece dequantizes its rows into a panel first.
+const PANEL_M: usize = 4;
+
+/// The float element types of the quantized kernels.
+trait QFloat: Element {
+    fn up(self) -> f32;
+    fn down(v: f32) -> Self;
+}
+impl QFloat for f32 {
+    fn up(self) -> f32 {
+        self
+    }
+    fn down(v: f32) -> Self {
+        v
+    }
+}
+impl QFloat for f16 {
+    fn up(self) -> f32 {
+        self.to_f32()
+    }
+    fn down(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+}
+impl QFloat for bf16 {
+    fn up(self) -> f32 {
+        self.to_f32()
+    }
+    fn down(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+}
+
+fn unsupported(op: &'static str, d: DType) -> Error {
+    Error::Unsupported { op, backend: "cpu", msg: format!("dtype {d} (f32, bf16 and f16 only)") }
+}
+
+/// `x [.., K] @ wᵀ` for the packed weight `w` (u8 `[N, K / 32 * block_bytes]`).
+pub(crate) fn qmatmul(x: &Storage, w: &Storage, format: QuantFormat, shape: &[usize], dtype: DType) -> Result<Storage> {
+    match dtype {
+        DType::F32 => qmatmul_t::<f32>(x, w, format, shape, dtype),
+        DType::F16 => qmatmul_t::<f16>(x, w, format, shape, dtype),
+        DType::BF16 => qmatmul_t::<bf16>(x, w, format, shape, dtype),
+        d => Err(unsupported("qmatmul", d)),
+    }
+}
+
+/// Packed u8 blocks `[.., B * block_bytes]` as `[.., B * 32]` floats of `dtype`.
+pub(crate) fn dequantize(b: &Storage, format: QuantFormat, shape: &[usize], dtype: DType) -> Result<Storage> {
+    match dtype {
+        DType::F32 => dequantize_t::<f32>(b, format, shape, dtype),
+        DType::F16 => dequantize_t::<f16>(b, format, shape, dtype),
+        DType::BF16 => dequantize_t::<bf16>(b, format, shape, dtype),
+        d => Err(unsupported("dequantize", d)),
+    }
+}
+
+fn dequantize_t<T: QFloat>(b: &Storage, format: QuantFormat, shape: &[usize], dtype: DType) -> Result<Storage> {
+    let n: usize = shape.iter().product();
+    let mut buf = CpuBuffer::alloc(dtype, n)?;
+    let bytes = strided::contiguous::<u8>(b);
+    let bb = format.block_bytes();
+    // Pieces of whole blocks; each block through a stack buffer.
+    let per = (crate::backend::cpu::PAR_CHUNK / BLOCK).max(1) * BLOCK;
+    par::chunks(buf.typed_mut::<T>(), per, |i, o| {
+        let first = i * per / BLOCK;
+        let mut v = [0f32; BLOCK];
+        for (k, ob) in o.chunks_exact_mut(BLOCK).enumerate() {
+            let at = (first + k) * bb;
+            dequantize_block(format, &bytes[at..at + bb], &mut v);
+            for (d, s) in ob.iter_mut().zip(v) {
+                *d = T::down(s);
+            }
+        }
+    });
+    Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape))
+}
+
+/// `Σ a·b` over whole blocks (lengths a multiple of 8), in eight lanes.
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+        for i in 0..8 {
+            acc[i] += ca[i] * cb[i];
+        }
+    }
+    acc.iter().sum()
+}
+
+/// The dot product of one packed weight row with `x` (one row of K values); `xs` holds
+/// the sum of `x` over each block.
+#[inline]
+fn row_dot(format: QuantFormat, row: &[u8], x: &[f32], xs: &[f32]) -> f32 {
+    let bb = format.block_bytes();
+    let h = BLOCK / 2;
+    let mut total = 0f32;
+    for ((b, xb), &sx) in row.chunks_exact(bb).zip(x.chunks_exact(BLOCK)).zip(xs) {
+        let d = f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+        let mut s = [0f32; 16];
+        match format {
+            QuantFormat::Q4_0 | QuantFormat::Q4_1 => {
+                let qs = if format == QuantFormat::Q4_0 { &b[2..2 + h] } else { &b[4..4 + h] };
+                for j in 0..h {
+                    let q = qs[j];
+                    s[j] = (q & 0x0f) as f32 * xb[j] + (q >> 4) as f32 * xb[j + h];
+                }
+            }
+            QuantFormat::Q8_0 => {
+                let qs = &b[2..2 + BLOCK];
+                for j in 0..h {
+                    s[j] = qs[j] as i8 as f32 * xb[j] + qs[j + h] as i8 as f32 * xb[j + h];
+                }
+            }
+        }
+        let sq: f32 = s.iter().sum();
+        total += match format {
+            // (q - 8) d: d (Σ q x - 8 Σ x).
+            QuantFormat::Q4_0 => d * (sq - 8.0 * sx),
+            // q d + m: d Σ q x + m Σ x.
+            QuantFormat::Q4_1 => d * sq + f16::from_bits(u16::from_le_bytes([b[2], b[3]])).to_f32() * sx,
+            QuantFormat::Q8_0 => d * sq,
+        };
+    }
+    total
+}
+
+fn qmatmul_t<T: QFloat>(
+    x: &Storage,
+    w: &Storage,
+    format: QuantFormat,
+    shape: &[usize],
+    dtype: DType,
+) -> Result<Storage> {
+    let k = *x.layout.shape.last().unwrap_or(&0);
+    let n = *shape.last().unwrap_or(&0);
+    let total: usize = shape.iter().product();
+    let mut buf = CpuBuffer::alloc(dtype, total)?;
+    if total == 0 {
+        return Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape));
+    }
+    let m = total / n;
+    let xf: Vec<f32> = strided::contiguous::<T>(x).iter().map(|v| v.up()).collect();
+    let bytes = strided::contiguous::<u8>(w);
+    let row_bytes = k / BLOCK * format.block_bytes();
+    let nbk = k / BLOCK;
+    // The result transposed, [N, M]: pieces of weight rows are contiguous.
+    let mut t = vec![0f32; if m == 1 { 0 } else { n * m }];
+    let mut direct = vec![0f32; if m == 1 { n } else { 0 }];
+    let target: &mut [f32] = if m == 1 { &mut direct } else { &mut t };
+    if m < PANEL_M {
+        let xs: Vec<f32> = xf.chunks_exact(BLOCK).map(|b| b.iter().sum()).collect();
+        par::chunks(target, NB * m, |ci, o| {
+            for (r, orow) in o.chunks_exact_mut(m).enumerate() {
+                let wr = ci * NB + r;
+                let row = &bytes[wr * row_bytes..(wr + 1) * row_bytes];
+                for (i, ov) in orow.iter_mut().enumerate() {
+                    *ov = row_dot(format, row, &xf[i * k..(i + 1) * k], &xs[i * nbk..(i + 1) * nbk]);
+                }
+            }
+        });
+    } else {
+        let bb = format.block_bytes();
+        par::chunks_init(
+            target,
+            NB * m,
+            || vec![0f32; NB * k],
+            |panel, ci, o| {
+                let rows = o.len() / m;
+                for r in 0..rows {
+                    let wr = ci * NB + r;
+                    let row = &bytes[wr * row_bytes..(wr + 1) * row_bytes];
+                    for (b, pv) in row.chunks_exact(bb).zip(panel[r * k..(r + 1) * k].chunks_exact_mut(BLOCK)) {
+                        dequantize_block(format, b, pv);
+                    }
+                }
+                for i in 0..m {
+                    let xr = &xf[i * k..(i + 1) * k];
+                    for r in 0..rows {
+                        o[r * m + i] = dot(xr, &panel[r * k..(r + 1) * k]);
+                    }
+                }
+            },
+        );
+    }
+    let out = buf.typed_mut::<T>();
+    if m == 1 {
+        for (o, v) in out.iter_mut().zip(&direct) {
+            *o = T::down(*v);
+        }
+    } else {
+        for (j, col) in t.chunks_exact(m).enumerate() {
+            for (i, v) in col.iter().enumerate() {
+                out[i * n + j] = T::down(*v);
+            }
+        }
+    }
+    Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape))
+}

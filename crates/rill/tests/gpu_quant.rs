@@ -1,0 +1,160 @@
+//! `rill::quant` on the GPU: the matrix-vector kernel (1 to 8 rows of x) and the tiled
+//! kernel (more rows, partial tiles) against dequantize-then-matmul in float64 for every
+//! format on generated shapes (odd N, K = 32 · odd, batch axes, f32/bf16/f16 and strided
+//! x); the `Dequantize` kernel bit for bit against the host; compile; a weight on another
+//! stream; the device mismatch error; the default language model's Q4_1 weight and Q8_0
+//! embedding. Skipped without a GPU; `RILL_REQUIRE_GPU=1` makes a missing GPU a failure.
+
+mod common;
+mod quant_ref;
+
+use common::{Rng, gpu};
+use quant_ref::{Case, check, reference, run_case};
+use rill::io::gguf::{GgmlType, Gguf};
+use rill::quant::{self, QMatrix, QuantFormat, qmatmul};
+use rill::{Array, DType, Error, Stream};
+
+#[test]
+fn gpu_decode_rows_match_the_float64_reference() {
+    let Some(g) = gpu() else { return };
+    let s = g.default_stream().unwrap();
+    let mut rng = Rng::new(27);
+    common::on(g, || {
+        for f in QuantFormat::ALL {
+            for i in 0..40 {
+                let case = Case::random(&mut rng, f, 17, 45);
+                run_case(&case, &mut rng, &s, &format!("case {i}"));
+            }
+        }
+    });
+}
+
+#[test]
+fn gpu_prefill_tiles_match_the_float64_reference() {
+    let Some(g) = gpu() else { return };
+    let s = g.default_stream().unwrap();
+    let mut rng = Rng::new(28);
+    common::on(g, || {
+        for f in QuantFormat::ALL {
+            for i in 0..12 {
+                let mut case = Case::random(&mut rng, f, 200, 150);
+                case.m += 8; // past the matrix-vector kernel
+                run_case(&case, &mut rng, &s, &format!("prefill {i}"));
+            }
+            for (m, n, k) in [(512, 576, 576), (129, 65, 1568), (64, 64, 32)] {
+                for dtype in [DType::BF16, DType::F16, DType::F32] {
+                    let case = Case { format: f, batch: vec![], m, n, k, dtype, strided: false };
+                    run_case(&case, &mut rng, &s, "prefill fixed");
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn gpu_dequantize_equals_the_host_and_compile_replays() {
+    let Some(g) = gpu() else { return };
+    let s = g.default_stream().unwrap();
+    let mut rng = Rng::new(29);
+    common::on(g, || {
+        for f in QuantFormat::ALL {
+            let case = Case { format: f, batch: vec![], m: 3, n: 37, k: 160, dtype: DType::BF16, strided: false };
+            let (_, bytes) = case.weight(&mut rng);
+            let w = case.matrix(&bytes, &s);
+            assert!(w.device().is_gpu());
+            let mut host = vec![0f32; case.n * case.k];
+            quant::dequantize(f, &bytes, &mut host).unwrap();
+            assert_eq!(w.dequantize(DType::F32).unwrap().to_vec::<f32>().unwrap(), host, "{f:?}");
+            let ids = Array::from_slice(&[36i64, 0, 5], &[3]).unwrap();
+            let rows = w.rows_of(&ids, DType::F32).unwrap().to_vec::<f32>().unwrap();
+            let want: Vec<f32> = [36, 0, 5].iter().flat_map(|&i| host[i * 160..(i + 1) * 160].to_vec()).collect();
+            assert_eq!(rows, want, "{f:?} rows_of");
+            let w1 = w.clone();
+            let c = rill::compile(move |x: &[Array]| Ok(vec![qmatmul(&x[0], &w1)?.mul(2.0)?]));
+            for m in [3, 1, 40] {
+                let cm = Case { m, ..case.clone() };
+                let (x, xv) = cm.x(&mut rng);
+                let (want, mag) = reference(f, &xv, &bytes, cm.n, cm.k);
+                let got = c.call(std::slice::from_ref(&x)).unwrap().remove(0).to_f64_vec().unwrap();
+                let half: Vec<f64> = got.iter().map(|v| v / 2.0).collect();
+                check(&half, &want, &mag, DType::BF16, &format!("compiled {f:?} m={m}"));
+            }
+        }
+    });
+}
+
+/// A weight uploaded on a user stream, read by ops on another stream (a GPU-side wait);
+/// a weight on the CPU read by an op told to run on the GPU is an error.
+#[test]
+fn gpu_weights_cross_streams_and_devices_are_checked() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(30);
+    let side = Stream::new(&g).unwrap();
+    let case =
+        Case { format: QuantFormat::Q4_1, batch: vec![2], m: 2, n: 19, k: 96, dtype: DType::F32, strided: false };
+    let (_, bytes) = case.weight(&mut rng);
+    let w = case.matrix(&bytes, &side);
+    let (x, xv) = common::on(g, || case.x(&mut rng));
+    let y = common::on(g, || qmatmul(&x, &w).unwrap());
+    let (want, mag) = reference(case.format, &xv, &bytes, case.n, case.k);
+    check(&y.to_f64_vec().unwrap(), &want, &mag, DType::F32, "cross-stream");
+    let cpu = rill::Device::cpu().default_stream().unwrap();
+    let wc = case.matrix(&bytes, &cpu);
+    let e = common::on(g, || qmatmul(&x, &wc)).unwrap_err();
+    assert!(matches!(&e, Error::InvalidArgument { .. }) && e.to_string().contains("to_stream"), "{e}");
+    // Moved once, it works there.
+    let wg = wc.to_stream(&g.default_stream().unwrap()).unwrap();
+    let y = common::on(g, || qmatmul(&x, &wg).unwrap());
+    check(&y.to_f64_vec().unwrap(), &want, &mag, DType::F32, "moved");
+}
+
+#[test]
+fn gpu_real_model_tensors_match_their_dequantized_values() {
+    let Some(g) = gpu() else { return };
+    let path = match rill::io::cache::default_llm() {
+        Ok(p) => p,
+        Err(e) => {
+            assert!(std::env::var("RILL_REQUIRE_MODEL").as_deref() != Ok("1"), "RILL_REQUIRE_MODEL=1 but: {e}");
+            eprintln!("skipped: no model ({e})");
+            return;
+        }
+    };
+    let file = Gguf::open(&path).unwrap();
+    let s = g.default_stream().unwrap();
+    let mut rng = Rng::new(31);
+    let q41 = file
+        .tensors()
+        .iter()
+        .find(|t| t.ggml_type() == GgmlType::Quant(QuantFormat::Q4_1) && t.shape().len() == 2)
+        .expect("a Q4_1 matrix")
+        .name()
+        .to_string();
+    common::on(g, || {
+        for name in [q41.as_str(), "token_embd.weight"] {
+            let w = QMatrix::from_gguf(&file, name, &s).unwrap();
+            let (n, k) = (w.rows(), w.cols());
+            let host = file.to_f32(name).unwrap();
+            assert_eq!(w.dequantize(DType::F32).unwrap().to_vec::<f32>().unwrap(), host, "{name}");
+            for (m, d) in [(1, DType::BF16), (4, DType::F32), (12, DType::BF16)] {
+                let vals = rng.vec(m * k, -1.0, 1.0);
+                let x = Array::from_slice(&vals, &[m, k]).unwrap().astype(d).unwrap();
+                let xv = x.to_f64_vec().unwrap();
+                let got = qmatmul(&x, &w).unwrap().to_f64_vec().unwrap();
+                let (mut want, mut mag) = (vec![0.0; m * n], vec![0.0; m * n]);
+                for r in 0..m {
+                    for j in 0..n {
+                        let (mut acc, mut a) = (0.0, 0.0);
+                        for c in 0..k {
+                            let p = xv[r * k + c] * host[j * k + c] as f64;
+                            acc += p;
+                            a += p.abs();
+                        }
+                        want[r * n + j] = acc;
+                        mag[r * n + j] = a;
+                    }
+                }
+                check(&got, &want, &mag, d, &format!("{name} m={m}"));
+            }
+        }
+    });
+}
