@@ -37,6 +37,8 @@ pub use dtype::{DType, Element, Scalar};
 pub use error::{Error, Result};
 pub use ops::attention::{AttentionMask, scaled_dot_product_attention};
 pub use ops::custom::custom;
+pub use ops::decode::{RopeOptions, rope, slice_update};
+pub use primitives::RopeLayout;
 pub use ops::elementwise::where_;
 pub use ops::{IntoOperand, Operand};
 pub use runtime::clear_cache;

@@ -220,6 +220,8 @@ fn build_group(
                 | Primitive::Cumsum { .. }
                 | Primitive::Matmul
                 | Primitive::Attention { .. }
+                | Primitive::Rope { .. }
+                | Primitive::SliceUpdate { .. }
                 | Primitive::Reshape
                 | Primitive::Permute(_)
                 | Primitive::BroadcastTo
@@ -286,6 +288,8 @@ fn build_group(
             | Primitive::Cumsum { .. }
             | Primitive::Matmul
             | Primitive::Attention { .. }
+            | Primitive::Rope { .. }
+            | Primitive::SliceUpdate { .. }
             | Primitive::Reshape
             | Primitive::Permute(_)
             | Primitive::BroadcastTo

@@ -22,7 +22,7 @@
 use crate::compile::rules::{Rule, ShapeOf};
 use crate::compile::trace::{Ref, Tape, TapeNode};
 use crate::error::{Error, Result};
-use crate::primitives::{Primitive, attention, linalg, movement, nn, reduce};
+use crate::primitives::{Primitive, attention, decode, linalg, movement, nn, reduce};
 use crate::shape::{broadcast_all, checked_size};
 
 /// Every node's shape, and the value of each count fill, for one set of input shapes.
@@ -82,6 +82,14 @@ fn derive(node: &TapeNode, ins: &[&[usize]], read: &dyn Fn(&ShapeOf) -> Vec<usiz
         Attention { .. } => {
             let [q, k, v, mask @ ..] = ins else { return None };
             attention::attention(prim.name(), q, k, v, mask.first().copied())
+        }
+        Rope { dims, .. } => {
+            let [x, offset] = ins else { return None };
+            decode::rope(prim.name(), x, offset, *dims)
+        }
+        SliceUpdate { axis } => {
+            let [x, update, start] = ins else { return None };
+            decode::slice_update(prim.name(), x, update, start, *axis as isize).map(|(_, s)| s)
         }
         // Shapes the trace fixed: fills other than 0-d, ranges, eyes, random draws,
         // reshapes and broadcasts without a rule; and shapes made with traced parameters
@@ -213,6 +221,8 @@ fn count(tape: &Tape, inputs: &[Vec<usize>], shapes: &[Vec<usize>], rule: &Rule)
         | Primitive::Cumsum { .. }
         | Primitive::Matmul
         | Primitive::Attention { .. }
+        | Primitive::Rope { .. }
+        | Primitive::SliceUpdate { .. }
         | Primitive::Reshape
         | Primitive::Permute(_)
         | Primitive::BroadcastTo

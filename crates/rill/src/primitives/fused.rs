@@ -268,6 +268,8 @@ pub(crate) fn fusable(prim: &crate::primitives::Primitive, ins: &[DType], out: D
         | Cumsum { .. }
         | Matmul
         | Attention { .. }
+        | Rope { .. }
+        | SliceUpdate { .. }
         | Reshape
         | Permute(_)
         | BroadcastTo

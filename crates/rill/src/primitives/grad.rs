@@ -13,7 +13,7 @@
 use crate::array::Array;
 use crate::error::{Error, Result};
 
-use super::{BinaryOp, Primitive, UnaryOp, attention, creation, fused, linalg, movement, nn, reduce};
+use super::{BinaryOp, Primitive, UnaryOp, attention, creation, decode, fused, linalg, movement, nn, reduce};
 
 /// What a reverse-mode rule is given: the node's inputs, its output, and the cotangent of
 /// the output (same shape and dtype as `output`).
@@ -70,6 +70,8 @@ enum Owner {
     Nn,
     Linalg,
     Attention,
+    /// `Rope` and `SliceUpdate` (`decode.rs`).
+    Decode,
     Movement,
     /// A host callback: no derivative.
     Host(&'static str),
@@ -90,6 +92,7 @@ impl Primitive {
             Softmax { .. } | LayerNorm { .. } | RmsNorm { .. } => Owner::Nn,
             Matmul => Owner::Linalg,
             Attention { .. } => Owner::Attention,
+            Rope { .. } | SliceUpdate { .. } => Owner::Decode,
             Reshape
             | Permute(_)
             | BroadcastTo
@@ -117,6 +120,7 @@ impl Primitive {
             Owner::Nn => nn::vjp(self, g),
             Owner::Linalg => linalg::vjp(self, g),
             Owner::Attention => attention::vjp(self, g),
+            Owner::Decode => decode::vjp(self, g),
             Owner::Movement => movement::vjp(self, g),
             Owner::Host(name) => Err(no_derivative(name)),
             Owner::Placeholder => Ok(Vec::new()),
@@ -136,6 +140,7 @@ impl Primitive {
             Owner::Nn => nn::jvp(self, g),
             Owner::Linalg => linalg::jvp(self, g),
             Owner::Attention => attention::jvp(self, g),
+            Owner::Decode => decode::jvp(self, g),
             Owner::Movement => movement::jvp(self, g),
             Owner::Host(name) => Err(no_derivative(name)),
             Owner::Placeholder => Ok(None),

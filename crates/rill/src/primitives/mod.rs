@@ -71,6 +71,7 @@ pub(crate) mod attention;
 mod binary;
 pub(crate) mod creation;
 pub(crate) mod cuda;
+pub(crate) mod decode;
 pub(crate) mod fused;
 mod grad;
 pub(crate) mod linalg;
@@ -83,6 +84,7 @@ pub(crate) mod vexp;
 
 pub use attention::AttentionMaskKind;
 pub use binary::BinaryOp;
+pub use decode::RopeLayout;
 pub(crate) use binary::each_binary;
 pub use unary::UnaryOp;
 pub(crate) use unary::each_unary;
@@ -233,6 +235,18 @@ pub enum Primitive {
         /// How the scores are masked.
         mask: AttentionMaskKind,
     },
+    /// Rotary position embedding (`primitives/decode.rs`); inputs `x, offset` (an integer
+    /// array: position `offset + t` for row `t` of the second-to-last axis).
+    Rope {
+        /// Features rotated (the first `dims` of the last axis).
+        dims: usize,
+        /// The frequency base (`theta`): pair `i` turns by `p * base^(-2i/dims)`.
+        base: f64,
+        /// Multiplies each position first (linear position scaling; 1: none).
+        scale: f64,
+        /// Which features pair up.
+        layout: RopeLayout,
+    },
 
     // ---- views: zero-copy on every backend ----
     /// Same elements, new shape.
@@ -252,6 +266,12 @@ pub enum Primitive {
     // ---- copies ----
     /// A row-major copy.
     Contiguous,
+    /// `x` with `update` written along `axis` from a start index (inputs `x, update,
+    /// start`; `primitives/decode.rs`).
+    SliceUpdate {
+        /// The axis.
+        axis: usize,
+    },
     /// Gathers along `axis` with an integer index array (inputs `x, indices`).
     Take {
         /// The axis.
@@ -331,6 +351,8 @@ impl Primitive {
             Cumsum { .. } => "cumsum",
             Matmul => "matmul",
             Attention { .. } => "scaled_dot_product_attention",
+            Rope { .. } => "rope",
+            SliceUpdate { .. } => "slice_update",
             Reshape => "reshape",
             Permute(_) => "permute",
             BroadcastTo => "broadcast_to",
@@ -358,9 +380,11 @@ impl Primitive {
             Reduce { .. } | ArgReduce { .. } | Softmax { .. } | LayerNorm { .. } | RmsNorm { .. } | Cumsum { .. } => {
                 Family::Reduction
             }
-            Matmul | Attention { .. } => Family::LinearAlgebra,
+            Matmul | Attention { .. } | Rope { .. } => Family::LinearAlgebra,
             Reshape | Permute(_) | BroadcastTo | Slice { .. } => Family::View,
-            Contiguous | Take { .. } | Concatenate { .. } | Pad { .. } | ToDevice | Host { .. } => Family::Copy,
+            Contiguous | Take { .. } | Concatenate { .. } | Pad { .. } | SliceUpdate { .. } | ToDevice | Host { .. } => {
+                Family::Copy
+            }
             Placeholder { .. } => Family::Placeholder,
             Fused(_) | FusedReduce { .. } | Block(_) => Family::Fused,
         }
@@ -397,7 +421,7 @@ pub(crate) enum Family {
     Elementwise,
     /// Reductions, scans and the normalisations over an axis.
     Reduction,
-    /// Matrix products and attention.
+    /// Matrix products, attention and rotary embeddings.
     LinearAlgebra,
     /// Zero-copy: the output shares the input's buffer.
     View,

@@ -10,6 +10,7 @@ pub(crate) mod attention;
 mod blocks;
 mod buffer;
 pub(crate) mod creation;
+pub(crate) mod decode;
 pub(crate) mod elementwise;
 pub(crate) mod fused;
 pub(crate) mod matmul;
@@ -51,6 +52,8 @@ pub(crate) fn eval(prim: &Primitive, shape: &[usize], dtype: DType, inputs: &[&S
         RmsNorm { eps, has_weight } => nn::rms_norm(inputs, *eps, *has_weight),
         Matmul => matmul::matmul(inputs[0], inputs[1], shape, dtype),
         Attention { scale, mask } => attention::attention(inputs, *scale, *mask, shape, dtype),
+        Rope { dims, base, scale, layout } => decode::rope(inputs, *dims, *base, *scale, *layout),
+        SliceUpdate { axis } => decode::slice_update(inputs, *axis),
         Reshape => movement::reshape(inputs[0], shape),
         Permute(perm) => Ok(inputs[0].with_layout(inputs[0].layout.permute(perm))),
         BroadcastTo => Ok(inputs[0].with_layout(inputs[0].layout.broadcast_to(shape))),

@@ -25,7 +25,7 @@ use super::buffer::{cuda_of, download, scalar_on_device, slab_scalar, upload};
 use super::driver::{Driver, GpuStream};
 use super::handles::{CudaStreamHandle, Ev};
 use super::{
-    attention, blocks, check, copy, elementwise as ew, fused, launch, matmul, norm, random, reduce, scan, take,
+    attention, blocks, check, copy, decode, elementwise as ew, fused, launch, matmul, norm, random, reduce, scan, take,
 };
 use smallvec::SmallVec;
 
@@ -251,6 +251,8 @@ fn eval(
         RmsNorm { eps, has_weight } => norm::rms_norm(cs, &owned(), *eps, *has_weight),
         Matmul => matmul::matmul(cs, x(), inputs[1], shape, dtype),
         Attention { scale, mask } => attention::attention(cs, inputs, *scale, *mask, shape, dtype),
+        Rope { dims, base, scale, layout } => decode::rope(cs, inputs, *dims, *base, *scale, *layout),
+        SliceUpdate { axis } => decode::slice_update(cs, inputs, *axis),
         Reshape => match x().layout.reshape(shape) {
             Some(l) => Ok(x().with_layout(l)),
             None => Ok(copy::make_contiguous(cs, x())?.with_layout(crate::shape::Layout::contiguous(shape))),
