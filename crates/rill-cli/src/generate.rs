@@ -70,8 +70,7 @@ pub fn run(args: &GenerateArgs) -> Result<(), String> {
         Some(p) => p.clone(),
         None => rill::io::cache::default_llm().map_err(|e| e.to_string())?,
     };
-    let model =
-        Llama::load(&path, device, LoadOptions { dtype: args.dtype.dtype() }).map_err(|e| e.to_string())?;
+    let model = Llama::load(&path, device, LoadOptions { dtype: args.dtype.dtype() }).map_err(|e| e.to_string())?;
     let tok = model.tokenizer();
     let text = if args.chat {
         tok.apply_chat_template(&[ChatMessage::new("user", args.prompt.clone())], true).map_err(|e| e.to_string())?

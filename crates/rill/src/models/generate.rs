@@ -219,18 +219,29 @@ impl Generator {
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
         let capacity = match options.capacity {
             Some(c) => c,
-            None => (longest + options.max_tokens).div_ceil(CAPACITY_BUCKET).saturating_mul(CAPACITY_BUCKET).min(context),
+            None => {
+                (longest + options.max_tokens).div_ceil(CAPACITY_BUCKET).saturating_mul(CAPACITY_BUCKET).min(context)
+            }
         };
         if longest > capacity {
             return Err(Error::invalid(
                 OP,
-                format!("a prompt of {longest} tokens does not fit a cache of {capacity} positions (context {context})"),
+                format!(
+                    "a prompt of {longest} tokens does not fit a cache of {capacity} positions (context {context})"
+                ),
             ));
         }
         let cache = model.new_cache(prompts.len(), capacity)?;
         let rows = prompts
             .iter()
-            .map(|p| Row { history: p.clone(), generated: 0, decoder: StreamDecoder::new(), held: String::new(), finish: None })
+            .map(|p| Row {
+                history: p.clone(),
+                generated: 0,
+                decoder: StreamDecoder::new(),
+                held: String::new(),
+                // A budget of no tokens: done before the first step.
+                finish: (options.max_tokens == 0).then_some(FinishReason::MaxTokens),
+            })
             .collect();
         Ok(Generator { model: model.clone(), cache, rows, prompts: Some(prompts.to_vec()), options, step: 0 })
     }

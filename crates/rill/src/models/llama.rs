@@ -353,7 +353,8 @@ impl Llama {
             };
             all.extend([&layer.attn_norm, &layer.ffn_norm].map(Array::clone));
             all.extend(
-                [&layer.q, &layer.k, &layer.v, &layer.o, &layer.gate, &layer.up, &layer.down].map(|w| w.array().clone()),
+                [&layer.q, &layer.k, &layer.v, &layer.o, &layer.gate, &layer.up, &layer.down]
+                    .map(|w| w.array().clone()),
             );
             layers.push(layer);
             // Evaluate as we go: the host copies of each layer are freed before the next.
@@ -361,11 +362,8 @@ impl Llama {
             all.clear();
         }
         let norm = vec("output_norm.weight", h)?;
-        let head = if c.tied_embeddings {
-            Weight::Dense(embed.t()?.contiguous()?)
-        } else {
-            lin("output.weight", c.vocab, h)?
-        };
+        let head =
+            if c.tied_embeddings { Weight::Dense(embed.t()?.contiguous()?) } else { lin("output.weight", c.vocab, h)? };
         all.extend([embed.clone(), norm.clone(), head.array().clone()]);
         crate::eval(&all)?;
         let core = Arc::new(Core { config: c.clone(), weights: Weights { embed, layers, norm, head } });
@@ -402,7 +400,10 @@ impl Llama {
         if batch == 0 || capacity == 0 || capacity > c.context {
             return Err(Error::invalid(
                 OP,
-                format!("a cache needs batch >= 1 and 1 <= capacity <= {} (context), got {batch}, {capacity}", c.context),
+                format!(
+                    "a cache needs batch >= 1 and 1 <= capacity <= {} (context), got {batch}, {capacity}",
+                    c.context
+                ),
             ));
         }
         let shape = [batch, c.kv_heads, capacity, c.head_dim];
@@ -437,10 +438,7 @@ impl Llama {
         if !fits(longest) {
             return Err(Error::invalid(
                 OP,
-                format!(
-                    "{longest} tokens at position {furthest} do not fit a cache of {} positions",
-                    cache.capacity
-                ),
+                format!("{longest} tokens at position {furthest} do not fit a cache of {} positions", cache.capacity),
             ));
         }
         // Pad to a bucket when it fits (one trace per bucket), else to the longest row.
@@ -503,12 +501,8 @@ impl Core {
         let qpos = start.reshape(&[bi, 1])?.add(&Array::arange(0, t as i64, 1, DType::I32)?.reshape(&[1, ti])?)?;
         let keys = Array::arange(0, cap as i64, 1, DType::I32)?.reshape(&[1, 1, 1, cap as isize])?;
         let mask = keys.le(&qpos.reshape(&[bi, 1, ti, 1])?)?;
-        let rope = RopeOptions {
-            dims: c.rope_dims,
-            base: c.rope_base,
-            scale: c.rope_scale,
-            layout: RopeLayout::Interleaved,
-        };
+        let rope =
+            RopeOptions { dims: c.rope_dims, base: c.rope_base, scale: c.rope_scale, layout: RopeLayout::Interleaved };
 
         let mut h = w.embed.take(ids, 0)?.reshape(&[bi * ti, c.hidden as isize])?;
         let mut new_k = Vec::with_capacity(n);

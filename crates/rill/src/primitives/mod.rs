@@ -84,8 +84,8 @@ pub(crate) mod vexp;
 
 pub use attention::AttentionMaskKind;
 pub use binary::BinaryOp;
-pub use decode::RopeLayout;
 pub(crate) use binary::each_binary;
+pub use decode::RopeLayout;
 pub use unary::UnaryOp;
 pub(crate) use unary::each_unary;
 
@@ -382,9 +382,13 @@ impl Primitive {
             }
             Matmul | Attention { .. } | Rope { .. } => Family::LinearAlgebra,
             Reshape | Permute(_) | BroadcastTo | Slice { .. } => Family::View,
-            Contiguous | Take { .. } | Concatenate { .. } | Pad { .. } | SliceUpdate { .. } | ToDevice | Host { .. } => {
-                Family::Copy
-            }
+            Contiguous
+            | Take { .. }
+            | Concatenate { .. }
+            | Pad { .. }
+            | SliceUpdate { .. }
+            | ToDevice
+            | Host { .. } => Family::Copy,
             Placeholder { .. } => Family::Placeholder,
             Fused(_) | FusedReduce { .. } | Block(_) => Family::Fused,
         }

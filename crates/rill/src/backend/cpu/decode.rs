@@ -33,7 +33,7 @@ pub(crate) fn rope(inputs: &[&Storage], dims: usize, base: f64, scale: f64, layo
     // Heads (and any other axes) between the leading axis and `T`.
     let per_offset = if offsets.len() > 1 { rows / shape[0].max(1) } else { rows.max(1) };
     let half = dims / 2;
-    // table[(o * T + t) * half + i] = (cos, sin) for offset `o`, row `t`, pair `i`.
+    // table[(o * T + t) * half + i] = (sin, cos) for offset `o`, row `t`, pair `i`.
     let mut table = Vec::with_capacity(offsets.len() * t * half);
     for &o in &offsets {
         for tt in 0..t {
@@ -53,7 +53,7 @@ pub(crate) fn rope(inputs: &[&Storage], dims: usize, base: f64, scale: f64, layo
             let tab = &table[(oi * t + tt) * half..(oi * t + tt + 1) * half];
             let s = &src[j * d..(j + 1) * d];
             o.copy_from_slice(s);
-            for (i, &(c, sn)) in tab.iter().enumerate() {
+            for (i, &(sn, c)) in tab.iter().enumerate() {
                 let (ia, ib) = match layout {
                     RopeLayout::Interleaved => (2 * i, 2 * i + 1),
                     RopeLayout::Halves => (i, i + half),

@@ -145,8 +145,7 @@ pub(crate) fn slice_update(cs: &GpuStream<'_>, inputs: &[&Storage], axis: usize)
     let ss = contiguous(cs, start)?;
     let (v, sd) = (d.size(), start.dtype);
     let key = format!("slice_update:{v}:{}", sd.name());
-    let func =
-        nvrtc::function(cs.driver(), &cs.dev, &key, "k_slice_update", move || slice_update_source(v, sd))?;
+    let func = nvrtc::function(cs.driver(), &cs.dev, &key, "k_slice_update", move || slice_update_source(v, sd))?;
     let (po, px, pu, ps) = (elem_ptr(&out), elem_ptr(&xs), elem_ptr(&us), elem_ptr(&ss));
     let (n64, dim64, len64, in64, per64, ns64) =
         (n as i64, dim as i64, len as i64, inner as i64, per.max(1) as i64, nstart as i64);
