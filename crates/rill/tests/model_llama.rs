@@ -15,6 +15,7 @@
 //!
 //! The model comes from rill's model cache (fetched on first use with pip); without it
 //! the model tests print "skipped: no model" (a failure with `RILL_REQUIRE_MODEL=1`).
+#![allow(clippy::disallowed_types)] // a test uses rill as a user does, with std's primitives (clippy.toml)
 
 mod common;
 mod decode_ref;

@@ -23,7 +23,7 @@
 //! and the next tokens overwrite them.
 //!
 //! **Weights** are dequantized at load into dense arrays of the model dtype (f32, f16 or
-//! bf16), all behind one function, [`linear`]: the place where quantized matrices
+//! bf16), all behind one function, `linear`: the place where quantized matrices
 //! (reading the packed blocks in the product) replace them.
 //!
 //! **Sharing.** A `Llama` is `Send + Sync` and cheap to clone (an `Arc` inside): tasks

@@ -28,7 +28,7 @@ pub(crate) fn rope(inputs: &[&Storage], dims: usize, base: f64, scale: f64, layo
     let r = shape.len();
     let (t, d) = (shape[r - 2], shape[r - 1]);
     let n: usize = shape.iter().product();
-    let rows = if t * d == 0 { 0 } else { n / (t * d) };
+    let rows = n.checked_div(t * d).unwrap_or(0);
     let offsets = index_values(offset);
     // Heads (and any other axes) between the leading axis and `T`.
     let per_offset = if offsets.len() > 1 { rows / shape[0].max(1) } else { rows.max(1) };
