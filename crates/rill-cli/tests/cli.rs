@@ -182,7 +182,7 @@ fn generate_streams_the_greedy_text_and_reports_the_rate() {
     let out = rill(&["generate", "--device", "cpu", "--model", model, "--top-k", "5", "x"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("not available yet"), "{}", text(&out.stderr));
-    let out = rill(&["generate", "--device", "cpu", "--model", model, "--temperature", "-1", "x"]);
+    let out = rill(&["generate", "--device", "cpu", "--model", model, "--temperature=-1", "x"]);
     assert_eq!(out.status.code(), Some(1));
     let tmp = tempfile::tempdir().unwrap();
     let missing = tmp.path().join("missing.gguf");
