@@ -2,6 +2,8 @@
 //!
 //! `rill embed` embeds sentences with a sentence-transformers model on the best device
 //! present (`embed.rs`; docs/MODELS.md).
+//! `rill generate` streams text from a llama-family GGUF model (`generate.rs`;
+//! docs/MODELS.md).
 //! `rill demo` builds and evaluates arrays on the best device present (a GPU when one is
 //! usable, else the CPU) from several OS threads and tokio tasks, each on its own
 //! stream, and prints results, timings and the runtime's counters.
@@ -13,6 +15,7 @@ mod bench;
 mod bench_embed;
 mod demo;
 mod embed;
+mod generate;
 mod matrix;
 mod qmatmul_bench;
 mod sdpa_bench;
@@ -27,7 +30,7 @@ use rill::Device;
     name = "rill",
     version,
     propagate_version = true,
-    about = "Lazy arrays on explicit streams: sentence embeddings, the runtime demo, benchmarks"
+    about = "Lazy arrays on explicit streams: sentence embeddings, text generation, the runtime demo, benchmarks"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -38,6 +41,8 @@ struct Cli {
 enum Command {
     /// Embed sentences with a sentence-transformers model (JSON lines or a .npy file)
     Embed(embed::EmbedArgs),
+    /// Generate text from a llama-family GGUF model, streamed to stdout
+    Generate(generate::GenerateArgs),
     /// Evaluate arrays from several OS threads and tokio tasks, each on its own stream
     Demo(DemoArgs),
     /// Time the benchmarks (all but `embed` when no NAME is given)
@@ -153,6 +158,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Embed(a) => embed::run(a),
+        Command::Generate(a) => generate::run(a),
         Command::Demo(a) => {
             device_of(a.device).and_then(|d| demo::run(d, a.threads, a.tasks).map_err(|e| e.to_string()))
         }

@@ -1,8 +1,9 @@
 //! The `rill` command line: help and version of the tool and every subcommand, unknown
 //! flags and benchmarks refused, clear errors for a missing model or input, and
 //! `rill embed`'s outputs (a .npy file of N x D float32 in input order, JSON lines) on
-//! the default model (skipped without it: "skipped: no model"; a failure with
-//! `RILL_REQUIRE_MODEL=1`).
+//! the default model, and `rill generate`'s greedy text against transformers' tokens of
+//! `llama_fixture.json` on the default language model (skipped without the models:
+//! "skipped: no model"; a failure with `RILL_REQUIRE_MODEL=1`).
 
 use std::process::{Command, Output, Stdio};
 
@@ -23,10 +24,10 @@ fn help_version_and_unknown_flags() {
     let out = rill(&["--help"]);
     assert!(out.status.success());
     let help = text(&out.stdout);
-    for cmd in ["embed", "demo", "bench", "info"] {
+    for cmd in ["embed", "generate", "demo", "bench", "info"] {
         assert!(help.contains(cmd), "{cmd} in {help}");
     }
-    for sub in [&["embed"][..], &["demo"], &["bench"], &["bench", "matrix"], &["info"]] {
+    for sub in [&["embed"][..], &["generate"], &["demo"], &["bench"], &["bench", "matrix"], &["info"]] {
         let mut a = sub.to_vec();
         a.push("--help");
         let out = rill(&a);
@@ -153,4 +154,41 @@ fn embed_writes_npy_and_json_lines_in_input_order() {
     }
     // Different sentences give different vectors (the order is not an accident).
     assert!(data[..d].iter().zip(&data[d..2 * d]).any(|(a, b)| (a - b).abs() > 1e-3));
+}
+
+#[test]
+fn generate_streams_the_greedy_text_and_reports_the_rate() {
+    let path = match rill::io::cache::default_llm() {
+        Ok(p) => p,
+        Err(e) => {
+            assert!(std::env::var("RILL_REQUIRE_MODEL").as_deref() != Ok("1"), "RILL_REQUIRE_MODEL=1 but: {e}");
+            eprintln!("skipped: no model ({e})");
+            return;
+        }
+    };
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../rill/tests/fixtures/llama_fixture.json");
+    let f: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
+    let greedy: Vec<u32> = f["greedy_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let g = rill::io::gguf::Gguf::open(&path).unwrap();
+    let tok = rill::io::gguf_tokenizer::GgufTokenizer::from_gguf(&g).unwrap();
+    let want = tok.decode(&greedy[..8], true).unwrap();
+    let model = path.to_str().unwrap();
+    let prompt = f["prompt"].as_str().unwrap();
+    let out = rill(&["generate", "--device", "cpu", "--model", model, "--max-tokens", "8", prompt]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), format!("{want}\n"), "the prompt is not echoed; the text is greedy's");
+    assert!(text(&out.stderr).contains("tokens/s"), "{}", text(&out.stderr));
+    // Not yet available, bad values and a missing file: clear errors.
+    let out = rill(&["generate", "--device", "cpu", "--model", model, "--top-k", "5", "x"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("not available yet"), "{}", text(&out.stderr));
+    let out = rill(&["generate", "--device", "cpu", "--model", model, "--temperature=-1", "x"]);
+    assert_eq!(out.status.code(), Some(1));
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("missing.gguf");
+    let out = rill(&["generate", "--device", "cpu", "--model", missing.to_str().unwrap(), "x"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.starts_with("rill: ") && err.contains("missing.gguf") && !err.contains("panicked"), "{err}");
+    assert_eq!(rill(&["generate", "--max-tokens", "x", "p"]).status.code(), Some(2));
 }

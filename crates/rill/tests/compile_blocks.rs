@@ -29,6 +29,22 @@ fn matmul_epilogue_edges() {
     }
 }
 
+/// A product cast to another dtype after it (a bf16 model's f32 logits): the block
+/// computes the product in the matmul's dtype, as eager evaluation does.
+#[test]
+fn a_cast_product_keeps_the_matmul_dtype() {
+    let mut rng = common::Rng::new(7);
+    for (dt, to) in [(DType::BF16, DType::F32), (DType::F32, DType::F16), (DType::F16, DType::F64)] {
+        let x = Array::from_slice(&rng.vec(3 * 8, -1.0, 1.0), &[3, 8]).unwrap().astype(dt).unwrap();
+        let w = Array::from_slice(&rng.vec(8 * 5, -1.0, 1.0), &[8, 5]).unwrap().astype(dt).unwrap();
+        let f = move |a: &[Array]| Ok(vec![a[0].matmul(&a[1])?.astype(to)?.mul(2.0)?]);
+        let eager = f(&[x.clone(), w.clone()]).unwrap().remove(0);
+        let compiled = rill::compile(f).call(&[x, w]).unwrap().remove(0);
+        assert_eq!(compiled.dtype(), to);
+        assert_eq!(compiled.to_f64_vec().unwrap(), eager.to_f64_vec().unwrap(), "{dt} product cast to {to}");
+    }
+}
+
 #[test]
 fn a_bias_of_the_wrong_shape_errors_as_eager() {
     let x = Array::from_slice(&[1.0f32; 12], &[3, 4]).unwrap();

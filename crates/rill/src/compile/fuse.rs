@@ -222,6 +222,8 @@ fn build_group(
                 | Primitive::Attention { .. }
                 | Primitive::QuantMatmul { .. }
                 | Primitive::Dequantize { .. }
+                | Primitive::Rope { .. }
+                | Primitive::SliceUpdate { .. }
                 | Primitive::Reshape
                 | Primitive::Permute(_)
                 | Primitive::BroadcastTo
@@ -290,6 +292,8 @@ fn build_group(
             | Primitive::Attention { .. }
             | Primitive::QuantMatmul { .. }
             | Primitive::Dequantize { .. }
+            | Primitive::Rope { .. }
+            | Primitive::SliceUpdate { .. }
             | Primitive::Reshape
             | Primitive::Permute(_)
             | Primitive::BroadcastTo

@@ -22,7 +22,7 @@
 use crate::compile::rules::{Rule, ShapeOf};
 use crate::compile::trace::{Ref, Tape, TapeNode};
 use crate::error::{Error, Result};
-use crate::primitives::{Primitive, attention, linalg, movement, nn, quant, reduce};
+use crate::primitives::{Primitive, attention, decode, linalg, movement, nn, quant, reduce};
 use crate::shape::{broadcast_all, checked_size};
 
 /// Every node's shape, and the value of each count fill, for one set of input shapes.
@@ -88,6 +88,14 @@ fn derive(node: &TapeNode, ins: &[&[usize]], read: &dyn Fn(&ShapeOf) -> Vec<usiz
             quant::qmatmul(prim.name(), *format, x, w)
         }
         Dequantize { format } => quant::dequantize(prim.name(), *format, &first()),
+        Rope { dims, .. } => {
+            let [x, offset] = ins else { return None };
+            decode::rope(prim.name(), x, offset, *dims)
+        }
+        SliceUpdate { axis } => {
+            let [x, update, start] = ins else { return None };
+            decode::slice_update(prim.name(), x, update, start, *axis as isize).map(|(_, s)| s)
+        }
         // Shapes the trace fixed: fills other than 0-d, ranges, eyes, random draws,
         // reshapes and broadcasts without a rule; and shapes made with traced parameters
         // (slices, gathers, concatenations, pads) or by a callback. The tape is
@@ -220,6 +228,8 @@ fn count(tape: &Tape, inputs: &[Vec<usize>], shapes: &[Vec<usize>], rule: &Rule)
         | Primitive::Attention { .. }
         | Primitive::QuantMatmul { .. }
         | Primitive::Dequantize { .. }
+        | Primitive::Rope { .. }
+        | Primitive::SliceUpdate { .. }
         | Primitive::Reshape
         | Primitive::Permute(_)
         | Primitive::BroadcastTo

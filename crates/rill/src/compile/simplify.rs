@@ -32,6 +32,12 @@ pub fn same_op(a: &Primitive, b: &Primitive) -> bool {
         ),
         QuantMatmul { format: f } => matches!(b, QuantMatmul { format: g } if f == g),
         Dequantize { format: f } => matches!(b, Dequantize { format: g } if f == g),
+        Rope { dims: d1, base: b1, scale: s1, layout: l1 } => matches!(
+            b,
+            Rope { dims: d2, base: b2, scale: s2, layout: l2 }
+                if d1 == d2 && b1.to_bits() == b2.to_bits() && s1.to_bits() == s2.to_bits() && l1 == l2
+        ),
+        SliceUpdate { axis: a1 } => matches!(b, SliceUpdate { axis: a2 } if a1 == a2),
         Reshape => matches!(b, Reshape),
         BroadcastTo => matches!(b, BroadcastTo),
         Contiguous => matches!(b, Contiguous),

@@ -341,6 +341,10 @@ impl Gguf {
         let v = self.require(key)?;
         v.as_str().ok_or_else(|| io_err(GET, &self.source, format!("metadata {key:?} is {v:?}, not a string")))
     }
+    /// The file's path (or the name given to [`Gguf::from_bytes`]), as messages show it.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
     /// The tensors, in table order.
     pub fn tensors(&self) -> &[GgufTensor] {
         &self.tensors

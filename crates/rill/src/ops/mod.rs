@@ -8,6 +8,7 @@
 
 pub(crate) mod attention;
 pub(crate) mod custom;
+pub(crate) mod decode;
 pub(crate) mod elementwise;
 pub(crate) mod linalg;
 pub(crate) mod movement;

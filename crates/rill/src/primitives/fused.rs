@@ -270,6 +270,8 @@ pub(crate) fn fusable(prim: &crate::primitives::Primitive, ins: &[DType], out: D
         | Attention { .. }
         | QuantMatmul { .. }
         | Dequantize { .. }
+        | Rope { .. }
+        | SliceUpdate { .. }
         | Reshape
         | Permute(_)
         | BroadcastTo

@@ -13,7 +13,7 @@
 use crate::array::Array;
 use crate::error::{Error, Result};
 
-use super::{BinaryOp, Primitive, UnaryOp, attention, creation, fused, linalg, movement, nn, quant, reduce};
+use super::{BinaryOp, Primitive, UnaryOp, attention, creation, decode, fused, linalg, movement, nn, quant, reduce};
 
 /// What a reverse-mode rule is given: the node's inputs, its output, and the cotangent of
 /// the output (same shape and dtype as `output`).
@@ -71,6 +71,8 @@ enum Owner {
     Linalg,
     Attention,
     Quant,
+    /// `Rope` and `SliceUpdate` (`decode.rs`).
+    Decode,
     Movement,
     /// A host callback: no derivative.
     Host(&'static str),
@@ -92,6 +94,7 @@ impl Primitive {
             Matmul => Owner::Linalg,
             Attention { .. } => Owner::Attention,
             QuantMatmul { .. } | Dequantize { .. } => Owner::Quant,
+            Rope { .. } | SliceUpdate { .. } => Owner::Decode,
             Reshape
             | Permute(_)
             | BroadcastTo
@@ -120,6 +123,7 @@ impl Primitive {
             Owner::Linalg => linalg::vjp(self, g),
             Owner::Attention => attention::vjp(self, g),
             Owner::Quant => quant::vjp(self, g),
+            Owner::Decode => decode::vjp(self, g),
             Owner::Movement => movement::vjp(self, g),
             Owner::Host(name) => Err(no_derivative(name)),
             Owner::Placeholder => Ok(Vec::new()),
@@ -140,6 +144,7 @@ impl Primitive {
             Owner::Linalg => linalg::jvp(self, g),
             Owner::Attention => attention::jvp(self, g),
             Owner::Quant => quant::jvp(self, g),
+            Owner::Decode => decode::jvp(self, g),
             Owner::Movement => movement::jvp(self, g),
             Owner::Host(name) => Err(no_derivative(name)),
             Owner::Placeholder => Ok(None),

@@ -71,6 +71,7 @@ pub(crate) mod attention;
 mod binary;
 pub(crate) mod creation;
 pub(crate) mod cuda;
+pub(crate) mod decode;
 pub(crate) mod fused;
 mod grad;
 pub(crate) mod linalg;
@@ -85,6 +86,7 @@ pub(crate) mod vexp;
 pub use attention::AttentionMaskKind;
 pub use binary::BinaryOp;
 pub(crate) use binary::each_binary;
+pub use decode::RopeLayout;
 pub use unary::UnaryOp;
 pub(crate) use unary::each_unary;
 
@@ -246,6 +248,18 @@ pub enum Primitive {
         /// The block format.
         format: crate::quant::QuantFormat,
     },
+    /// Rotary position embedding (`primitives/decode.rs`); inputs `x, offset` (an integer
+    /// array: position `offset + t` for row `t` of the second-to-last axis).
+    Rope {
+        /// Features rotated (the first `dims` of the last axis).
+        dims: usize,
+        /// The frequency base (`theta`): pair `i` turns by `p * base^(-2i/dims)`.
+        base: f64,
+        /// Multiplies each position first (linear position scaling; 1: none).
+        scale: f64,
+        /// Which features pair up.
+        layout: RopeLayout,
+    },
 
     // ---- views: zero-copy on every backend ----
     /// Same elements, new shape.
@@ -265,6 +279,12 @@ pub enum Primitive {
     // ---- copies ----
     /// A row-major copy.
     Contiguous,
+    /// `x` with `update` written along `axis` from a start index (inputs `x, update,
+    /// start`; `primitives/decode.rs`).
+    SliceUpdate {
+        /// The axis.
+        axis: usize,
+    },
     /// Gathers along `axis` with an integer index array (inputs `x, indices`).
     Take {
         /// The axis.
@@ -346,6 +366,8 @@ impl Primitive {
             Attention { .. } => "scaled_dot_product_attention",
             QuantMatmul { .. } => "qmatmul",
             Dequantize { .. } => "dequantize",
+            Rope { .. } => "rope",
+            SliceUpdate { .. } => "slice_update",
             Reshape => "reshape",
             Permute(_) => "permute",
             BroadcastTo => "broadcast_to",
@@ -373,9 +395,15 @@ impl Primitive {
             Reduce { .. } | ArgReduce { .. } | Softmax { .. } | LayerNorm { .. } | RmsNorm { .. } | Cumsum { .. } => {
                 Family::Reduction
             }
-            Matmul | Attention { .. } | QuantMatmul { .. } | Dequantize { .. } => Family::LinearAlgebra,
+            Matmul | Attention { .. } | QuantMatmul { .. } | Dequantize { .. } | Rope { .. } => Family::LinearAlgebra,
             Reshape | Permute(_) | BroadcastTo | Slice { .. } => Family::View,
-            Contiguous | Take { .. } | Concatenate { .. } | Pad { .. } | ToDevice | Host { .. } => Family::Copy,
+            Contiguous
+            | Take { .. }
+            | Concatenate { .. }
+            | Pad { .. }
+            | SliceUpdate { .. }
+            | ToDevice
+            | Host { .. } => Family::Copy,
             Placeholder { .. } => Family::Placeholder,
             Fused(_) | FusedReduce { .. } | Block(_) => Family::Fused,
         }
@@ -412,7 +440,8 @@ pub(crate) enum Family {
     Elementwise,
     /// Reductions, scans and the normalisations over an axis.
     Reduction,
-    /// Matrix products (dense and block-quantized), dequantization and attention.
+    /// Matrix products (dense and block-quantized), dequantization, attention and rotary
+    /// embeddings.
     LinearAlgebra,
     /// Zero-copy: the output shares the input's buffer.
     View,

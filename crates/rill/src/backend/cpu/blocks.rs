@@ -20,7 +20,9 @@ pub(crate) fn eval_block(b: &FusedBlock, inputs: &[&Storage], shape: &[usize], d
     match &b.kind {
         BlockKind::Matmul { program, .. } => {
             let (x, w) = operands(b, inputs, 2)?;
-            let product = matmul::matmul(x, w, shape, dtype)?;
+            // The product in its own dtype (the program may cast it: `(x @ w).astype(..)`).
+            let pd = program.input_dtypes.first().copied().unwrap_or(dtype);
+            let product = matmul::matmul(x, w, shape, pd)?;
             let mut ins: Vec<&Storage> = vec![&product];
             ins.extend_from_slice(&inputs[2..]);
             MATMUL_EPILOGUE_KERNELS.fetch_add(1, Relaxed);

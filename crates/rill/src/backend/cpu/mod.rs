@@ -10,6 +10,7 @@ pub(crate) mod attention;
 mod blocks;
 mod buffer;
 pub(crate) mod creation;
+pub(crate) mod decode;
 pub(crate) mod elementwise;
 pub(crate) mod fused;
 pub(crate) mod matmul;
@@ -54,6 +55,8 @@ pub(crate) fn eval(prim: &Primitive, shape: &[usize], dtype: DType, inputs: &[&S
         Attention { scale, mask } => attention::attention(inputs, *scale, *mask, shape, dtype),
         QuantMatmul { format } => quant::qmatmul(inputs[0], inputs[1], *format, shape, dtype),
         Dequantize { format } => quant::dequantize(inputs[0], *format, shape, dtype),
+        Rope { dims, base, scale, layout } => decode::rope(inputs, *dims, *base, *scale, *layout),
+        SliceUpdate { axis } => decode::slice_update(inputs, *axis),
         Reshape => movement::reshape(inputs[0], shape),
         Permute(perm) => Ok(inputs[0].with_layout(inputs[0].layout.permute(perm))),
         BroadcastTo => Ok(inputs[0].with_layout(inputs[0].layout.broadcast_to(shape))),

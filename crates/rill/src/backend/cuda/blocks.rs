@@ -72,7 +72,9 @@ pub(crate) fn block(
                     return Ok(out);
                 }
             }
-            let product = matmul::matmul(cs, a, w, shape, dtype)?;
+            // The product in its own dtype (the program may cast it: `(x @ w).astype(..)`).
+            let pd = program.input_dtypes.first().copied().unwrap_or(dtype);
+            let product = matmul::matmul(cs, a, w, shape, pd)?;
             let mut ins = vec![product];
             ins.extend(extra.iter().cloned());
             stats::MATMUL_EPILOGUE_KERNELS.fetch_add(1, Relaxed);

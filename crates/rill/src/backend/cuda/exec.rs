@@ -25,7 +25,7 @@ use super::buffer::{cuda_of, download, scalar_on_device, slab_scalar, upload};
 use super::driver::{Driver, GpuStream};
 use super::handles::{CudaStreamHandle, Ev};
 use super::{
-    attention, blocks, check, copy, elementwise as ew, fused, launch, matmul, norm, quant, random, reduce, scan, take,
+    attention, blocks, check, copy, decode, elementwise as ew, fused, launch, matmul, norm, quant, random, reduce, scan, take,
 };
 use smallvec::SmallVec;
 
@@ -253,6 +253,8 @@ fn eval(
         Attention { scale, mask } => attention::attention(cs, inputs, *scale, *mask, shape, dtype),
         QuantMatmul { format } => quant::qmatmul(cs, x(), inputs[1], *format, shape, dtype),
         Dequantize { format } => quant::dequantize(cs, x(), *format, shape, dtype),
+        Rope { dims, base, scale, layout } => decode::rope(cs, inputs, *dims, *base, *scale, *layout),
+        SliceUpdate { axis } => decode::slice_update(cs, inputs, *axis),
         Reshape => match x().layout.reshape(shape) {
             Some(l) => Ok(x().with_layout(l)),
             None => Ok(copy::make_contiguous(cs, x())?.with_layout(crate::shape::Layout::contiguous(shape))),

@@ -46,6 +46,7 @@ mod buffer;
 mod cache;
 mod check;
 mod copy;
+mod decode;
 mod device;
 #[allow(clippy::disallowed_methods)] // the one file that calls the backend libraries
 mod driver;

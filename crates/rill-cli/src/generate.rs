@@ -1,0 +1,117 @@
+//! `rill generate`: text generation from a llama-family GGUF model (docs/MODELS.md).
+//!
+//! The tokens stream to stdout as they are decoded (the prompt is not echoed); the
+//! token count and tokens per second go to stderr at the end. With `--chat` the prompt is
+//! one user message rendered through the model's chat template. Without `--model` the
+//! default model is used, fetched into the model cache on first use.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::Args;
+use rill::io::gguf_tokenizer::ChatMessage;
+use rill::models::llama::{GenerateOptions, Greedy, Llama, LoadOptions, Sampler, Temperature};
+
+use crate::DeviceArg;
+use crate::embed::DtypeArg;
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// The GGUF file; default: the default model, fetched into the model cache on first use
+    #[arg(long, value_name = "FILE.gguf")]
+    pub model: Option<PathBuf>,
+    /// The device (default: the best present)
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceArg>,
+    /// The dtype the dequantized model runs in
+    #[arg(long, value_enum, default_value = "f32")]
+    pub dtype: DtypeArg,
+    /// Tokens to generate at most
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: usize,
+    /// Sampling temperature (0: greedy, the default)
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f64,
+    /// Sample from the K most likely tokens only (not available yet)
+    #[arg(long, value_name = "K")]
+    pub top_k: Option<usize>,
+    /// Sample from the smallest set of tokens whose probability reaches P (not available yet)
+    #[arg(long, value_name = "P")]
+    pub top_p: Option<f64>,
+    /// Seed of the sampler's random keys
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Put the prompt through the model's chat template as a user message
+    #[arg(long)]
+    pub chat: bool,
+    /// Stop at this text (may be given several times)
+    #[arg(long, value_name = "TEXT")]
+    pub stop: Vec<String>,
+    /// The prompt
+    pub prompt: String,
+}
+
+fn sampler(args: &GenerateArgs) -> Result<Arc<dyn Sampler>, String> {
+    if args.top_k.is_some() || args.top_p.is_some() {
+        return Err("--top-k and --top-p are not available yet (only greedy and --temperature)".into());
+    }
+    if !(args.temperature.is_finite() && args.temperature >= 0.0) {
+        return Err(format!("--temperature must be finite and >= 0, got {}", args.temperature));
+    }
+    Ok(if args.temperature == 0.0 { Arc::new(Greedy) } else { Arc::new(Temperature(args.temperature)) })
+}
+
+pub fn run(args: &GenerateArgs) -> Result<(), String> {
+    let sampler = sampler(args)?;
+    let device = crate::device_of(args.device)?;
+    let path = match &args.model {
+        Some(p) => p.clone(),
+        None => rill::io::cache::default_llm().map_err(|e| e.to_string())?,
+    };
+    let model = Llama::load(&path, device, LoadOptions { dtype: args.dtype.dtype() }).map_err(|e| e.to_string())?;
+    let tok = model.tokenizer();
+    let text = if args.chat {
+        tok.apply_chat_template(&[ChatMessage::new("user", args.prompt.clone())], true).map_err(|e| e.to_string())?
+    } else {
+        args.prompt.clone()
+    };
+    // A chat template writes its own BOS token when it wants one.
+    let ids = tok.encode(&text, !args.chat).map_err(|e| e.to_string())?;
+    if ids.is_empty() {
+        return Err("the prompt has no tokens".into());
+    }
+    let opts = GenerateOptions {
+        max_tokens: args.max_tokens,
+        stop: args.stop.clone(),
+        seed: args.seed,
+        sampler,
+        ..Default::default()
+    };
+    let mut g = model.generate(&ids, opts).map_err(|e| e.to_string())?;
+    let mut out = std::io::stdout().lock();
+    let start = Instant::now();
+    let mut first = None;
+    let mut n = 0usize;
+    while let Some(t) = g.next_token().map_err(|e| e.to_string())? {
+        if first.is_none() {
+            first = Some(start.elapsed());
+        }
+        n += 1;
+        out.write_all(t.text.as_bytes()).and_then(|_| out.flush()).map_err(|e| format!("stdout: {e}"))?;
+    }
+    writeln!(out).map_err(|e| format!("stdout: {e}"))?;
+    let total = start.elapsed();
+    let prefill = first.unwrap_or(total);
+    let decode = total.saturating_sub(prefill);
+    let rate = if n > 1 { (n - 1) as f64 / decode.as_secs_f64().max(1e-9) } else { 0.0 };
+    eprintln!(
+        "rill: {} prompt tokens in {:.1} ms, {n} tokens generated, {rate:.1} tokens/s ({:?} on {})",
+        ids.len(),
+        prefill.as_secs_f64() * 1e3,
+        g.finish_reason(0),
+        device
+    );
+    Ok(())
+}

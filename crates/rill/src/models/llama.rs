@@ -1,0 +1,536 @@
+//! A llama-family decoder from rill ops, with a preallocated key/value cache, and text
+//! generation on top of it (`generate.rs`).
+//!
+//! [`Llama`] reads everything from a GGUF file: the sizes from the `{arch}.*` metadata
+//! ([`LlamaConfig::from_gguf`]), the tokenizer and chat template from `tokenizer.*`, and
+//! the weights by their GGUF names (`token_embd`, `blk.N.attn_q`, ..., `output_norm`,
+//! `output`, the head tied to the embedding when the file has no `output.weight`).
+//!
+//! **The forward pass** of each step: token embedding; per layer RMS norm, the q/k/v
+//! projections, rotary embedding ([`crate::rope`], pairs interleaved as llama.cpp's
+//! converter lays out the q/k weights), the new keys and values written into the cache
+//! ([`crate::slice_update`]), grouped-query attention of the queries against the whole
+//! cache with a mask of the positions written so far, the output projection and
+//! residual; RMS norm, the SwiGLU feed-forward (`down(silu(gate(x)) * up(x))`) and
+//! residual; the final norm and the logits of each sequence's last token.
+//!
+//! **Compiled steps.** One [`compile`]d function runs every step: its inputs are the
+//! token ids `[B, T]`, the position each row starts at `[B]`, the index of each row's
+//! last real token `[B]` and the caches; its outputs the logits `[B, V]` (f32) and the
+//! updated caches. Positions are array inputs, so decoding (`T = 1`) replays one trace for
+//! every position; a prompt is padded to a multiple of 16 tokens, so prefills trace once
+//! per length bucket. Padding writes keys past a row's real length; the mask hides them
+//! and the next tokens overwrite them.
+//!
+//! **Weights** are dequantized at load into dense arrays of the model dtype (f32, f16 or
+//! bf16), all behind one function, `linear`: the place where quantized matrices
+//! (reading the packed blocks in the product) replace them.
+//!
+//! **Sharing.** A `Llama` is `Send + Sync` and cheap to clone (an `Arc` inside): tasks
+//! and threads generating at once share the weights and the compiled steps, each with a
+//! cache of its own. Nothing creates a stream or a thread.
+
+use std::path::Path;
+
+use crate::array::Array;
+use crate::compile::{Compiled, compile};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::io::gguf::{Gguf, Value};
+use crate::io::gguf_tokenizer::GgufTokenizer;
+use crate::ops::attention::AttentionMask;
+use crate::ops::decode::RopeOptions;
+use crate::primitives::RopeLayout;
+use crate::runtime::device::Device;
+use crate::runtime::stream::Stream;
+use crate::sync::Arc;
+
+pub use super::generate::{
+    FinishReason, GenerateOptions, Generator, Greedy, SampleContext, Sampler, Temperature, Token, TokenStream,
+};
+
+const OP: &str = "llama";
+
+/// Prompt lengths are padded to a multiple of this (one prefill trace per bucket).
+const LENGTH_BUCKET: usize = 16;
+
+fn io_err(source: &str, msg: impl Into<String>) -> Error {
+    Error::Io { op: OP, path: source.to_string(), msg: msg.into() }
+}
+
+/// The architecture of a llama-family model, read from GGUF metadata.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlamaConfig {
+    /// `general.architecture` (`llama`, `mistral`): the prefix of the other keys.
+    pub architecture: String,
+    /// Decoder layers (`{arch}.block_count`).
+    pub layers: usize,
+    /// Width of the residual stream (`{arch}.embedding_length`).
+    pub hidden: usize,
+    /// Query heads (`{arch}.attention.head_count`).
+    pub heads: usize,
+    /// Key/value heads (`{arch}.attention.head_count_kv`, else `heads`).
+    pub kv_heads: usize,
+    /// Features per head (`{arch}.attention.key_length`, else `hidden / heads`).
+    pub head_dim: usize,
+    /// Width of the feed-forward block (`{arch}.feed_forward_length`).
+    pub ffn: usize,
+    /// Vocabulary size (`{arch}.vocab_size`, else the token embedding's rows).
+    pub vocab: usize,
+    /// Longest sequence the model was trained for (`{arch}.context_length`).
+    pub context: usize,
+    /// RoPE frequency base (`{arch}.rope.freq_base`, else 10000).
+    pub rope_base: f64,
+    /// Features of each head that RoPE rotates (`{arch}.rope.dimension_count`, else
+    /// `head_dim`).
+    pub rope_dims: usize,
+    /// Multiplies positions (`1 / {arch}.rope.scaling.factor` for linear scaling, else 1).
+    pub rope_scale: f64,
+    /// RMS norm epsilon (`{arch}.attention.layer_norm_rms_epsilon`).
+    pub rms_eps: f64,
+    /// The output head is the token embedding (the file has no `output.weight`).
+    pub tied_embeddings: bool,
+}
+
+/// Architectures whose GGUF files this decoder reads (the llama layout and key names).
+pub const ARCHITECTURES: &[&str] = &["llama", "mistral"];
+
+impl LlamaConfig {
+    /// Reads the architecture from the metadata of `g` (see the field docs for the keys).
+    /// Errors: another architecture, a missing or non-numeric key, sizes that disagree
+    /// (heads not dividing the width, query heads not a multiple of key/value heads, an
+    /// odd or too large RoPE dimension), a RoPE scaling other than none or linear.
+    pub fn from_gguf(g: &Gguf) -> Result<LlamaConfig> {
+        let src = g.source();
+        let arch = g.require_str("general.architecture")?.to_string();
+        if !ARCHITECTURES.contains(&arch.as_str()) {
+            return Err(io_err(src, format!("architecture {arch:?} is not one of {ARCHITECTURES:?}")));
+        }
+        let key = |k: &str| format!("{arch}.{k}");
+        let req = |k: &str| -> Result<usize> { Ok(g.require_u64(&key(k))? as usize) };
+        let opt = |k: &str| -> Option<usize> { g.value(&key(k)).and_then(Value::as_u64).map(|v| v as usize) };
+        let layers = req("block_count")?;
+        let hidden = req("embedding_length")?;
+        let heads = req("attention.head_count")?;
+        let kv_heads = opt("attention.head_count_kv").unwrap_or(heads);
+        let ffn = req("feed_forward_length")?;
+        let context = req("context_length")?;
+        if heads == 0 || kv_heads == 0 || hidden == 0 || heads % kv_heads != 0 {
+            return Err(io_err(
+                src,
+                format!("{heads} query heads, {kv_heads} key/value heads and width {hidden} do not fit together"),
+            ));
+        }
+        let head_dim = match opt("attention.key_length") {
+            Some(d) => d,
+            None if hidden % heads == 0 => hidden / heads,
+            None => return Err(io_err(src, format!("width {hidden} is not a multiple of {heads} heads"))),
+        };
+        let embd = g.tensor("token_embd.weight").ok_or_else(|| io_err(src, "missing tensor \"token_embd.weight\""))?;
+        let vocab = match opt("vocab_size") {
+            Some(v) => v,
+            None => embd.shape().first().copied().unwrap_or(0),
+        };
+        let rope_base = g.value(&key("rope.freq_base")).and_then(Value::as_f64).unwrap_or(10000.0);
+        let rope_dims = opt("rope.dimension_count").unwrap_or(head_dim);
+        if rope_dims % 2 != 0 || rope_dims > head_dim || rope_dims == 0 {
+            return Err(io_err(src, format!("RoPE dimension {rope_dims} must be even and at most {head_dim}")));
+        }
+        let rope_scale = match g.value(&key("rope.scaling.type")).and_then(Value::as_str) {
+            None | Some("none") => 1.0,
+            Some("linear") => {
+                let f = g.value(&key("rope.scaling.factor")).and_then(Value::as_f64).unwrap_or(1.0);
+                if !(f.is_finite() && f > 0.0) {
+                    return Err(io_err(src, format!("RoPE scaling factor {f} is not positive")));
+                }
+                1.0 / f
+            }
+            Some(other) => return Err(io_err(src, format!("RoPE scaling {other:?} is not supported (none, linear)"))),
+        };
+        let rms_eps = g.require_f64(&key("attention.layer_norm_rms_epsilon"))?;
+        let tied_embeddings = g.tensor("output.weight").is_none();
+        Ok(LlamaConfig {
+            architecture: arch,
+            layers,
+            hidden,
+            heads,
+            kv_heads,
+            head_dim,
+            ffn,
+            vocab,
+            context,
+            rope_base,
+            rope_dims,
+            rope_scale,
+            rms_eps,
+            tied_embeddings,
+        })
+    }
+}
+
+/// How to load a model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// The dtype weights and activations are in: f32 (the default), f16 or bf16.
+    pub dtype: DType,
+}
+
+impl Default for LoadOptions {
+    fn default() -> LoadOptions {
+        LoadOptions { dtype: DType::F32 }
+    }
+}
+
+/// A linear layer's weight, `W [N, K]` as the file stores it (`y = x Wᵀ`).
+pub(crate) enum Weight {
+    /// Dequantized, stored transposed (`[K, N]`, contiguous) so products read it in order.
+    Dense(Array),
+}
+
+impl Weight {
+    /// Reads the GGUF tensor `name`, which must be `[n, k]`.
+    fn load(g: &Gguf, name: &str, n: usize, k: usize, stream: &Stream, dtype: DType) -> Result<Weight> {
+        let w = tensor(g, name, &[n, k], stream, dtype)?;
+        Ok(Weight::Dense(w.t()?.contiguous()?))
+    }
+    fn array(&self) -> &Array {
+        match self {
+            Weight::Dense(a) => a,
+        }
+    }
+}
+
+/// `x [..., K] · Wᵀ`: `[..., N]`. Every projection of the model goes through here.
+pub(crate) fn linear(x: &Array, w: &Weight) -> Result<Array> {
+    match w {
+        Weight::Dense(wt) => x.matmul(wt),
+    }
+}
+
+/// The GGUF tensor `name`, checked against `shape`, dequantized to `dtype` on `stream`.
+fn tensor(g: &Gguf, name: &str, shape: &[usize], stream: &Stream, dtype: DType) -> Result<Array> {
+    let t = g.tensor(name).ok_or_else(|| io_err(g.source(), format!("missing tensor {name:?}")))?;
+    if t.shape() != shape {
+        return Err(io_err(
+            g.source(),
+            format!("tensor {name:?} has shape {:?}, the metadata implies {shape:?}", t.shape()),
+        ));
+    }
+    g.get_on(name, stream)?.astype(dtype)
+}
+
+struct Layer {
+    attn_norm: Array,
+    q: Weight,
+    k: Weight,
+    v: Weight,
+    o: Weight,
+    ffn_norm: Array,
+    gate: Weight,
+    up: Weight,
+    down: Weight,
+}
+
+struct Weights {
+    embed: Array,
+    layers: Vec<Layer>,
+    norm: Array,
+    head: Weight,
+}
+
+/// What the compiled step reads: the architecture and the weights (its captured
+/// constants).
+struct Core {
+    config: LlamaConfig,
+    weights: Weights,
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: LlamaConfig,
+    dtype: DType,
+    pub(crate) stream: Stream,
+    pub(crate) tokenizer: GgufTokenizer,
+    step: Compiled,
+}
+
+/// A llama-family language model loaded from a GGUF file (see the module docs).
+/// `Send + Sync`; clones share everything.
+#[derive(Clone)]
+pub struct Llama {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Llama {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let c = &self.inner.config;
+        f.debug_struct("Llama")
+            .field("architecture", &c.architecture)
+            .field("layers", &c.layers)
+            .field("hidden", &c.hidden)
+            .field("dtype", &self.inner.dtype)
+            .field("device", &self.inner.stream.device())
+            .finish()
+    }
+}
+
+/// The key/value cache of a batch of sequences: per layer `[B, Hkv, capacity, D]` keys
+/// and values, and how many positions of each row are written.
+pub struct KvCache {
+    keys: Vec<Array>,
+    values: Vec<Array>,
+    positions: Vec<usize>,
+    capacity: usize,
+}
+
+impl std::fmt::Debug for KvCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvCache").field("positions", &self.positions).field("capacity", &self.capacity).finish()
+    }
+}
+
+impl KvCache {
+    /// Positions written in each row (the next token of row `b` goes at `positions()[b]`).
+    pub fn positions(&self) -> &[usize] {
+        &self.positions
+    }
+    /// Positions each row holds.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+    /// Rows (sequences).
+    pub fn batch(&self) -> usize {
+        self.positions.len()
+    }
+}
+
+fn check_dtype(dtype: DType) -> Result<()> {
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 => Ok(()),
+        DType::Bool | DType::U8 | DType::U32 | DType::I32 | DType::I64 | DType::F64 => {
+            Err(Error::dtype(OP, dtype, "a model runs in f32, f16 or bf16"))
+        }
+    }
+}
+
+impl Llama {
+    /// Loads the GGUF file at `path` onto `device`'s default stream.
+    pub fn load(path: impl AsRef<Path>, device: Device, options: LoadOptions) -> Result<Llama> {
+        Llama::load_on(path, &device.default_stream()?, options)
+    }
+
+    /// Loads the GGUF file at `path` onto `stream`.
+    pub fn load_on(path: impl AsRef<Path>, stream: &Stream, options: LoadOptions) -> Result<Llama> {
+        let g = Gguf::open(path)?;
+        Llama::from_gguf(&g, stream, options)
+    }
+
+    /// Builds the model from an opened GGUF file: every weight is dequantized, converted
+    /// and evaluated on `stream` before this returns.
+    pub fn from_gguf(g: &Gguf, stream: &Stream, options: LoadOptions) -> Result<Llama> {
+        let dtype = options.dtype;
+        check_dtype(dtype)?;
+        let c = LlamaConfig::from_gguf(g)?;
+        let tokenizer = GgufTokenizer::from_gguf(g)?;
+        let (h, hd) = (c.hidden, c.head_dim);
+        let (qn, kvn) = (c.heads * hd, c.kv_heads * hd);
+        let lin = |name: &str, n, k| Weight::load(g, name, n, k, stream, dtype);
+        let vec = |name: &str, n| tensor(g, name, &[n], stream, dtype);
+        let embed = tensor(g, "token_embd.weight", &[c.vocab, h], stream, dtype)?;
+        let mut all = vec![embed.clone()];
+        let mut layers = Vec::with_capacity(c.layers);
+        for i in 0..c.layers {
+            let b = format!("blk.{i}");
+            let layer = Layer {
+                attn_norm: vec(&format!("{b}.attn_norm.weight"), h)?,
+                q: lin(&format!("{b}.attn_q.weight"), qn, h)?,
+                k: lin(&format!("{b}.attn_k.weight"), kvn, h)?,
+                v: lin(&format!("{b}.attn_v.weight"), kvn, h)?,
+                o: lin(&format!("{b}.attn_output.weight"), h, qn)?,
+                ffn_norm: vec(&format!("{b}.ffn_norm.weight"), h)?,
+                gate: lin(&format!("{b}.ffn_gate.weight"), c.ffn, h)?,
+                up: lin(&format!("{b}.ffn_up.weight"), c.ffn, h)?,
+                down: lin(&format!("{b}.ffn_down.weight"), h, c.ffn)?,
+            };
+            all.extend([&layer.attn_norm, &layer.ffn_norm].map(Array::clone));
+            all.extend(
+                [&layer.q, &layer.k, &layer.v, &layer.o, &layer.gate, &layer.up, &layer.down]
+                    .map(|w| w.array().clone()),
+            );
+            layers.push(layer);
+            // Evaluate as we go: the host copies of each layer are freed before the next.
+            crate::eval(&all)?;
+            all.clear();
+        }
+        let norm = vec("output_norm.weight", h)?;
+        let head =
+            if c.tied_embeddings { Weight::Dense(embed.t()?.contiguous()?) } else { lin("output.weight", c.vocab, h)? };
+        all.extend([embed.clone(), norm.clone(), head.array().clone()]);
+        crate::eval(&all)?;
+        let core = Arc::new(Core { config: c.clone(), weights: Weights { embed, layers, norm, head } });
+        let step = compile(move |x: &[Array]| core.step(x));
+        let inner = Inner { config: c, dtype, stream: stream.clone(), tokenizer, step };
+        Ok(Llama { inner: Arc::new(inner) })
+    }
+
+    /// The architecture.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.inner.config
+    }
+    /// The tokenizer of the file.
+    pub fn tokenizer(&self) -> &GgufTokenizer {
+        &self.inner.tokenizer
+    }
+    /// The dtype of the weights, activations and caches.
+    pub fn dtype(&self) -> DType {
+        self.inner.dtype
+    }
+    /// The stream everything runs on.
+    pub fn stream(&self) -> &Stream {
+        &self.inner.stream
+    }
+    /// Traces the compiled step holds (one per batch size, length bucket and capacity).
+    pub fn traced_shapes(&self) -> usize {
+        self.inner.step.cache_len()
+    }
+
+    /// An empty cache for `batch` sequences of at most `capacity` positions (at most the
+    /// model's context length).
+    pub fn new_cache(&self, batch: usize, capacity: usize) -> Result<KvCache> {
+        let c = &self.inner.config;
+        if batch == 0 || capacity == 0 || capacity > c.context {
+            return Err(Error::invalid(
+                OP,
+                format!(
+                    "a cache needs batch >= 1 and 1 <= capacity <= {} (context), got {batch}, {capacity}",
+                    c.context
+                ),
+            ));
+        }
+        let shape = [batch, c.kv_heads, capacity, c.head_dim];
+        let _g = self.inner.stream.enter();
+        let zeros = || Array::zeros(&shape, self.inner.dtype);
+        let keys = (0..c.layers).map(|_| zeros()).collect::<Result<Vec<_>>>()?;
+        let values = (0..c.layers).map(|_| zeros()).collect::<Result<Vec<_>>>()?;
+        Ok(KvCache { keys, values, positions: vec![0; batch], capacity })
+    }
+
+    /// Runs `tokens[b]` (one slice per row of `cache`, each non-empty) through the model
+    /// at each row's next positions, writes their keys and values into `cache`, and
+    /// returns the logits of each row's last token, `[B, vocab]` f32 (lazy).
+    ///
+    /// Errors: a row count other than the cache's, an empty row, a token id past the
+    /// vocabulary, or positions past the cache's capacity.
+    pub fn forward(&self, tokens: &[&[u32]], cache: &mut KvCache) -> Result<Array> {
+        let m = &*self.inner;
+        let b = cache.batch();
+        if tokens.len() != b {
+            return Err(Error::invalid(OP, format!("{} rows of tokens for a cache of {b}", tokens.len())));
+        }
+        let longest = tokens.iter().map(|t| t.len()).max().unwrap_or(0);
+        if tokens.iter().any(|t| t.is_empty()) {
+            return Err(Error::invalid(OP, "every row needs at least one token"));
+        }
+        if let Some(&bad) = tokens.iter().flat_map(|t| t.iter()).find(|&&id| id as usize >= m.config.vocab) {
+            return Err(Error::invalid(OP, format!("token id {bad} is past the vocabulary ({})", m.config.vocab)));
+        }
+        let furthest = cache.positions.iter().max().copied().unwrap_or(0);
+        let fits = |t: usize| furthest + t <= cache.capacity;
+        if !fits(longest) {
+            return Err(Error::invalid(
+                OP,
+                format!("{longest} tokens at position {furthest} do not fit a cache of {} positions", cache.capacity),
+            ));
+        }
+        // Pad to a bucket when it fits (one trace per bucket), else to the longest row.
+        let bucket = if longest == 1 { 1 } else { longest.div_ceil(LENGTH_BUCKET) * LENGTH_BUCKET };
+        let t = if fits(bucket) { bucket } else { longest };
+        let mut ids = vec![0i32; b * t];
+        for (row, toks) in tokens.iter().enumerate() {
+            for (j, &id) in toks.iter().enumerate() {
+                ids[row * t + j] = id as i32;
+            }
+        }
+        let start: Vec<i32> = cache.positions.iter().map(|&p| p as i32).collect();
+        let last: Vec<i32> = tokens.iter().map(|t| t.len() as i32 - 1).collect();
+        let outs = {
+            let _g = m.stream.enter();
+            let mut inputs = vec![
+                Array::from_slice(&ids, &[b, t])?,
+                Array::from_slice(&start, &[b])?,
+                Array::from_slice(&last, &[b])?,
+            ];
+            inputs.extend(cache.keys.iter().cloned());
+            inputs.extend(cache.values.iter().cloned());
+            m.step.call(&inputs)?
+        };
+        let n = m.config.layers;
+        let mut it = outs.into_iter();
+        let logits = it.next().ok_or_else(|| Error::invalid(OP, "the step returned nothing"))?;
+        let rest: Vec<Array> = it.collect();
+        if rest.len() != 2 * n {
+            return Err(Error::invalid(OP, "the step returned the wrong number of caches"));
+        }
+        cache.keys = rest[..n].to_vec();
+        cache.values = rest[n..].to_vec();
+        for (p, toks) in cache.positions.iter_mut().zip(tokens) {
+            *p += toks.len();
+        }
+        Ok(logits)
+    }
+}
+
+impl Core {
+    /// The traced step: inputs `ids [B, T]`, `start [B]`, `last [B]` (i32), then the
+    /// key caches and the value caches of every layer; outputs the logits `[B, V]` (f32)
+    /// of each row's token `last`, then the updated caches in the same order.
+    fn step(&self, x: &[Array]) -> Result<Vec<Array>> {
+        let c = &self.config;
+        let w = &self.weights;
+        let n = c.layers;
+        if x.len() != 3 + 2 * n {
+            return Err(Error::invalid(OP, format!("the step takes {} inputs, got {}", 3 + 2 * n, x.len())));
+        }
+        let (ids, start, last) = (&x[0], &x[1], &x[2]);
+        let (kc, vc) = (&x[3..3 + n], &x[3 + n..]);
+        let [b, t] = ids.shape()[..] else { return Err(Error::shape(OP, "token ids must be [batch, length]")) };
+        let cap = kc[0].shape()[2];
+        let (bi, ti) = (b as isize, t as isize);
+        let (hq, hkv, hd) = (c.heads as isize, c.kv_heads as isize, c.head_dim as isize);
+
+        // Query row t of sequence b sits at start[b] + t and attends keys j <= that.
+        let qpos = start.reshape(&[bi, 1])?.add(&Array::arange(0, t as i64, 1, DType::I32)?.reshape(&[1, ti])?)?;
+        let keys = Array::arange(0, cap as i64, 1, DType::I32)?.reshape(&[1, 1, 1, cap as isize])?;
+        let mask = keys.le(&qpos.reshape(&[bi, 1, ti, 1])?)?;
+        let rope =
+            RopeOptions { dims: c.rope_dims, base: c.rope_base, scale: c.rope_scale, layout: RopeLayout::Interleaved };
+
+        let mut h = w.embed.take(ids, 0)?.reshape(&[bi * ti, c.hidden as isize])?;
+        let mut new_k = Vec::with_capacity(n);
+        let mut new_v = Vec::with_capacity(n);
+        for (i, l) in w.layers.iter().enumerate() {
+            let a = h.rms_norm(Some(&l.attn_norm), c.rms_eps)?;
+            let heads = |y: Array, nh: isize| y.reshape(&[bi, ti, nh, hd])?.transpose(&[0, 2, 1, 3]);
+            let q = heads(linear(&a, &l.q)?, hq)?.rope(start, rope)?;
+            let k = heads(linear(&a, &l.k)?, hkv)?.rope(start, rope)?;
+            let v = heads(linear(&a, &l.v)?, hkv)?;
+            let kk = kc[i].slice_update(&k, start, 2)?;
+            let vv = vc[i].slice_update(&v, start, 2)?;
+            let o = crate::scaled_dot_product_attention(&q, &kk, &vv, AttentionMask::Array(&mask), None)?;
+            let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[bi * ti, hq * hd])?;
+            h = h.add(&linear(&o, &l.o)?)?;
+            let f = h.rms_norm(Some(&l.ffn_norm), c.rms_eps)?;
+            let g = linear(&f, &l.gate)?.silu()?.mul(&linear(&f, &l.up)?)?;
+            h = h.add(&linear(&g, &l.down)?)?;
+            new_k.push(kk);
+            new_v.push(vv);
+        }
+        // Each row's last real token: row b's is at b * T + last[b].
+        let rows = Array::arange(0, (b * t) as i64, t as i64, DType::I32)?.add(last)?;
+        let h = h.take(&rows, 0)?.rms_norm(Some(&w.norm), c.rms_eps)?;
+        let logits = linear(&h, &w.head)?.astype(DType::F32)?;
+        let mut out = vec![logits];
+        out.extend(new_k);
+        out.extend(new_v);
+        Ok(out)
+    }
+}

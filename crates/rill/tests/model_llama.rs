@@ -1,0 +1,373 @@
+//! The llama decoder and generation (`rill::models::llama`) on the CPU, and the two ops
+//! it adds:
+//!
+//! - `rope` and `slice_update` on generated cases (ranks, pair layouts, partial
+//!   rotation, per-row offsets, strided inputs, clamped starts, every float dtype) against
+//!   float64 references; under `compile`, new positions replay the one trace; the errors.
+//! - The default model (SmolLM2-135M-Instruct, Q4_1/Q8_0 GGUF) against Hugging Face
+//!   transformers on the same file in float32 (`fixtures/llama_fixture.json`, made by
+//!   `fixtures/make_llama_fixture.py`): the prompt's token ids, the logits of every prompt
+//!   position (decoded one token at a time through the cache) and of the prefill's last
+//!   position, and the greedy 64-token continuation.
+//! - 32 tokio tasks generating at once from one model give their serial results and
+//!   create no stream or thread; a batch of prompts of different lengths decodes each row
+//!   as it decodes alone; stop strings and the token budget.
+//!
+//! The model comes from rill's model cache (fetched on first use with pip); without it
+//! the model tests print "skipped: no model" (a failure with `RILL_REQUIRE_MODEL=1`).
+#![allow(clippy::disallowed_types)] // a test uses rill as a user does, with std's primitives (clippy.toml)
+
+mod common;
+mod decode_ref;
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use common::{Rng, assert_close};
+use decode_ref::{RopeCase, UpdateCase, rope_tolerance};
+use rill::models::llama::{FinishReason, GenerateOptions, Llama, LoadOptions, Temperature};
+use rill::{Array, DType, Device, Error, RopeOptions};
+use serde_json::Value;
+
+const FLOATS: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
+
+#[test]
+fn rope_matches_the_float64_reference() {
+    let mut rng = Rng::new(27);
+    common::on(Device::cpu(), || {
+        for n in 0..150 {
+            let case = RopeCase::random(&mut rng, &FLOATS);
+            let (x, vals, off) = case.inputs(&mut rng);
+            let got = rill::rope(&x, &off, case.options()).unwrap();
+            assert_eq!(got.dtype(), case.dtype);
+            assert_eq!(got.shape(), case.shape.as_slice());
+            let want = case.reference(&vals);
+            assert_close(&got.to_f64_vec().unwrap(), &want, rope_tolerance(case.dtype), &format!("case {n}: {case:?}"));
+        }
+    });
+}
+
+#[test]
+fn slice_update_matches_the_reference_and_leaves_its_input_alone() {
+    let mut rng = Rng::new(28);
+    let dtypes = [DType::F32, DType::BF16, DType::F64, DType::I32, DType::U8, DType::I64];
+    common::on(Device::cpu(), || {
+        for n in 0..200 {
+            let case = UpdateCase::random(&mut rng, &dtypes);
+            let (x, u, s, xv, uv) = case.inputs(&mut rng);
+            let got = x.slice_update(&u, &s, case.axis as isize).unwrap();
+            assert_eq!(got.shape(), case.shape.as_slice());
+            assert_eq!(got.dtype(), case.dtype);
+            let want = case.reference(&xv, &uv);
+            assert_eq!(got.to_f64_vec().unwrap(), want, "case {n}: {case:?}");
+            assert_eq!(x.to_f64_vec().unwrap(), xv, "case {n}: x itself is unchanged");
+        }
+    });
+}
+
+/// A compiled function of (x, offset) and (cache, update, start) traces once and gives
+/// the eager results for every position it is called with.
+#[test]
+fn compiled_positions_replay_one_trace() {
+    let mut rng = Rng::new(29);
+    let opts = RopeOptions::new(16, 10000.0);
+    let f = rill::compile(move |a: &[Array]| {
+        let q = a[0].rope(&a[1], opts)?;
+        let c = a[2].slice_update(&q, &a[1], 2)?;
+        Ok(vec![q, c])
+    });
+    let x = Array::from_slice(&rng.vec(2 * 3 * 16, -1.0, 1.0), &[1, 2, 3, 16]).unwrap().astype(DType::F32).unwrap();
+    let cache = Array::zeros(&[1, 2, 40, 16], DType::F32).unwrap();
+    for p in [0i32, 5, 17, 37] {
+        let pos = Array::from_slice(&[p], &[]).unwrap();
+        let got = f.call(&[x.clone(), pos.clone(), cache.clone()]).unwrap();
+        let q = x.rope(&pos, opts).unwrap();
+        let c = cache.slice_update(&q, &pos, 2).unwrap();
+        assert_eq!(got[0].to_vec::<f32>().unwrap(), q.to_vec::<f32>().unwrap(), "position {p}");
+        assert_eq!(got[1].to_vec::<f32>().unwrap(), c.to_vec::<f32>().unwrap(), "position {p}");
+    }
+    assert_eq!(f.trace_count(), 1, "one trace for every position");
+}
+
+#[test]
+fn decode_op_errors() {
+    let x = Array::zeros(&[2, 3, 4, 8], DType::F32).unwrap();
+    let p = Array::from_slice(&[1i32], &[]).unwrap();
+    let bad = |r: rill::Result<Array>, what: &str| match r {
+        Err(Error::Shape { .. } | Error::DType { .. } | Error::InvalidArgument { .. } | Error::Axis { .. }) => {}
+        other => panic!("{what}: {other:?}"),
+    };
+    bad(x.rope(&p, RopeOptions::new(7, 1e4)), "odd dims");
+    bad(x.rope(&p, RopeOptions::new(10, 1e4)), "dims past D");
+    bad(x.rope(&p, RopeOptions::new(0, 1e4)), "zero dims");
+    bad(x.rope(&p, RopeOptions::new(8, f64::NAN)), "NaN base");
+    bad(x.rope(&Array::from_slice(&[1.0f32], &[]).unwrap(), RopeOptions::new(8, 1e4)), "float offset");
+    bad(x.rope(&Array::from_slice(&[1i32, 2, 3], &[3]).unwrap(), RopeOptions::new(8, 1e4)), "offsets not [B]");
+    bad(Array::zeros(&[8], DType::F32).unwrap().rope(&p, RopeOptions::new(8, 1e4)), "rank 1");
+    bad(Array::zeros(&[3, 8], DType::I32).unwrap().rope(&p, RopeOptions::new(8, 1e4)), "integer x");
+    let u = Array::zeros(&[2, 3, 1, 8], DType::F32).unwrap();
+    bad(x.slice_update(&Array::zeros(&[2, 3, 5, 8], DType::F32).unwrap(), &p, 2), "update too long");
+    bad(x.slice_update(&Array::zeros(&[2, 2, 1, 8], DType::F32).unwrap(), &p, 2), "other axes differ");
+    bad(x.slice_update(&u, &p, 4), "axis out of range");
+    bad(x.slice_update(&u, &Array::from_slice(&[1.0f32], &[]).unwrap(), 2), "float start");
+    bad(x.slice_update(&u, &Array::from_slice(&[1i32, 2], &[2]).unwrap(), 0), "per-row start on axis 0");
+    bad(x.slice_update(&u, &Array::from_slice(&[1i32, 2, 3], &[3]).unwrap(), 2), "starts not [B]");
+}
+
+// ---- the model ----
+
+fn model() -> Option<&'static Llama> {
+    static MODEL: OnceLock<Option<Llama>> = OnceLock::new();
+    MODEL
+        .get_or_init(|| {
+            let path = match rill::io::cache::default_llm() {
+                Ok(p) => p,
+                Err(e) => {
+                    assert!(std::env::var("RILL_REQUIRE_MODEL").as_deref() != Ok("1"), "RILL_REQUIRE_MODEL=1 but: {e}");
+                    eprintln!("skipped: no model ({e})");
+                    return None;
+                }
+            };
+            Some(Llama::load(path, Device::cpu(), LoadOptions::default()).unwrap())
+        })
+        .as_ref()
+}
+
+struct Fixture {
+    prompt: String,
+    prompt_ids: Vec<u32>,
+    probe_ids: Vec<usize>,
+    probe_logits: Vec<Vec<f64>>,
+    top_ids: Vec<usize>,
+    top_logits: Vec<f64>,
+    mean: f64,
+    std: f64,
+    max: f64,
+    greedy: Vec<u32>,
+}
+
+fn fixture() -> Fixture {
+    let path = Path::new(&std::env::var("CARGO_MANIFEST_DIR").unwrap()).join("tests/fixtures/llama_fixture.json");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let nums = |v: &Value| v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect::<Vec<f64>>();
+    Fixture {
+        prompt: v["prompt"].as_str().unwrap().to_string(),
+        prompt_ids: nums(&v["prompt_ids"]).into_iter().map(|x| x as u32).collect(),
+        probe_ids: nums(&v["probe_ids"]).into_iter().map(|x| x as usize).collect(),
+        probe_logits: v["probe_logits"].as_array().unwrap().iter().map(nums).collect(),
+        top_ids: nums(&v["last_top_ids"]).into_iter().map(|x| x as usize).collect(),
+        top_logits: nums(&v["last_top_logits"]),
+        mean: v["last_mean"].as_f64().unwrap(),
+        std: v["last_std"].as_f64().unwrap(),
+        max: v["last_max"].as_f64().unwrap(),
+        greedy: nums(&v["greedy_ids"]).into_iter().map(|x| x as u32).collect(),
+    }
+}
+
+/// Logits differ from transformers' float32 ones by the rounding of a different order
+/// of float32 sums over 30 layers (observed: 1.3e-4 on logits of magnitude 10-20).
+const LOGIT_TOL: f64 = 2e-3;
+
+/// bf16 rounds every weight and activation to 8 bits of mantissa: observed differences
+/// of about 0.2 on the top logits (magnitude 15-20).
+const BF16_TOL: f64 = 0.75;
+
+/// The largest difference between `got` (a full row of logits) and the fixture's values
+/// at `ids`.
+fn max_diff(got: &[f32], ids: &[usize], want: &[f64]) -> f64 {
+    ids.iter().zip(want).map(|(&i, &w)| (got[i] as f64 - w).abs()).fold(0.0, f64::max)
+}
+
+/// Checks a model against the fixture: logits at every position decoded one token at a
+/// time, the prefill's last position, and the greedy continuation. Returns the largest
+/// logit difference seen.
+fn check_against_fixture(m: &Llama, tol: f64, greedy_tokens: usize, what: &str) -> f64 {
+    let f = fixture();
+    assert_eq!(m.tokenizer().encode(&f.prompt, false).unwrap(), f.prompt_ids, "{what}: prompt token ids");
+    let vocab = m.config().vocab;
+    let mut worst = 0.0f64;
+    // One token at a time: the decode step at every position.
+    let mut cache = m.new_cache(1, 256).unwrap();
+    for (t, &id) in f.prompt_ids.iter().enumerate() {
+        let logits = m.forward(&[&[id]], &mut cache).unwrap();
+        assert_eq!(logits.shape(), [1, vocab]);
+        let row = logits.to_vec::<f32>().unwrap();
+        let d = max_diff(&row, &f.probe_ids, &f.probe_logits[t]);
+        assert!(d <= tol, "{what}: position {t}: logits differ by {d} > {tol}");
+        worst = worst.max(d);
+    }
+    // The whole prompt in one prefill (padded to its bucket).
+    let mut cache = m.new_cache(1, 256).unwrap();
+    let row = m.forward(&[&f.prompt_ids], &mut cache).unwrap().to_vec::<f32>().unwrap();
+    let d = max_diff(&row, &f.top_ids, &f.top_logits);
+    assert!(d <= tol, "{what}: prefill's last position: top logits differ by {d} > {tol}");
+    worst = worst.max(d);
+    let n = row.len() as f64;
+    let mean = row.iter().map(|&x| x as f64).sum::<f64>() / n;
+    let std = (row.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n).sqrt();
+    let max = row.iter().map(|&x| x as f64).fold(f64::MIN, f64::max);
+    for (name, g, w) in [("mean", mean, f.mean), ("std", std, f.std), ("max", max, f.max)] {
+        assert!((g - w).abs() <= tol, "{what}: full-vocabulary {name} {g} vs {w}");
+    }
+    // Greedy continuation, EOS ignored (as the fixture's).
+    let opts = GenerateOptions { max_tokens: greedy_tokens, stop_at_eos: false, ..Default::default() };
+    let mut g = m.generate(&f.prompt_ids, opts).unwrap();
+    let mut ids = Vec::new();
+    while let Some(t) = g.next_token().unwrap() {
+        ids.push(t.id);
+    }
+    assert_eq!(g.finish_reason(0), Some(FinishReason::MaxTokens));
+    assert_eq!(ids, f.greedy[..greedy_tokens], "{what}: greedy tokens");
+    eprintln!("{what}: largest logit difference {worst:e}");
+    worst
+}
+
+#[test]
+fn logits_and_greedy_tokens_match_transformers() {
+    let Some(m) = model() else { return };
+    check_against_fixture(m, LOGIT_TOL, 64, "cpu f32");
+    // Decoding ~80 positions traced once: the tests of this binary (sharing the model)
+    // use at most 4 shapes, batch 1 or 4 by length 1 or one 16-token bucket.
+    assert!(m.traced_shapes() <= 4, "decode traced per position? {} traces", m.traced_shapes());
+}
+
+/// Short prompts of the fixture's text, each a different length.
+fn prompts() -> Vec<Vec<u32>> {
+    let m = model().unwrap();
+    let words = fixture().prompt;
+    let w: Vec<&str> = words.split(' ').collect();
+    (0..8).map(|k| m.tokenizer().encode(&w[..2 + k].join(" "), false).unwrap()).collect()
+}
+
+fn serial(m: &Llama, prompt: &[u32], tokens: usize, seed: u64) -> Vec<u32> {
+    let opts = GenerateOptions {
+        max_tokens: tokens,
+        seed,
+        sampler: std::sync::Arc::new(Temperature(0.8)),
+        stop_at_eos: false,
+        ..Default::default()
+    };
+    let mut g = m.generate(prompt, opts).unwrap();
+    let mut v = Vec::new();
+    while let Some(t) = g.next_token().unwrap() {
+        v.push(t.id);
+    }
+    v
+}
+
+#[test]
+fn tokio_tasks_share_one_model_and_give_the_serial_results() {
+    let Some(m) = model() else { return };
+    let ps = prompts();
+    const TOKENS: usize = 3;
+    let want: Vec<Vec<u32>> = (0..8).map(|k| serial(m, &ps[k], TOKENS, k as u64)).collect();
+    let before = rill::runtime::stats();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
+    let got: Vec<(usize, Vec<u32>, String)> = rt.block_on(async {
+        let mut handles = Vec::new();
+        for task in 0..32usize {
+            let (m, p) = (m.clone(), ps[task % 8].clone());
+            handles.push(tokio::spawn(async move {
+                let opts = GenerateOptions {
+                    max_tokens: TOKENS,
+                    seed: (task % 8) as u64,
+                    sampler: std::sync::Arc::new(Temperature(0.8)),
+                    stop_at_eos: false,
+                    ..Default::default()
+                };
+                let mut s = m.generate(&p, opts).unwrap().into_stream();
+                let (mut ids, mut text) = (Vec::new(), String::new());
+                while let Some(t) = s.next().await {
+                    let t = t.unwrap();
+                    ids.push(t.id);
+                    text.push_str(&t.text);
+                }
+                (task, ids, text)
+            }));
+        }
+        let mut out = Vec::new();
+        for h in handles {
+            out.push(h.await.unwrap());
+        }
+        out
+    });
+    drop(rt);
+    for (task, ids, text) in &got {
+        assert_eq!(ids, &want[task % 8], "task {task}");
+        assert_eq!(text, &m.tokenizer().decode(ids, true).unwrap(), "task {task}: streamed text");
+    }
+    let after = rill::runtime::stats();
+    assert_eq!(after.streams_created, before.streams_created, "no stream created");
+    assert_eq!(after.threads_started, before.threads_started, "no thread started");
+}
+
+/// Rows of different lengths decoded together: each row's tokens are those it gets
+/// alone (greedy).
+#[test]
+fn a_batch_of_prompts_decodes_each_row_as_alone() {
+    let Some(m) = model() else { return };
+    let ps: Vec<Vec<u32>> = prompts().into_iter().step_by(2).collect();
+    const TOKENS: usize = 6;
+    let opts = || GenerateOptions { max_tokens: TOKENS, stop_at_eos: false, ..Default::default() };
+    let mut g = m.generate_batch(&ps, opts()).unwrap();
+    let mut rows = vec![Vec::new(); ps.len()];
+    while let Some(step) = g.next_tokens().unwrap() {
+        for (r, t) in rows.iter_mut().zip(step) {
+            r.extend(t.map(|t| t.id));
+        }
+    }
+    for (k, p) in ps.iter().enumerate() {
+        let mut alone = m.generate(p, opts()).unwrap();
+        let mut want = Vec::new();
+        while let Some(t) = alone.next_token().unwrap() {
+            want.push(t.id);
+        }
+        assert_eq!(rows[k], want, "row {k} (prompt of {} tokens)", p.len());
+        assert_eq!(g.generated(k), want.as_slice());
+    }
+}
+
+/// A stop string ends the text before it (never emitting it); the budget ends the rest.
+#[test]
+fn stop_strings_and_the_token_budget() {
+    let Some(m) = model() else { return };
+    let f = fixture();
+    let full = m.tokenizer().decode(&f.greedy[..12], true).unwrap();
+    // A stop string from the middle of the greedy continuation.
+    let cut = full.char_indices().nth(full.chars().count() / 2).unwrap().0;
+    let stop: String = full[cut..].chars().take(4).collect();
+    let at = full.find(&stop).unwrap();
+    let opts = GenerateOptions { max_tokens: 12, stop_at_eos: false, stop: vec![stop.clone()], ..Default::default() };
+    let mut g = m.generate(&f.prompt_ids, opts).unwrap();
+    let mut text = String::new();
+    while let Some(t) = g.next_token().unwrap() {
+        text.push_str(&t.text);
+    }
+    assert_eq!(g.finish_reason(0), Some(FinishReason::Stop));
+    assert_eq!(text, full[..at], "text up to the stop string {stop:?}");
+    assert!(g.next_token().unwrap().is_none(), "nothing after the last token");
+    // Bad input is an error, not a panic.
+    assert!(m.generate(&[], GenerateOptions::default()).is_err());
+    let mut c = m.new_cache(1, 4).unwrap();
+    assert!(m.forward(&[&[1, 2, 3, 4, 5]], &mut c).is_err(), "past the capacity");
+    assert!(m.forward(&[&[u32::MAX]], &mut c).is_err(), "past the vocabulary");
+}
+
+/// bf16 weights and activations: the prefill's top logits within bf16's rounding over 30
+/// layers, and the same most likely next token.
+#[test]
+fn bf16_logits_stay_close() {
+    if model().is_none() {
+        return;
+    }
+    let f = fixture();
+    let path = rill::io::cache::default_llm().unwrap();
+    let m = Llama::load(path, Device::cpu(), LoadOptions { dtype: DType::BF16 }).unwrap();
+    let mut cache = m.new_cache(1, 64).unwrap();
+    let row = m.forward(&[&f.prompt_ids], &mut cache).unwrap().to_vec::<f32>().unwrap();
+    let d = max_diff(&row, &f.top_ids, &f.top_logits);
+    eprintln!("cpu bf16: largest top-logit difference {d}");
+    assert!(d <= BF16_TOL, "bf16 top logits differ by {d} > {BF16_TOL}");
+    let best = (0..row.len()).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap();
+    assert_eq!(best, f.top_ids[0], "the most likely next token");
+}
