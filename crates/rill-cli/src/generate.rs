@@ -25,9 +25,12 @@ pub struct GenerateArgs {
     /// The device (default: the best present)
     #[arg(long, value_enum)]
     pub device: Option<DeviceArg>,
-    /// The dtype the dequantized model runs in
+    /// The dtype of the activations and of the float (or dequantized) weights
     #[arg(long, value_enum, default_value = "f32")]
     pub dtype: DtypeArg,
+    /// Dequantize block-quantized weights at load instead of reading the packed blocks
+    #[arg(long)]
+    pub dequantize: bool,
     /// Tokens to generate at most
     #[arg(long, default_value_t = 256)]
     pub max_tokens: usize,
@@ -70,7 +73,8 @@ pub fn run(args: &GenerateArgs) -> Result<(), String> {
         Some(p) => p.clone(),
         None => rill::io::cache::default_llm().map_err(|e| e.to_string())?,
     };
-    let model = Llama::load(&path, device, LoadOptions { dtype: args.dtype.dtype() }).map_err(|e| e.to_string())?;
+    let model = Llama::load(&path, device, LoadOptions { dtype: args.dtype.dtype(), packed: !args.dequantize })
+        .map_err(|e| e.to_string())?;
     let tok = model.tokenizer();
     let text = if args.chat {
         tok.apply_chat_template(&[ChatMessage::new("user", args.prompt.clone())], true).map_err(|e| e.to_string())?

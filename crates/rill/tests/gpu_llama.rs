@@ -144,7 +144,7 @@ fn gpu_logits_and_greedy_tokens_match_transformers() {
     let before = rill::runtime::stats();
     // bf16 weights and activations: logits within bf16's rounding of 30 layers (the
     // CPU's bf16 differs by about 0.2, tests/model_llama.rs).
-    let b = Llama::load(&path, g, LoadOptions { dtype: DType::BF16 }).unwrap();
+    let b = Llama::load(&path, g, LoadOptions { dtype: DType::BF16, ..LoadOptions::default() }).unwrap();
     check(&b, 1.0, 0, "gpu bf16");
     assert_eq!(rill::runtime::stats().streams_created, before.streams_created);
 }

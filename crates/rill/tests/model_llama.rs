@@ -362,7 +362,7 @@ fn bf16_logits_stay_close() {
     }
     let f = fixture();
     let path = rill::io::cache::default_llm().unwrap();
-    let m = Llama::load(path, Device::cpu(), LoadOptions { dtype: DType::BF16 }).unwrap();
+    let m = Llama::load(path, Device::cpu(), LoadOptions { dtype: DType::BF16, ..LoadOptions::default() }).unwrap();
     let mut cache = m.new_cache(1, 64).unwrap();
     let row = m.forward(&[&f.prompt_ids], &mut cache).unwrap().to_vec::<f32>().unwrap();
     let d = max_diff(&row, &f.top_ids, &f.top_logits);

@@ -22,9 +22,13 @@
 //! per length bucket. Padding writes keys past a row's real length; the mask hides them
 //! and the next tokens overwrite them.
 //!
-//! **Weights** are dequantized at load into dense arrays of the model dtype (f32, f16 or
-//! bf16), all behind one function, `linear`: the place where quantized matrices
-//! (reading the packed blocks in the product) replace them.
+//! **Weights.** The projections and the output head stay in the file's block format
+//! (Q4_0, Q4_1, Q8_0) as [`QMatrix`]es, their bytes copied unchanged to the device, and
+//! every product reads the packed blocks ([`crate::quant::qmatmul`]): a decode step never
+//! dequantizes a whole matrix. Float tensors (and every weight with
+//! `LoadOptions::packed` off) are dense arrays of the model dtype (f32, f16 or bf16). The
+//! token embedding is dense, for the gather. All products go through one function,
+//! `linear`.
 //!
 //! **Sharing.** A `Llama` is `Send + Sync` and cheap to clone (an `Arc` inside): tasks
 //! and threads generating at once share the weights and the compiled steps, each with a
@@ -36,11 +40,12 @@ use crate::array::Array;
 use crate::compile::{Compiled, compile};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::io::gguf::{Gguf, Value};
+use crate::io::gguf::{GgmlType, Gguf, Value};
 use crate::io::gguf_tokenizer::GgufTokenizer;
 use crate::ops::attention::AttentionMask;
 use crate::ops::decode::RopeOptions;
 use crate::primitives::RopeLayout;
+use crate::quant::QMatrix;
 use crate::runtime::device::Device;
 use crate::runtime::stream::Stream;
 use crate::sync::Arc;
@@ -173,11 +178,14 @@ impl LlamaConfig {
 pub struct LoadOptions {
     /// The dtype weights and activations are in: f32 (the default), f16 or bf16.
     pub dtype: DType,
+    /// Keep block-quantized projections packed (the default); off: dequantize every
+    /// weight to `dtype` at load.
+    pub packed: bool,
 }
 
 impl Default for LoadOptions {
     fn default() -> LoadOptions {
-        LoadOptions { dtype: DType::F32 }
+        LoadOptions { dtype: DType::F32, packed: true }
     }
 }
 
@@ -185,17 +193,32 @@ impl Default for LoadOptions {
 pub(crate) enum Weight {
     /// Dequantized, stored transposed (`[K, N]`, contiguous) so products read it in order.
     Dense(Array),
+    /// The file's packed blocks, read by the product.
+    Packed(QMatrix),
 }
 
 impl Weight {
-    /// Reads the GGUF tensor `name`, which must be `[n, k]`.
-    fn load(g: &Gguf, name: &str, n: usize, k: usize, stream: &Stream, dtype: DType) -> Result<Weight> {
+    /// Reads the GGUF tensor `name`, which must be `[n, k]`: packed when it is
+    /// block-quantized and `packed` is set, else dequantized to `dtype`.
+    fn load(g: &Gguf, name: &str, n: usize, k: usize, stream: &Stream, dtype: DType, packed: bool) -> Result<Weight> {
+        let quantized = g.tensor(name).is_some_and(|t| matches!(t.ggml_type(), GgmlType::Quant(_)));
+        if packed && quantized {
+            let t = g.tensor(name).ok_or_else(|| io_err(g.source(), format!("missing tensor {name:?}")))?;
+            if t.shape() != [n, k] {
+                return Err(io_err(
+                    g.source(),
+                    format!("tensor {name:?} has shape {:?}, the metadata implies {:?}", t.shape(), [n, k]),
+                ));
+            }
+            return Ok(Weight::Packed(QMatrix::from_gguf(g, name, stream)?));
+        }
         let w = tensor(g, name, &[n, k], stream, dtype)?;
         Ok(Weight::Dense(w.t()?.contiguous()?))
     }
     fn array(&self) -> &Array {
         match self {
             Weight::Dense(a) => a,
+            Weight::Packed(q) => q.data(),
         }
     }
 }
@@ -204,6 +227,7 @@ impl Weight {
 pub(crate) fn linear(x: &Array, w: &Weight) -> Result<Array> {
     match w {
         Weight::Dense(wt) => x.matmul(wt),
+        Weight::Packed(q) => crate::quant::qmatmul(x, q),
     }
 }
 
@@ -324,8 +348,9 @@ impl Llama {
         Llama::from_gguf(&g, stream, options)
     }
 
-    /// Builds the model from an opened GGUF file: every weight is dequantized, converted
-    /// and evaluated on `stream` before this returns.
+    /// Builds the model from an opened GGUF file: every weight is loaded (packed, or
+    /// dequantized and converted: see the module docs) and evaluated on `stream` before
+    /// this returns.
     pub fn from_gguf(g: &Gguf, stream: &Stream, options: LoadOptions) -> Result<Llama> {
         let dtype = options.dtype;
         check_dtype(dtype)?;
@@ -333,7 +358,7 @@ impl Llama {
         let tokenizer = GgufTokenizer::from_gguf(g)?;
         let (h, hd) = (c.hidden, c.head_dim);
         let (qn, kvn) = (c.heads * hd, c.kv_heads * hd);
-        let lin = |name: &str, n, k| Weight::load(g, name, n, k, stream, dtype);
+        let lin = |name: &str, n, k| Weight::load(g, name, n, k, stream, dtype, options.packed);
         let vec = |name: &str, n| tensor(g, name, &[n], stream, dtype);
         let embed = tensor(g, "token_embd.weight", &[c.vocab, h], stream, dtype)?;
         let mut all = vec![embed.clone()];
@@ -362,8 +387,15 @@ impl Llama {
             all.clear();
         }
         let norm = vec("output_norm.weight", h)?;
-        let head =
-            if c.tied_embeddings { Weight::Dense(embed.t()?.contiguous()?) } else { lin("output.weight", c.vocab, h)? };
+        // A tied head reads the embedding's own blocks when they are packed.
+        let head_name = if c.tied_embeddings { "token_embd.weight" } else { "output.weight" };
+        let packed_embed =
+            options.packed && g.tensor(head_name).is_some_and(|t| matches!(t.ggml_type(), GgmlType::Quant(_)));
+        let head = if c.tied_embeddings && !packed_embed {
+            Weight::Dense(embed.t()?.contiguous()?)
+        } else {
+            lin(head_name, c.vocab, h)?
+        };
         all.extend([embed.clone(), norm.clone(), head.array().clone()]);
         crate::eval(&all)?;
         let core = Arc::new(Core { config: c.clone(), weights: Weights { embed, layers, norm, head } });

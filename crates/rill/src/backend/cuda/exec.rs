@@ -25,7 +25,8 @@ use super::buffer::{cuda_of, download, scalar_on_device, slab_scalar, upload};
 use super::driver::{Driver, GpuStream};
 use super::handles::{CudaStreamHandle, Ev};
 use super::{
-    attention, blocks, check, copy, decode, elementwise as ew, fused, launch, matmul, norm, quant, random, reduce, scan, take,
+    attention, blocks, check, copy, decode, elementwise as ew, fused, launch, matmul, norm, quant, random, reduce,
+    scan, take,
 };
 use smallvec::SmallVec;
 
