@@ -218,6 +218,7 @@ fn build_group(
                 | Primitive::LayerNorm { .. }
                 | Primitive::RmsNorm { .. }
                 | Primitive::Cumsum { .. }
+                | Primitive::Sort(_)
                 | Primitive::Matmul
                 | Primitive::Attention { .. }
                 | Primitive::Reshape
@@ -284,6 +285,7 @@ fn build_group(
             | Primitive::LayerNorm { .. }
             | Primitive::RmsNorm { .. }
             | Primitive::Cumsum { .. }
+            | Primitive::Sort(_)
             | Primitive::Matmul
             | Primitive::Attention { .. }
             | Primitive::Reshape

@@ -13,6 +13,7 @@ pub(crate) mod linalg;
 pub(crate) mod movement;
 pub(crate) mod nn;
 pub(crate) mod reduce;
+pub(crate) mod sort;
 
 use crate::array::Array;
 use crate::dtype::{DType, Scalar};

@@ -14,7 +14,7 @@
 //!
 //! The other families' shape and dtype rules have one home each, as pure functions over
 //! shapes and parameters: `reduce.rs`, `movement.rs`, `linalg.rs`, `nn.rs`, `attention.rs`,
-//! `creation.rs`.
+//! `creation.rs`, `sort.rs`.
 //! The op that records a node and shapeless replay (`compile/shapes.rs`) both call them,
 //! so a replay derives the shape, or the error, the op would give.
 
@@ -78,11 +78,13 @@ pub(crate) mod movement;
 pub(crate) mod nn;
 pub(crate) mod reduce;
 pub(crate) mod scalar;
+pub(crate) mod sort;
 mod unary;
 pub(crate) mod vexp;
 
 pub use attention::AttentionMaskKind;
 pub use binary::BinaryOp;
+pub use sort::SortSpec;
 pub(crate) use binary::each_binary;
 pub use unary::UnaryOp;
 pub(crate) use unary::each_unary;
@@ -222,6 +224,8 @@ pub enum Primitive {
         /// Exclude the current element.
         exclusive: bool,
     },
+    /// Sort, argsort or top-k of each row of the last axis (`primitives/sort.rs`).
+    Sort(SortSpec),
 
     // ---- linear algebra ----
     /// `[.., M, K] @ [.., K, N]` with equal (already broadcast) batch shapes.
@@ -329,6 +333,7 @@ impl Primitive {
             LayerNorm { .. } => "layer_norm",
             RmsNorm { .. } => "rms_norm",
             Cumsum { .. } => "cumsum",
+            Sort(s) => s.name(),
             Matmul => "matmul",
             Attention { .. } => "scaled_dot_product_attention",
             Reshape => "reshape",
@@ -358,6 +363,7 @@ impl Primitive {
             Reduce { .. } | ArgReduce { .. } | Softmax { .. } | LayerNorm { .. } | RmsNorm { .. } | Cumsum { .. } => {
                 Family::Reduction
             }
+            Sort(_) => Family::Reduction,
             Matmul | Attention { .. } => Family::LinearAlgebra,
             Reshape | Permute(_) | BroadcastTo | Slice { .. } => Family::View,
             Contiguous | Take { .. } | Concatenate { .. } | Pad { .. } | ToDevice | Host { .. } => Family::Copy,

@@ -25,7 +25,7 @@ use super::buffer::{cuda_of, download, scalar_on_device, slab_scalar, upload};
 use super::driver::{Driver, GpuStream};
 use super::handles::{CudaStreamHandle, Ev};
 use super::{
-    attention, blocks, check, copy, elementwise as ew, fused, launch, matmul, norm, random, reduce, scan, take,
+    attention, blocks, check, copy, elementwise as ew, fused, launch, matmul, norm, random, reduce, scan, sort, take,
 };
 use smallvec::SmallVec;
 
@@ -246,6 +246,7 @@ fn eval(
         Reduce { op, axes } => reduce::reduce(cs, *op, x(), axes, shape),
         ArgReduce { op, axis } => scan::arg_reduce(cs, *op, x(), *axis, shape),
         Cumsum { axis, reverse, exclusive } => scan::cumsum(cs, x(), *axis, *reverse, *exclusive),
+        Sort(spec) => sort::sort(cs, x(), spec, shape),
         Softmax { axis, log } => reduce::softmax(cs, x(), *axis, *log),
         LayerNorm { eps, has_weight, has_bias } => norm::layer_norm(cs, &owned(), *eps, *has_weight, *has_bias),
         RmsNorm { eps, has_weight } => norm::rms_norm(cs, &owned(), *eps, *has_weight),

@@ -63,6 +63,7 @@ mod nvrtc;
 mod random;
 mod reduce;
 mod scan;
+mod sort;
 mod source;
 mod take;
 
