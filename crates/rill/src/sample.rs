@@ -242,6 +242,12 @@ impl Sampler {
         Ok(Array::from_slice(&vals, &[batch, 1])?.into_operand())
     }
 
+    /// Host values as an array on `like`'s device.
+    fn constant<T: crate::Element>(like: &Array, vals: &[T], shape: &[usize]) -> Result<Array> {
+        let stream = target_stream(&[like])?;
+        Ok(crate::ops::on_device(&Array::from_slice(vals, shape)?, &stream))
+    }
+
     /// The f32 logits `[batch, vocab]` a step draws from: penalised, divided by the
     /// temperature and filtered, removed tokens at `-inf` (their softmax is the
     /// distribution of [`Sampler::sample`]'s tokens). Greedy rows are only penalised: their
@@ -263,8 +269,8 @@ impl Sampler {
         let drawn = x.add(&gumbel(u, DType::F32)?)?.argmax(-1, false)?;
         match greedy {
             Some(g) => {
-                let flags: Vec<bool> = (0..batch).map(|r| self.row(r).greedy_row()).collect();
-                where_(&Array::from_bools(&flags, &[batch])?, &g, &drawn)
+                let flags: Vec<u8> = (0..batch).map(|r| self.row(r).greedy_row() as u8).collect();
+                where_(&Self::constant(&g, &flags, &[batch])?.ne(0u8)?, &g, &drawn)
             }
             None => Ok(drawn),
         }
@@ -309,14 +315,14 @@ impl Sampler {
         let kmax = rows.iter().map(|c| k_of(c)).max().unwrap_or(vocab);
         let p_of = |c: &SamplerConfig| c.top_p.filter(|&p| p < 1.0 && sampling(c));
         let mut top: Option<Array> = None;
-        if kmax < vocab {
+        if rows.iter().any(|c| k_of(c) < vocab) {
             let vals = topk_values(&x, kmax)?;
             let thr = if rows.iter().all(|c| k_of(c) == kmax) {
                 vals.slice_axis(-1, Some(kmax as isize - 1), None, 1)?
             } else {
                 let ks: Vec<f32> = rows.iter().map(|c| k_of(c) as f32).collect();
-                let pos = Array::arange(0, kmax as i64, 1, DType::F32)?.reshape(&[1, kmax as isize])?;
-                let inside = pos.lt(&Array::from_slice(&ks, &[batch, 1])?)?;
+                let pos: Vec<f32> = (0..kmax).map(|i| i as f32).collect();
+                let inside = Self::constant(&vals, &pos, &[1, kmax])?.lt(&Self::constant(&vals, &ks, &[batch, 1])?)?;
                 where_(&inside, &vals, f32::INFINITY)?.min(&[-1], true)?
             };
             x = where_(&x.lt(&thr)?, f32::NEG_INFINITY, &x)?;
@@ -402,7 +408,7 @@ pub fn presence_mask(history: &Array, vocab: usize) -> Result<Array> {
     }
     match mask {
         Some(m) => m.ne(0u8),
-        None => Array::zeros(&[batch, vocab], DType::Bool),
+        None => Ok(crate::ops::on_device(&Array::zeros(&[batch, vocab], DType::Bool)?, &stream)),
     }
 }
 

@@ -70,9 +70,11 @@ fn gpu_equals_cpu() {
             };
             let h = Array::from_slice(&[1i64, 2, 3, 4, 5, 6, 7, 8], &[4, 2]).unwrap();
             let s = Sampler::new(config.clone()).unwrap();
-            let a = (0..8).map(|step| s.sample(&l, Some(&h), step).unwrap().to_vec::<i64>().unwrap()).collect::<Vec<_>>();
+            let a =
+                (0..8).map(|step| s.sample(&l, Some(&h), step).unwrap().to_vec::<i64>().unwrap()).collect::<Vec<_>>();
             let p = Sampler::new(SamplerConfig { top_k: None, ..config }).unwrap();
-            let b = (0..4).map(|step| p.sample(&l, Some(&h), step).unwrap().to_vec::<i64>().unwrap()).collect::<Vec<_>>();
+            let b =
+                (0..4).map(|step| p.sample(&l, Some(&h), step).unwrap().to_vec::<i64>().unwrap()).collect::<Vec<_>>();
             (c, a, b)
         })
     };
@@ -90,4 +92,5 @@ fn gpu_sampler_filters_match_transformers() {
     let Some(g) = gpu() else { return };
     filters_match_reference(g, 6, 60);
     sampler_draws(g);
+    compiled_step_matches_eager(g);
 }

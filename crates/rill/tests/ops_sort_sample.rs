@@ -37,6 +37,11 @@ fn sampler_draws_and_determinism() {
 }
 
 #[test]
+fn compiled_sampler_step() {
+    compiled_step_matches_eager(Device::cpu());
+}
+
+#[test]
 fn sort_errors_and_edges() {
     let x = Array::from_slice(&[3.0f32, 1.0, 2.0], &[3]).unwrap();
     assert!(matches!(x.topk(4, 0), Err(Error::Shape { .. })));

@@ -84,8 +84,8 @@ pub(crate) mod vexp;
 
 pub use attention::AttentionMaskKind;
 pub use binary::BinaryOp;
-pub use sort::SortSpec;
 pub(crate) use binary::each_binary;
+pub use sort::SortSpec;
 pub use unary::UnaryOp;
 pub(crate) use unary::each_unary;
 

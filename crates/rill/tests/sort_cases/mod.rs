@@ -186,7 +186,12 @@ pub fn sort_cases(device: Device, seed: u64, cases: usize, big: &[usize]) {
             for (j, &p) in pos.iter().enumerate() {
                 let at = offs[j];
                 assert_eq!(ov[at], p as i64, "{what}: argsort lane {l} position {j}");
-                assert!(same(sv[at], hv[offs[p]]), "{what}: sort lane {l} position {j}: {:?} vs {:?}", sv[at], hv[offs[p]]);
+                assert!(
+                    same(sv[at], hv[offs[p]]),
+                    "{what}: sort lane {l} position {j}: {:?} vs {:?}",
+                    sv[at],
+                    hv[offs[p]]
+                );
             }
         }
         for (l, (pos, offs)) in ref_order(&hv, shape, axis, true).iter().enumerate() {
@@ -231,7 +236,7 @@ pub fn softmax(x: &[f64]) -> Vec<f64> {
 pub fn chi_square(counts: &[usize], probs: &[f64]) -> (f64, usize) {
     let n: usize = counts.iter().sum();
     let mut stat = 0.0;
-    let mut cells = 0;
+    let mut cells = 0usize;
     for (c, p) in counts.iter().zip(probs) {
         if *p == 0.0 {
             assert_eq!(*c, 0, "a token of probability 0 was drawn");
@@ -404,8 +409,7 @@ pub fn filters_match_reference(device: Device, seed: u64, cases: usize) {
         let configs: Vec<SamplerConfig> = (0..batch).map(|_| random_config(&mut rng, vocab)).collect();
         let scale = rng.uniform(0.5, 6.0);
         let vals: Vec<f64> = (0..batch * vocab).map(|_| rng.uniform(-scale, scale)).collect();
-        let hist: Vec<i64> =
-            (0..batch * hist_len).map(|_| (rng.next_u64() % (vocab as u64 + 3)) as i64 - 3).collect();
+        let hist: Vec<i64> = (0..batch * hist_len).map(|_| (rng.next_u64() % (vocab as u64 + 3)) as i64 - 3).collect();
         let per_row = rng.next_u64() % 2 == 0 || batch == 1;
         let sampler = if per_row {
             Sampler::per_row(configs.clone()).unwrap()
@@ -512,4 +516,32 @@ pub fn sampler_draws(device: Device) {
     want2[1] = true;
     want2[8] = true;
     assert_eq!(m2, want2);
+}
+
+/// A compiled decode step taking the step's uniforms as an input gives the eager
+/// sampler's tokens at every step (the draws change with the step, not with the trace).
+pub fn compiled_step_matches_eager(device: Device) {
+    let (batch, vocab) = (3, 500);
+    let mut rng = Rng::new(21);
+    let logits: Vec<f64> = (0..batch * vocab).map(|_| rng.uniform(-4.0, 4.0)).collect();
+    let configs = vec![
+        SamplerConfig { temperature: 0.9, top_k: Some(40), top_p: Some(0.8), seed: 1, ..SamplerConfig::default() },
+        SamplerConfig { temperature: 1.2, top_p: Some(0.95), min_p: Some(0.05), seed: 2, ..SamplerConfig::default() },
+        SamplerConfig::greedy(),
+    ];
+    let sampler = Sampler::per_row(configs).unwrap();
+    let traced = sampler.clone();
+    let step = rill::compile(move |x: &[Array]| Ok(vec![traced.sample_with(&x[0], None, &x[1])?]));
+    on(device, || {
+        let l = Array::from_slice(&logits, &[batch, vocab]).unwrap().astype(DType::BF16).unwrap();
+        let mut seen = std::collections::HashSet::new();
+        for s in 0..6 {
+            let u = sampler.uniforms(&device, batch, vocab, s).unwrap();
+            let got = step.call(&[l.clone(), u]).unwrap()[0].to_vec::<i64>().unwrap();
+            let want = sampler.sample(&l, None, s).unwrap().to_vec::<i64>().unwrap();
+            assert_eq!(got, want, "step {s}");
+            seen.insert(got[..2].to_vec());
+        }
+        assert!(seen.len() > 1, "every step drew the same tokens");
+    });
 }

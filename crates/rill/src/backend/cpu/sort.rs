@@ -30,7 +30,13 @@ pub(crate) trait SortKey: Element {
 }
 
 fn f32_key(f: f32) -> u64 {
-    let f = if f.is_nan() { f32::from_bits(0x7FC0_0000) } else if f == 0.0 { 0.0 } else { f };
+    let f = if f.is_nan() {
+        f32::from_bits(0x7FC0_0000)
+    } else if f == 0.0 {
+        0.0
+    } else {
+        f
+    };
     let u = f.to_bits();
     (if u >> 31 == 1 { !u } else { u | 0x8000_0000 }) as u64
 }
@@ -52,7 +58,13 @@ impl SortKey for bf16 {
 }
 impl SortKey for f64 {
     fn sort_key(self) -> u64 {
-        let f = if self.is_nan() { f64::from_bits(0x7FF8_0000_0000_0000) } else if self == 0.0 { 0.0 } else { self };
+        let f = if self.is_nan() {
+            f64::from_bits(0x7FF8_0000_0000_0000)
+        } else if self == 0.0 {
+            0.0
+        } else {
+            self
+        };
         let u = f.to_bits();
         if u >> 63 == 1 { !u } else { u | (1 << 63) }
     }
