@@ -4,7 +4,7 @@
 //! A [`Sampler`] turns logits `[batch, vocab]` (f32, bf16 or f16, on any device) into one
 //! token id per row, an i64 array `[batch]` on the logits' device. Everything is recorded
 //! as ops (no host round trip), so a sampler can be called inside a function given to
-//! [`crate::compile`]: there, pass the random draws in as an input
+//! [`crate::compile()`]: there, pass the random draws in as an input
 //! ([`Sampler::uniforms`] then [`Sampler::sample_with`]), since a draw recorded inside the
 //! traced function would be replayed with the key it was traced with.
 //!
