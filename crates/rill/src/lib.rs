@@ -50,6 +50,7 @@ pub use runtime::stream::{Stream, synchronize, synchronize_all};
 pub mod compile;
 pub mod optim;
 pub mod random;
+pub mod sample;
 pub use compile::{Compiled, compile, compile_shapeless};
 pub use ops::movement::SliceArg;
 pub use ops::movement::copies::{concatenate, stack};

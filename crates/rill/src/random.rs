@@ -130,3 +130,49 @@ pub fn bernoulli(key: Key, p: f64, shape: &[usize]) -> Result<Array> {
     }
     draw("bernoulli", key, shape, Distribution::Bernoulli { p }, DType::Bool)
 }
+
+/// Uniform f32 values on `[0, 1)` of `shape` drawn with `key` on `stream` (the f32
+/// uniform draw of [`uniform`], recorded on a given stream).
+pub(crate) fn uniform_on(key: Key, shape: &[usize], stream: &crate::runtime::stream::Stream) -> Result<Array> {
+    let shape = creation::random("uniform", shape, DType::F32)?;
+    let dist = Distribution::Uniform { low: 0.0, high: 1.0 };
+    Ok(Array::from_op(Primitive::Random { key: key.0, dist }, Vec::new(), shape, DType::F32, stream.clone()))
+}
+
+/// Gumbel noise `-ln(-ln(u))` of uniforms `u` in `[0, 1)` (`u = 0` gives `-inf`), computed
+/// in f64 and rounded to `dtype` so that backends whose `ln` differ in the last f64 bit
+/// still round to the same value (all but never otherwise).
+pub(crate) fn gumbel(u: &Array, dtype: DType) -> Result<Array> {
+    u.astype(DType::F64)?.log()?.neg()?.log()?.neg()?.astype(dtype)
+}
+
+/// One draw per row from the distribution `softmax(logits)` along `axis`: the positions
+/// (i64) with `axis` removed.
+///
+/// The draw is `argmax(logits + g)` with Gumbel noise `g = -ln(-ln(u))` (the Gumbel-max
+/// trick, an exact draw from the softmax), `u` the f32 [`uniform`] draw of `key` over the
+/// shape of `logits`, on the device of `logits`. Logits of a row that are `-inf` are never
+/// drawn; f16/bf16/f32 logits add the noise in f32, f64 logits in f64. The same key gives
+/// the same draws on the CPU and a GPU: the uniforms are bit-identical, the noise is
+/// computed in f64 and rounded, and the sum and argmax are exact, so the results differ
+/// only if an f64 `ln` of the two backends rounds to different sides of an f32 value.
+///
+/// ```
+/// # use rill::{Array, random::{Key, categorical}};
+/// let logits = Array::from_slice(&[0.0f32, 2.0, -1.0, 1.0, f32::NEG_INFINITY, 0.5], &[2, 3])?;
+/// let draws = categorical(Key::new(7), &logits, -1)?;
+/// assert_eq!(draws.shape(), [2]);
+/// let d = draws.to_vec::<i64>()?;
+/// assert!(d[0] < 3 && (d[1] == 0 || d[1] == 2));
+/// # Ok::<(), rill::Error>(())
+/// ```
+pub fn categorical(key: Key, logits: &Array, axis: isize) -> Result<Array> {
+    let ax = crate::shape::normalize_axis("categorical", axis, logits.ndim())?;
+    if logits.shape()[ax] == 0 {
+        return Err(Error::shape("categorical", format!("axis {axis} of shape {:?} is empty", logits.shape())));
+    }
+    let dtype = if logits.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
+    let stream = target_stream(&[logits])?;
+    let u = uniform_on(key, logits.shape(), &stream)?;
+    logits.astype(dtype)?.add(&gumbel(&u, dtype)?)?.argmax(ax as isize, false)
+}

@@ -218,6 +218,7 @@ fn build_group(
                 | Primitive::LayerNorm { .. }
                 | Primitive::RmsNorm { .. }
                 | Primitive::Cumsum { .. }
+                | Primitive::Sort(_)
                 | Primitive::Matmul
                 | Primitive::Attention { .. }
                 | Primitive::QuantMatmul { .. }
@@ -288,6 +289,7 @@ fn build_group(
             | Primitive::LayerNorm { .. }
             | Primitive::RmsNorm { .. }
             | Primitive::Cumsum { .. }
+            | Primitive::Sort(_)
             | Primitive::Matmul
             | Primitive::Attention { .. }
             | Primitive::QuantMatmul { .. }

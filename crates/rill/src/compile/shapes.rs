@@ -22,7 +22,7 @@
 use crate::compile::rules::{Rule, ShapeOf};
 use crate::compile::trace::{Ref, Tape, TapeNode};
 use crate::error::{Error, Result};
-use crate::primitives::{Primitive, attention, decode, linalg, movement, nn, quant, reduce};
+use crate::primitives::{Primitive, attention, decode, linalg, movement, nn, quant, reduce, sort};
 use crate::shape::{broadcast_all, checked_size};
 
 /// Every node's shape, and the value of each count fill, for one set of input shapes.
@@ -47,6 +47,7 @@ fn derive(node: &TapeNode, ins: &[&[usize]], read: &dyn Fn(&ShapeOf) -> Vec<usiz
         Cast | Unary(_) | Contiguous | ToDevice => Ok(first()),
         Softmax { axis, .. } => nn::softmax(prim.name(), &first(), *axis as isize).map(|(_, s)| s),
         Cumsum { axis, .. } => reduce::cumsum(&first(), *axis as isize).map(|(_, s)| s),
+        Sort(spec) => sort::shape(spec, &first()),
         LayerNorm { has_weight, has_bias, .. } => {
             // The inputs are `x[, weight][, bias]`.
             let mut cols = ins.iter().skip(1).copied();
@@ -224,6 +225,7 @@ fn count(tape: &Tape, inputs: &[Vec<usize>], shapes: &[Vec<usize>], rule: &Rule)
         | Primitive::LayerNorm { .. }
         | Primitive::RmsNorm { .. }
         | Primitive::Cumsum { .. }
+        | Primitive::Sort(_)
         | Primitive::Matmul
         | Primitive::Attention { .. }
         | Primitive::QuantMatmul { .. }

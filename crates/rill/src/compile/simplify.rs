@@ -57,6 +57,7 @@ pub fn same_op(a: &Primitive, b: &Primitive) -> bool {
         Cumsum { axis: a1, reverse: r1, exclusive: x1 } => {
             matches!(b, Cumsum { axis: a2, reverse: r2, exclusive: x2 } if a1 == a2 && r1 == r2 && x1 == x2)
         }
+        Sort(x) => matches!(b, Sort(y) if x == y),
         Permute(p) => matches!(b, Permute(q) if p == q),
         Slice { start: s1, step: t1 } => matches!(b, Slice { start: s2, step: t2 } if s1 == s2 && t1 == t2),
         Take { axis: a1 } => matches!(b, Take { axis: a2 } if a1 == a2),

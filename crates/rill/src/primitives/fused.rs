@@ -266,6 +266,7 @@ pub(crate) fn fusable(prim: &crate::primitives::Primitive, ins: &[DType], out: D
         | LayerNorm { .. }
         | RmsNorm { .. }
         | Cumsum { .. }
+        | Sort(_)
         | Matmul
         | Attention { .. }
         | QuantMatmul { .. }

@@ -13,7 +13,7 @@
 use crate::array::Array;
 use crate::error::{Error, Result};
 
-use super::{BinaryOp, Primitive, UnaryOp, attention, creation, decode, fused, linalg, movement, nn, quant, reduce};
+use super::{BinaryOp, Primitive, UnaryOp, attention, creation, decode, fused, linalg, movement, nn, quant, reduce, sort};
 
 /// What a reverse-mode rule is given: the node's inputs, its output, and the cotangent of
 /// the output (same shape and dtype as `output`).
@@ -67,6 +67,7 @@ enum Owner {
     /// `Cast` and `Where`, whose rules go here.
     Elementwise,
     Reduce,
+    Sort,
     Nn,
     Linalg,
     Attention,
@@ -90,6 +91,7 @@ impl Primitive {
             Binary(op) => Owner::Binary(*op),
             Cast | Where => Owner::Elementwise,
             Reduce { .. } | ArgReduce { .. } | Cumsum { .. } => Owner::Reduce,
+            Sort(_) => Owner::Sort,
             Softmax { .. } | LayerNorm { .. } | RmsNorm { .. } => Owner::Nn,
             Matmul => Owner::Linalg,
             Attention { .. } => Owner::Attention,
@@ -119,6 +121,7 @@ impl Primitive {
             Owner::Binary(op) => Ok(op.vjp(g)?.into()),
             Owner::Elementwise => Err(no_rule(self.name(), "vjp")),
             Owner::Reduce => reduce::vjp(self, g),
+            Owner::Sort => sort::vjp(self, g),
             Owner::Nn => nn::vjp(self, g),
             Owner::Linalg => linalg::vjp(self, g),
             Owner::Attention => attention::vjp(self, g),
@@ -140,6 +143,7 @@ impl Primitive {
             Owner::Binary(op) => op.jvp(g),
             Owner::Elementwise => Err(no_rule(self.name(), "jvp")),
             Owner::Reduce => reduce::jvp(self, g),
+            Owner::Sort => sort::jvp(self, g),
             Owner::Nn => nn::jvp(self, g),
             Owner::Linalg => linalg::jvp(self, g),
             Owner::Attention => attention::jvp(self, g),

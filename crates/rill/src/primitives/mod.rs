@@ -14,7 +14,7 @@
 //!
 //! The other families' shape and dtype rules have one home each, as pure functions over
 //! shapes and parameters: `reduce.rs`, `movement.rs`, `linalg.rs`, `nn.rs`, `attention.rs`,
-//! `quant.rs`, `creation.rs`.
+//! `quant.rs`, `decode.rs`, `creation.rs`, `sort.rs`.
 //! The op that records a node and shapeless replay (`compile/shapes.rs`) both call them,
 //! so a replay derives the shape, or the error, the op would give.
 
@@ -80,6 +80,7 @@ pub(crate) mod nn;
 pub(crate) mod quant;
 pub(crate) mod reduce;
 pub(crate) mod scalar;
+pub(crate) mod sort;
 mod unary;
 pub(crate) mod vexp;
 
@@ -87,6 +88,7 @@ pub use attention::AttentionMaskKind;
 pub use binary::BinaryOp;
 pub(crate) use binary::each_binary;
 pub use decode::RopeLayout;
+pub use sort::SortSpec;
 pub use unary::UnaryOp;
 pub(crate) use unary::each_unary;
 
@@ -225,6 +227,8 @@ pub enum Primitive {
         /// Exclude the current element.
         exclusive: bool,
     },
+    /// Sort, argsort or top-k of each row of the last axis (`primitives/sort.rs`).
+    Sort(SortSpec),
 
     // ---- linear algebra ----
     /// `[.., M, K] @ [.., K, N]` with equal (already broadcast) batch shapes.
@@ -362,6 +366,7 @@ impl Primitive {
             LayerNorm { .. } => "layer_norm",
             RmsNorm { .. } => "rms_norm",
             Cumsum { .. } => "cumsum",
+            Sort(s) => s.name(),
             Matmul => "matmul",
             Attention { .. } => "scaled_dot_product_attention",
             QuantMatmul { .. } => "qmatmul",
@@ -396,6 +401,7 @@ impl Primitive {
                 Family::Reduction
             }
             Matmul | Attention { .. } | QuantMatmul { .. } | Dequantize { .. } | Rope { .. } => Family::LinearAlgebra,
+            Sort(_) => Family::Reduction,
             Reshape | Permute(_) | BroadcastTo | Slice { .. } => Family::View,
             Contiguous
             | Take { .. }

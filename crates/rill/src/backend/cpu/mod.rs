@@ -20,6 +20,7 @@ pub(crate) mod par;
 pub(crate) mod quant;
 pub(crate) mod random;
 pub(crate) mod reduce;
+pub(crate) mod sort;
 pub(crate) mod strided;
 
 pub(crate) use buffer::{CpuBuffer, clear_cache};
@@ -48,6 +49,7 @@ pub(crate) fn eval(prim: &Primitive, shape: &[usize], dtype: DType, inputs: &[&S
         Reduce { op, axes } => reduce::reduce(*op, inputs[0], axes, shape, dtype),
         ArgReduce { op, axis } => reduce::arg_reduce(*op, inputs[0], *axis, shape),
         Cumsum { axis, reverse, exclusive } => reduce::cumsum(inputs[0], *axis, *reverse, *exclusive),
+        Sort(spec) => sort::sort(inputs[0], spec, shape),
         Softmax { axis, log } => nn::softmax(inputs[0], *axis, *log),
         LayerNorm { eps, has_weight, has_bias } => nn::layer_norm(inputs, *eps, *has_weight, *has_bias),
         RmsNorm { eps, has_weight } => nn::rms_norm(inputs, *eps, *has_weight),

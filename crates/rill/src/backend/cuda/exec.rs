@@ -26,7 +26,7 @@ use super::driver::{Driver, GpuStream};
 use super::handles::{CudaStreamHandle, Ev};
 use super::{
     attention, blocks, check, copy, decode, elementwise as ew, fused, launch, matmul, norm, quant, random, reduce,
-    scan, take,
+    scan, sort, take,
 };
 use smallvec::SmallVec;
 
@@ -247,6 +247,7 @@ fn eval(
         Reduce { op, axes } => reduce::reduce(cs, *op, x(), axes, shape),
         ArgReduce { op, axis } => scan::arg_reduce(cs, *op, x(), *axis, shape),
         Cumsum { axis, reverse, exclusive } => scan::cumsum(cs, x(), *axis, *reverse, *exclusive),
+        Sort(spec) => sort::sort(cs, x(), spec, shape),
         Softmax { axis, log } => reduce::softmax(cs, x(), *axis, *log),
         LayerNorm { eps, has_weight, has_bias } => norm::layer_norm(cs, &owned(), *eps, *has_weight, *has_bias),
         RmsNorm { eps, has_weight } => norm::rms_norm(cs, &owned(), *eps, *has_weight),

@@ -66,6 +66,7 @@ mod quant;
 mod random;
 mod reduce;
 mod scan;
+mod sort;
 mod source;
 mod take;
 
