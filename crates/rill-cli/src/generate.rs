@@ -13,6 +13,7 @@ use std::time::Instant;
 use clap::Args;
 use rill::io::gguf_tokenizer::ChatMessage;
 use rill::models::llama::{GenerateOptions, Greedy, Llama, LoadOptions, Sampler, Temperature};
+use rill::sample::SamplerConfig;
 
 use crate::DeviceArg;
 use crate::embed::DtypeArg;
@@ -37,12 +38,18 @@ pub struct GenerateArgs {
     /// Sampling temperature (0: greedy, the default)
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f64,
-    /// Sample from the K most likely tokens only (not available yet)
+    /// Sample from the K most likely tokens only
     #[arg(long, value_name = "K")]
     pub top_k: Option<usize>,
-    /// Sample from the smallest set of tokens whose probability reaches P (not available yet)
+    /// Sample from the smallest set of most likely tokens whose probability reaches P
     #[arg(long, value_name = "P")]
     pub top_p: Option<f64>,
+    /// Drop tokens less likely than P times the most likely one
+    #[arg(long, value_name = "P")]
+    pub min_p: Option<f64>,
+    /// Penalise tokens of the prompt and of the text so far (1: none)
+    #[arg(long, value_name = "R")]
+    pub repetition_penalty: Option<f64>,
     /// Seed of the sampler's random keys
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -57,13 +64,22 @@ pub struct GenerateArgs {
 }
 
 fn sampler(args: &GenerateArgs) -> Result<Arc<dyn Sampler>, String> {
-    if args.top_k.is_some() || args.top_p.is_some() {
-        return Err("--top-k and --top-p are not available yet (only greedy and --temperature)".into());
-    }
     if !(args.temperature.is_finite() && args.temperature >= 0.0) {
         return Err(format!("--temperature must be finite and >= 0, got {}", args.temperature));
     }
-    Ok(if args.temperature == 0.0 { Arc::new(Greedy) } else { Arc::new(Temperature(args.temperature)) })
+    let filtered = args.top_k.is_some() || args.top_p.is_some() || args.min_p.is_some();
+    if !filtered && args.repetition_penalty.is_none() {
+        return Ok(if args.temperature == 0.0 { Arc::new(Greedy) } else { Arc::new(Temperature(args.temperature)) });
+    }
+    let config = SamplerConfig {
+        temperature: args.temperature as f32,
+        top_k: args.top_k,
+        top_p: args.top_p.map(|p| p as f32),
+        min_p: args.min_p.map(|p| p as f32),
+        repetition_penalty: args.repetition_penalty.map(|p| p as f32),
+        seed: args.seed,
+    };
+    Ok(Arc::new(rill::sample::Sampler::new(config).map_err(|e| e.to_string())?))
 }
 
 pub fn run(args: &GenerateArgs) -> Result<(), String> {

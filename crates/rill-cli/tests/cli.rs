@@ -178,10 +178,29 @@ fn generate_streams_the_greedy_text_and_reports_the_rate() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), format!("{want}\n"), "the prompt is not echoed; the text is greedy's");
     assert!(text(&out.stderr).contains("tokens/s"), "{}", text(&out.stderr));
-    // Not yet available, bad values and a missing file: clear errors.
-    let out = rill(&["generate", "--device", "cpu", "--model", model, "--top-k", "5", "x"]);
+    // Sampling at temperature 1 from the top 1 token is greedy decoding.
+    let out = rill(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        model,
+        "--max-tokens",
+        "8",
+        "--temperature",
+        "1",
+        "--top-k",
+        "1",
+        "--seed",
+        "7",
+        prompt,
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), format!("{want}\n"), "top-k 1 samples the greedy tokens");
+    // Bad values and a missing file: clear errors.
+    let out = rill(&["generate", "--device", "cpu", "--model", model, "--temperature", "1", "--top-p", "0", "x"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("not available yet"), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("top_p"), "{}", text(&out.stderr));
     let out = rill(&["generate", "--device", "cpu", "--model", model, "--temperature=-1", "x"]);
     assert_eq!(out.status.code(), Some(1));
     let tmp = tempfile::tempdir().unwrap();

@@ -164,6 +164,11 @@ impl Sampler {
         if self.shared { self.rows[0].seed.wrapping_add(r as u64) } else { self.rows[r].seed }
     }
 
+    /// True when some row's repetition penalty reads a history (a penalty other than 1).
+    pub fn needs_history(&self) -> bool {
+        self.rows.iter().any(|c| c.repetition_penalty.is_some_and(|p| p != 1.0))
+    }
+
     /// The key row `r` draws with at step `step` (see the module docs).
     pub fn key(&self, row: usize, step: u64) -> Key {
         Key::new(self.seed(row)).fold_in(step as u32).fold_in((step >> 32) as u32)

@@ -87,6 +87,28 @@ impl Sampler for Temperature {
     }
 }
 
+/// [`crate::sample::Sampler`] as a generation sampler: its filters (temperature, top-k,
+/// top-p, min-p, repetition penalty over each row's prompt and generated tokens) and its
+/// own per-row seeds, drawing at step `ctx.step` (the context's key is not used).
+impl Sampler for crate::sample::Sampler {
+    fn sample(&self, logits: &Array, ctx: &SampleContext<'_>) -> Result<Array> {
+        let history = if self.needs_history() {
+            // Token ids [B, longest], negative ids padding the shorter rows.
+            let len = ctx.history.iter().map(Vec::len).max().unwrap_or(0);
+            let mut ids = vec![-1i64; ctx.history.len() * len];
+            for (r, row) in ctx.history.iter().enumerate() {
+                for (j, &t) in row.iter().enumerate() {
+                    ids[r * len + j] = i64::from(t);
+                }
+            }
+            Some(Array::from_vec(ids, &[ctx.history.len(), len])?)
+        } else {
+            None
+        };
+        crate::sample::Sampler::sample(self, logits, history.as_ref(), ctx.step as u64)
+    }
+}
+
 /// Why a row stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinishReason {

@@ -13,7 +13,9 @@
 use crate::array::Array;
 use crate::error::{Error, Result};
 
-use super::{BinaryOp, Primitive, UnaryOp, attention, creation, decode, fused, linalg, movement, nn, quant, reduce, sort};
+use super::{
+    BinaryOp, Primitive, UnaryOp, attention, creation, decode, fused, linalg, movement, nn, quant, reduce, sort,
+};
 
 /// What a reverse-mode rule is given: the node's inputs, its output, and the cotangent of
 /// the output (same shape and dtype as `output`).
