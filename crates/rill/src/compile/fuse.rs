@@ -225,6 +225,7 @@ fn build_group(
                 | Primitive::BroadcastTo
                 | Primitive::Slice { .. }
                 | Primitive::Contiguous
+                | Primitive::StopGradient
                 | Primitive::Take { .. }
                 | Primitive::Concatenate { .. }
                 | Primitive::Pad { .. }
@@ -291,6 +292,7 @@ fn build_group(
             | Primitive::BroadcastTo
             | Primitive::Slice { .. }
             | Primitive::Contiguous
+                | Primitive::StopGradient
             | Primitive::Take { .. }
             | Primitive::Concatenate { .. }
             | Primitive::Pad { .. }

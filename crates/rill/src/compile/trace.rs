@@ -61,7 +61,7 @@ pub(crate) type TraceFn = dyn Fn(&[Array], &[i64]) -> Result<Vec<Array>> + Send 
 /// Runs `f` on placeholders shaped like `inputs`, with every op it records targeting
 /// `stream`, and records the result; `shapeless` also records shape rules.
 pub(crate) fn trace(
-    f: &TraceFn,
+    f: &(dyn Fn(&[Array], &[i64]) -> Result<Vec<Array>> + Send + Sync + '_),
     shapes: &[Vec<usize>],
     dtypes: &[DType],
     statics: &[i64],

@@ -72,7 +72,7 @@ mod binary;
 pub(crate) mod creation;
 pub(crate) mod cuda;
 pub(crate) mod fused;
-mod grad;
+pub(crate) mod grad;
 pub(crate) mod linalg;
 pub(crate) mod movement;
 pub(crate) mod nn;
@@ -248,6 +248,9 @@ pub enum Primitive {
         /// Step on each axis (never zero; negative walks backwards).
         step: Vec<isize>,
     },
+    /// The identity that the autodiff transforms treat as a constant
+    /// ([`crate::stop_gradient`]).
+    StopGradient,
 
     // ---- copies ----
     /// A row-major copy.
@@ -335,6 +338,7 @@ impl Primitive {
             Permute(_) => "permute",
             BroadcastTo => "broadcast_to",
             Slice { .. } => "slice",
+            StopGradient => "stop_gradient",
             Contiguous => "contiguous",
             Take { .. } => "take",
             Concatenate { .. } => "concatenate",
@@ -359,7 +363,7 @@ impl Primitive {
                 Family::Reduction
             }
             Matmul | Attention { .. } => Family::LinearAlgebra,
-            Reshape | Permute(_) | BroadcastTo | Slice { .. } => Family::View,
+            Reshape | Permute(_) | BroadcastTo | Slice { .. } | StopGradient => Family::View,
             Contiguous | Take { .. } | Concatenate { .. } | Pad { .. } | ToDevice | Host { .. } => Family::Copy,
             Placeholder { .. } => Family::Placeholder,
             Fused(_) | FusedReduce { .. } | Block(_) => Family::Fused,
