@@ -30,7 +30,7 @@ use crate::primitives::grad::{Jvp, Vjp};
 use crate::runtime::scope::with_stream;
 use crate::runtime::stream::Stream;
 
-/// The functions the transforms take: arrays in, arrays out (as [`crate::compile`]).
+/// The functions the transforms take: arrays in, arrays out (as `compile`'s).
 type Func<'a> = dyn Fn(&[Array]) -> Result<Vec<Array>> + Send + Sync + 'a;
 
 /// A function traced on placeholders and replayed on real inputs, each node's value kept.
@@ -231,7 +231,11 @@ fn check_like(op: &'static str, what: &str, i: usize, c: &Array, like: &Array) -
         ));
     }
     if c.dtype() != like.dtype() {
-        return Err(Error::dtype(op, c.dtype(), format!("{what} {i} must have the dtype {} of its value", like.dtype())));
+        return Err(Error::dtype(
+            op,
+            c.dtype(),
+            format!("{what} {i} must have the dtype {} of its value", like.dtype()),
+        ));
     }
     Ok(())
 }
@@ -381,11 +385,8 @@ impl GradInner {
             }
             let one = Array::ones(&[], out.dtype())?;
             let mut in_ct = t.backward(&[Some(one)])?;
-            let grads = self
-                .argnums
-                .iter()
-                .map(|&a| materialise(in_ct[a].take(), &inputs[a]))
-                .collect::<Result<Vec<_>>>()?;
+            let grads =
+                self.argnums.iter().map(|&a| materialise(in_ct[a].take(), &inputs[a])).collect::<Result<Vec<_>>>()?;
             Ok((out.clone(), grads))
         })
     }
@@ -424,7 +425,7 @@ impl std::fmt::Debug for ValueAndGrad {
 /// Errors (at the call): `argnums` empty, repeated or out of range, a differentiated
 /// input that is not a float array, an output that is not one 0-d float array, or what
 /// [`vjp`] returns. The function is traced at every call (compose with
-/// [`compile`](crate::compile) to trace once: `compile(move |x| g.call(x))`).
+/// [`compile`](crate::compile()) to trace once: `compile(move |x| g.call(x))`).
 pub fn grad<F>(f: F, argnums: &[usize]) -> Grad
 where
     F: Fn(&[Array]) -> Result<Vec<Array>> + Send + Sync + 'static,

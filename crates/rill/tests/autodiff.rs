@@ -27,11 +27,6 @@ struct Input {
     strided: bool,
 }
 
-#[allow(dead_code)]
-fn input(vals: Vec<f64>, shape: &[usize]) -> Input {
-    Input { vals, shape: shape.to_vec(), strided: false }
-}
-
 fn make(vals: &[f64], shape: &[usize], strided: bool) -> Array {
     let a = Array::from_slice(vals, shape).unwrap();
     if !strided || shape.len() < 2 {
@@ -64,10 +59,8 @@ const TOL: f64 = 2e-6;
 fn check(name: &str, f: Fun, inputs: Vec<Input>, rng: &mut Rng) {
     let xs: Vec<Array> = inputs.iter().map(|i| make(&i.vals, &i.shape, i.strided)).collect();
     let outs = f(&xs).unwrap_or_else(|e| panic!("{name}: {e}"));
-    let us: Vec<Array> = outs
-        .iter()
-        .map(|o| Array::from_slice(&rng.vec(o.size(), -1.0, 1.0), o.shape()).unwrap())
-        .collect();
+    let us: Vec<Array> =
+        outs.iter().map(|o| Array::from_slice(&rng.vec(o.size(), -1.0, 1.0), o.shape()).unwrap()).collect();
     let uvals: Vec<Vec<f64>> = us.iter().map(|u| u.to_f64_vec().unwrap()).collect();
     let f2 = f.clone();
     let (vouts, grads) = rill::vjp(move |x: &[Array]| f2(x), &xs, &us).unwrap_or_else(|e| panic!("{name}: vjp: {e}"));
@@ -180,7 +173,15 @@ fn unary_rules_match_finite_differences() {
 #[test]
 fn binary_rules_match_finite_differences_with_broadcasting() {
     let mut rng = Rng::new(2);
-    let ops = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Pow, BinaryOp::Maximum, BinaryOp::Minimum];
+    let ops = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Pow,
+        BinaryOp::Maximum,
+        BinaryOp::Minimum,
+    ];
     for op in ops {
         for _ in 0..3 {
             let out = shape(&mut rng, 0, 3, false);
@@ -197,7 +198,12 @@ fn binary_rules_match_finite_differences_with_broadcasting() {
     // Scalar operands, and the predicates and logical ops (no derivative) choosing a branch.
     let s = shape(&mut rng, 1, 3, false);
     let x = Input { vals: rng.vec(s.iter().product(), 0.3, 2.0), shape: s.clone(), strided: true };
-    check("scalar operands", fun(|x| Ok(vec![x[0].mul(2.5)?.sub(1.0)?.pow(3.0)?.div(0.7)?])), vec![x.clone()], &mut rng);
+    check(
+        "scalar operands",
+        fun(|x| Ok(vec![x[0].mul(2.5)?.sub(1.0)?.pow(3.0)?.div(0.7)?])),
+        vec![x.clone()],
+        &mut rng,
+    );
     for op in [
         BinaryOp::Equal,
         BinaryOp::NotEqual,
@@ -221,11 +227,14 @@ fn cast_where_and_stop_gradient() {
     let n = s.iter().product();
     let x = Input { vals: rng.vec(n, -3.0, 3.0), shape: s.clone(), strided: true };
     // Through an integer: no derivative; a same-dtype cast: the identity.
-    let f = fun(|x| Ok(vec![x[0].astype(DType::I32)?.astype(DType::F64)?.mul(&x[0])?.add(&x[0].astype(DType::F64)?.sin()?)?]));
+    let f = fun(|x| {
+        Ok(vec![x[0].astype(DType::I32)?.astype(DType::F64)?.mul(&x[0])?.add(&x[0].astype(DType::F64)?.sin()?)?])
+    });
     check("astype", f, vec![x.clone()], &mut rng);
     for _ in 0..3 {
         let out = shape(&mut rng, 0, 3, false);
-        let (sc, sa, sb) = (broadcastable(&mut rng, &out), broadcastable(&mut rng, &out), broadcastable(&mut rng, &out));
+        let (sc, sa, sb) =
+            (broadcastable(&mut rng, &out), broadcastable(&mut rng, &out), broadcastable(&mut rng, &out));
         let cond: Vec<bool> = (0..sc.iter().product::<usize>()).map(|_| rng.next_u64() % 2 == 0).collect();
         let c = Array::from_bools(&cond, &sc).unwrap();
         let (a, b) = (rand_input(&mut rng, &sa, -1.0, 1.0), rand_input(&mut rng, &sb, -1.0, 1.0));
@@ -235,9 +244,11 @@ fn cast_where_and_stop_gradient() {
     let xs = Array::from_slice(&x.vals, &s).unwrap();
     let g = rill::grad(|x| Ok(vec![x[0].mul(&rill::stop_gradient(&x[0])?)?.sum_all()?]), &[0]).call(&[xs]).unwrap();
     common::assert_close(&g[0].to_f64_vec().unwrap(), &x.vals, 1e-15, "stop_gradient");
-    let (_, t) = rill::jvp(|x| Ok(vec![rill::stop_gradient(&x[0])?]), &[Array::from_slice(&x.vals, &s).unwrap()], &[
-        Array::ones(&s, DType::F64).unwrap(),
-    ])
+    let (_, t) = rill::jvp(
+        |x| Ok(vec![rill::stop_gradient(&x[0])?]),
+        &[Array::from_slice(&x.vals, &s).unwrap()],
+        &[Array::ones(&s, DType::F64).unwrap()],
+    )
     .unwrap();
     assert!(t[0].to_f64_vec().unwrap().iter().all(|&v| v == 0.0));
 }
@@ -281,7 +292,12 @@ fn reduction_rules_match_finite_differences() {
         let ax = (rng.next_u64() % s.len() as u64) as isize - s.len() as isize;
         let (rev, excl) = (case % 2 == 0, case % 4 < 2);
         let x = rand_input(&mut rng, &s, -1.0, 1.0);
-        check(&format!("cumsum {s:?} {ax} {rev} {excl}"), fun(move |x| Ok(vec![x[0].cumsum_with(ax, rev, excl)?])), vec![x], &mut rng);
+        check(
+            &format!("cumsum {s:?} {ax} {rev} {excl}"),
+            fun(move |x| Ok(vec![x[0].cumsum_with(ax, rev, excl)?])),
+            vec![x],
+            &mut rng,
+        );
     }
 }
 
@@ -380,9 +396,28 @@ fn movement_rules_match_finite_differences() {
             .collect();
         let a2 = args.clone();
         check(&format!("slice {s:?} {args:?}"), fun(move |x| Ok(vec![x[0].slice(&a2)?])), vec![x.clone()], &mut rng);
+        // Every axis walked backwards, by 1 or 2, from a random start.
+        let back: Vec<SliceArg> = s
+            .iter()
+            .map(|&d| {
+                SliceArg::new(
+                    Some((rng.next_u64() % (d as u64 + 1)) as isize),
+                    None,
+                    -1 - (rng.next_u64() % 2) as isize,
+                )
+            })
+            .collect();
+        let b2 = back.clone();
+        check(&format!("slice {s:?} {back:?}"), fun(move |x| Ok(vec![x[0].slice(&b2)?])), vec![x.clone()], &mut rng);
         // Pad with a value (its derivative is zero).
-        let widths: Vec<(usize, usize)> = (0..nd).map(|_| ((rng.next_u64() % 3) as usize, (rng.next_u64() % 2) as usize)).collect();
-        check(&format!("pad {s:?} {widths:?}"), fun(move |x| Ok(vec![x[0].pad(&widths, 1.5)?])), vec![x.clone()], &mut rng);
+        let widths: Vec<(usize, usize)> =
+            (0..nd).map(|_| ((rng.next_u64() % 3) as usize, (rng.next_u64() % 2) as usize)).collect();
+        check(
+            &format!("pad {s:?} {widths:?}"),
+            fun(move |x| Ok(vec![x[0].pad(&widths, 1.5)?])),
+            vec![x.clone()],
+            &mut rng,
+        );
         // Concatenate three parts (one possibly empty) along a random axis, stack, split.
         let ax = (rng.next_u64() % nd as u64) as usize;
         let mut s2 = s.clone();
@@ -401,7 +436,12 @@ fn movement_rules_match_finite_differences() {
         if d > 0 {
             let idx: Vec<i64> = (0..6).map(|_| (rng.next_u64() % (2 * d as u64)) as i64 - d).collect();
             let ia = Array::from_slice(&idx, &[2, 3]).unwrap();
-            check(&format!("take {s:?} axis {ax} {idx:?}"), fun(move |x| Ok(vec![x[0].take(&ia, axi)?])), vec![x.clone()], &mut rng);
+            check(
+                &format!("take {s:?} axis {ax} {idx:?}"),
+                fun(move |x| Ok(vec![x[0].take(&ia, axi)?])),
+                vec![x.clone()],
+                &mut rng,
+            );
             let i = (rng.next_u64() % d as u64) as isize;
             check("index", fun(move |x| Ok(vec![x[0].index(axi, i)?])), vec![x], &mut rng);
         }
@@ -432,7 +472,13 @@ fn attention_rule_matches_finite_differences() {
                 2 => AttentionMask::Array(&bm),
                 _ => AttentionMask::Array(&x[3]),
             };
-            Ok(vec![rill::scaled_dot_product_attention(&x[0], &x[1], &x[2], mask, if case == 4 { Some(0.7) } else { None })?])
+            Ok(vec![rill::scaled_dot_product_attention(
+                &x[0],
+                &x[1],
+                &x[2],
+                mask,
+                if case == 4 { Some(0.7) } else { None },
+            )?])
         });
         check(&format!("attention case {case}"), f, ins, &mut rng);
     }
@@ -442,7 +488,8 @@ fn attention_rule_matches_finite_differences() {
 #[test]
 fn grad_of_grad() {
     let mut rng = Rng::new(9);
-    let g = rill::grad(|x| Ok(vec![x[0].sin()?.mul(&x[0].square()?)?.add(&x[0].exp()?.mul(&x[1])?)?.sum_all()?]), &[0, 1]);
+    let g =
+        rill::grad(|x| Ok(vec![x[0].sin()?.mul(&x[0].square()?)?.add(&x[0].exp()?.mul(&x[1])?)?.sum_all()?]), &[0, 1]);
     let s = shape(&mut rng, 1, 2, false);
     let ins = vec![rand_input(&mut rng, &s, -1.0, 1.0), rand_input(&mut rng, &s, -1.0, 1.0)];
     check("grad of elementwise", fun(move |x| g.call(x)), ins, &mut rng);
@@ -486,9 +533,10 @@ fn compile_and_grad_compose_both_ways() {
     for _ in 0..2 {
         let ins = mlp_inputs(&mut rng);
         let want = values(&eager.call(&ins).unwrap());
-        for (what, got) in
-            [("compile(grad)", compiled_grad.call(&ins).unwrap()), ("grad(compile)", grad_of_compiled.call(&ins).unwrap())]
-        {
+        for (what, got) in [
+            ("compile(grad)", compiled_grad.call(&ins).unwrap()),
+            ("grad(compile)", grad_of_compiled.call(&ins).unwrap()),
+        ] {
             for (g, w) in values(&got).iter().zip(&want) {
                 assert!(common::same_values(g, w), "{what}: {g:?} vs {w:?}");
             }
@@ -587,6 +635,21 @@ fn bad_input_gives_errors() {
         matches!(e, Error::Unsupported { op: "my_host_fn", .. })
     });
     expect_err(rill::vjp(|x| Ok(vec![x[0].reshape(&[7])?]), &[x.clone()], &[x.clone()]), "f's error", sh);
-    expect_err(rill::vjp(|_: &[Array]| -> Result<Vec<Array>> { panic!("boom") }, &[x.clone()], &[x.clone()]), "f panics", |e| matches!(e, Error::Panic { .. }));
-    expect_err(rill::vjp(|x| { x[0].eval()?; Ok(vec![x[0].clone()]) }, &[x.clone()], &[x.clone()]), "f evaluates", |_| true);
+    expect_err(
+        rill::vjp(|_: &[Array]| -> Result<Vec<Array>> { panic!("boom") }, &[x.clone()], &[x.clone()]),
+        "f panics",
+        |e| matches!(e, Error::Panic { .. }),
+    );
+    expect_err(
+        rill::vjp(
+            |x| {
+                x[0].eval()?;
+                Ok(vec![x[0].clone()])
+            },
+            &[x.clone()],
+            &[x.clone()],
+        ),
+        "f evaluates",
+        |_| true,
+    );
 }

@@ -292,7 +292,7 @@ fn build_group(
             | Primitive::BroadcastTo
             | Primitive::Slice { .. }
             | Primitive::Contiguous
-                | Primitive::StopGradient
+            | Primitive::StopGradient
             | Primitive::Take { .. }
             | Primitive::Concatenate { .. }
             | Primitive::Pad { .. }

@@ -18,8 +18,8 @@ use crate::error::Result;
 
 use super::cuda::utype;
 use super::grad::{Jvp, Vjp, add_opt, broadcast, unbroadcast};
-use crate::ops::elementwise::where_;
 use super::scalar::{Float, IntOps};
+use crate::ops::elementwise::where_;
 
 op_enum! {
     $ each_binary;

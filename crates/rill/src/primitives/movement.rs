@@ -316,10 +316,18 @@ fn unslice(ct: &Array, x: &[usize], start: &[usize], step: &[isize]) -> Result<A
             let mut zshape = g.shape().to_vec();
             zshape.insert(ax + 1, s - 1);
             let zeros = Array::zeros(&zshape, g.dtype())?;
-            let spread = crate::ops::movement::copies::concatenate(&[&g.expand_dims(ax as isize + 1)?, &zeros], ax as isize + 1)?;
+            let spread = crate::ops::movement::copies::concatenate(
+                &[&g.expand_dims(ax as isize + 1)?, &zeros],
+                ax as isize + 1,
+            )?;
             let mut merged = g.shape().to_vec();
             merged[ax] = len * s;
-            g = spread.reshape(&spec(&merged))?.slice_axis(ax as isize, Some(0), Some(((len - 1) * s + 1) as isize), 1)?;
+            g = spread.reshape(&spec(&merged))?.slice_axis(
+                ax as isize,
+                Some(0),
+                Some(((len - 1) * s + 1) as isize),
+                1,
+            )?;
         }
         let covered = g.shape()[ax];
         if covered != x[ax] {
@@ -377,8 +385,11 @@ pub(crate) fn vjp(p: &Primitive, g: &Vjp<'_>) -> Result<Vec<Option<Array>>> {
             out
         }
         Primitive::Pad { widths, .. } => {
-            let args: Vec<SliceArg> =
-                widths.iter().zip(x.shape()).map(|(&(b, _), &d)| SliceArg::range(b as isize, (b + d) as isize)).collect();
+            let args: Vec<SliceArg> = widths
+                .iter()
+                .zip(x.shape())
+                .map(|(&(b, _), &d)| SliceArg::range(b as isize, (b + d) as isize))
+                .collect();
             vec![Some(ct.slice(&args)?)]
         }
         Primitive::ToDevice => vec![Some(on_device(ct, &x.stream()))],

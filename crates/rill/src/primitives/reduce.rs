@@ -171,7 +171,9 @@ pub(crate) fn jvp(p: &Primitive, g: &Jvp<'_>) -> Result<Option<Array>> {
             Ok(Some(sum_kept(&t, axes)?))
         }
         Primitive::ArgReduce { .. } => Ok(None),
-        Primitive::Cumsum { axis, reverse, exclusive } => Ok(Some(t.cumsum_with(*axis as isize, *reverse, *exclusive)?)),
+        Primitive::Cumsum { axis, reverse, exclusive } => {
+            Ok(Some(t.cumsum_with(*axis as isize, *reverse, *exclusive)?))
+        }
         other => Err(no_rule(other.name(), "jvp")),
     }
 }

@@ -17,8 +17,8 @@ use crate::error::Result;
 
 use super::cuda::utype;
 use super::grad::{Jvp, Vjp};
-use crate::ops::elementwise::where_;
 use super::scalar::{Float, IntOps};
+use crate::ops::elementwise::where_;
 
 op_enum! {
     $ each_unary;
