@@ -305,7 +305,7 @@ fn reduction_rules_match_finite_differences() {
 #[test]
 fn ties_split_evenly() {
     let x = Array::from_slice(&[1.0, 3.0, 3.0, 2.0, 2.0, 0.0], &[2, 3]).unwrap();
-    let g = rill::grad(|x| Ok(vec![x[0].max(&[-1], false)?.sum_all()?]), &[0]).call(&[x.clone()]).unwrap();
+    let g = rill::grad(|x| Ok(vec![x[0].max(&[-1], false)?.sum_all()?]), &[0]).call(std::slice::from_ref(&x)).unwrap();
     assert_eq!(g[0].to_vec::<f64>().unwrap(), vec![0.0, 0.5, 0.5, 0.5, 0.5, 0.0]);
     let y = Array::from_slice(&[2.0, 2.0, 2.0, 2.0, 2.0, 2.0], &[2, 3]).unwrap();
     let g = rill::grad(|x| Ok(vec![x[0].maximum(&x[1])?.sum_all()?]), &[0, 1]).call(&[x, y]).unwrap();
@@ -579,7 +579,7 @@ fn gradients_from_many_threads_and_tasks() {
                 let (vg, inputs, serial) = (vg.clone(), inputs.clone(), serial.clone());
                 tokio::spawn(async move {
                     let (v, g) = vg.call(&inputs[k]).unwrap();
-                    rill::async_eval(&[v.clone()]).await.unwrap();
+                    rill::async_eval(std::slice::from_ref(&v)).await.unwrap();
                     tokio::task::yield_now().await;
                     assert_eq!(v.to_f64_vec().unwrap(), serial[k].0);
                     assert_eq!(values(&g), serial[k].1);
@@ -610,33 +610,53 @@ fn bad_input_gives_errors() {
     let dt = |e: &Error| matches!(e, Error::DType { .. });
     let sh = |e: &Error| matches!(e, Error::Shape { .. });
     let inv = |e: &Error| matches!(e, Error::InvalidArgument { .. });
-    expect_err(rill::vjp(id, &[i.clone()], &[x.clone()]), "integer primal", dt);
-    expect_err(rill::jvp(id, &[i.clone()], &[i.clone()]), "integer primal (jvp)", dt);
-    expect_err(rill::grad(id, &[0]).call(&[i.clone()]), "integer input of grad", dt);
-    expect_err(rill::grad(id, &[0]).call(&[x.clone()]), "grad of a non-scalar", sh);
-    expect_err(rill::grad(|x| Ok(vec![x[0].sum_all()?]), &[1]).call(&[x.clone()]), "argnums out of range", inv);
-    expect_err(rill::grad(|x| Ok(vec![x[0].sum_all()?]), &[]).call(&[x.clone()]), "argnums empty", inv);
-    expect_err(rill::grad(|x| Ok(vec![x[0].sum_all()?]), &[0, 0]).call(&[x.clone()]), "argnums repeated", inv);
-    expect_err(rill::grad(|x| Ok(vec![x[0].sum_all()?, x[0].sum_all()?]), &[0]).call(&[x.clone()]), "two outputs", inv);
+    expect_err(rill::vjp(id, std::slice::from_ref(&i), std::slice::from_ref(&x)), "integer primal", dt);
+    expect_err(rill::jvp(id, std::slice::from_ref(&i), std::slice::from_ref(&i)), "integer primal (jvp)", dt);
+    expect_err(rill::grad(id, &[0]).call(std::slice::from_ref(&i)), "integer input of grad", dt);
+    expect_err(rill::grad(id, &[0]).call(std::slice::from_ref(&x)), "grad of a non-scalar", sh);
+    expect_err(
+        rill::grad(|x| Ok(vec![x[0].sum_all()?]), &[1]).call(std::slice::from_ref(&x)),
+        "argnums out of range",
+        inv,
+    );
+    expect_err(rill::grad(|x| Ok(vec![x[0].sum_all()?]), &[]).call(std::slice::from_ref(&x)), "argnums empty", inv);
+    expect_err(
+        rill::grad(|x| Ok(vec![x[0].sum_all()?]), &[0, 0]).call(std::slice::from_ref(&x)),
+        "argnums repeated",
+        inv,
+    );
+    expect_err(
+        rill::grad(|x| Ok(vec![x[0].sum_all()?, x[0].sum_all()?]), &[0]).call(std::slice::from_ref(&x)),
+        "two outputs",
+        inv,
+    );
     let int_out = |x: &[Array]| Ok(vec![x[0].argmax(0, false)?]);
-    expect_err(rill::vjp(int_out, &[x.clone()], &[i.clone()]), "integer output", dt);
-    expect_err(rill::grad(int_out, &[0]).call(&[x.clone()]), "integer output of grad", dt);
+    expect_err(rill::vjp(int_out, std::slice::from_ref(&x), std::slice::from_ref(&i)), "integer output", dt);
+    expect_err(rill::grad(int_out, &[0]).call(std::slice::from_ref(&x)), "integer output of grad", dt);
     let x2 = Array::zeros(&[2], DType::F64).unwrap();
-    expect_err(rill::vjp(id, &[x.clone()], &[x2.clone()]), "cotangent shape", sh);
-    expect_err(rill::vjp(id, &[x.clone()], &[x.astype(DType::F32).unwrap()]), "cotangent dtype", dt);
-    expect_err(rill::vjp(id, &[x.clone()], &[]), "cotangent count", inv);
-    expect_err(rill::jvp(id, &[x.clone()], &[x2]), "tangent shape", sh);
-    expect_err(rill::jvp(id, &[x.clone()], &[]), "tangent count", inv);
+    expect_err(rill::vjp(id, std::slice::from_ref(&x), std::slice::from_ref(&x2)), "cotangent shape", sh);
+    expect_err(rill::vjp(id, std::slice::from_ref(&x), &[x.astype(DType::F32).unwrap()]), "cotangent dtype", dt);
+    expect_err(rill::vjp(id, std::slice::from_ref(&x), &[]), "cotangent count", inv);
+    expect_err(rill::jvp(id, std::slice::from_ref(&x), &[x2]), "tangent shape", sh);
+    expect_err(rill::jvp(id, std::slice::from_ref(&x), &[]), "tangent count", inv);
     // A primitive without a rule names itself; an error or panic of f comes back.
     let host = |x: &[Array]| {
         Ok(vec![rill::custom("my_host_fn", &[&x[0]], x[0].shape(), DType::F64, |v: &[Vec<f64>]| Ok(v[0].clone()))?])
     };
-    expect_err(rill::vjp(host, &[x.clone()], &[x.clone()]), "host callback", |e| {
+    expect_err(rill::vjp(host, std::slice::from_ref(&x), std::slice::from_ref(&x)), "host callback", |e| {
         matches!(e, Error::Unsupported { op: "my_host_fn", .. })
     });
-    expect_err(rill::vjp(|x| Ok(vec![x[0].reshape(&[7])?]), &[x.clone()], &[x.clone()]), "f's error", sh);
     expect_err(
-        rill::vjp(|_: &[Array]| -> Result<Vec<Array>> { panic!("boom") }, &[x.clone()], &[x.clone()]),
+        rill::vjp(|x| Ok(vec![x[0].reshape(&[7])?]), std::slice::from_ref(&x), std::slice::from_ref(&x)),
+        "f's error",
+        sh,
+    );
+    expect_err(
+        rill::vjp(
+            |_: &[Array]| -> Result<Vec<Array>> { panic!("boom") },
+            std::slice::from_ref(&x),
+            std::slice::from_ref(&x),
+        ),
         "f panics",
         |e| matches!(e, Error::Panic { .. }),
     );
@@ -646,8 +666,8 @@ fn bad_input_gives_errors() {
                 x[0].eval()?;
                 Ok(vec![x[0].clone()])
             },
-            &[x.clone()],
-            &[x.clone()],
+            std::slice::from_ref(&x),
+            std::slice::from_ref(&x),
         ),
         "f evaluates",
         |_| true,
