@@ -18,6 +18,7 @@
 #![allow(clippy::needless_range_loop)]
 
 mod array;
+pub mod autodiff;
 mod backend;
 pub mod dtype;
 mod error;
@@ -31,6 +32,7 @@ pub mod shape;
 mod sync;
 
 pub use array::Array;
+pub use autodiff::{Grad, ValueAndGrad, grad, jvp, stop_gradient, value_and_grad, vjp};
 #[cfg(feature = "cuda")]
 pub use backend::cuda::set_allow_tf32;
 pub use dtype::{DType, Element, Scalar};

@@ -230,6 +230,7 @@ fn build_group(
                 | Primitive::BroadcastTo
                 | Primitive::Slice { .. }
                 | Primitive::Contiguous
+                | Primitive::StopGradient
                 | Primitive::Take { .. }
                 | Primitive::Concatenate { .. }
                 | Primitive::Pad { .. }
@@ -301,6 +302,7 @@ fn build_group(
             | Primitive::BroadcastTo
             | Primitive::Slice { .. }
             | Primitive::Contiguous
+            | Primitive::StopGradient
             | Primitive::Take { .. }
             | Primitive::Concatenate { .. }
             | Primitive::Pad { .. }

@@ -44,7 +44,7 @@ fn derive(node: &TapeNode, ins: &[&[usize]], read: &dyn Fn(&ShapeOf) -> Vec<usiz
     Some(match prim {
         Full { .. } if node.shape.is_empty() => Ok(Vec::new()),
         Constant => Ok(node.shape.clone()),
-        Cast | Unary(_) | Contiguous | ToDevice => Ok(first()),
+        Cast | Unary(_) | Contiguous | ToDevice | StopGradient => Ok(first()),
         Softmax { axis, .. } => nn::softmax(prim.name(), &first(), *axis as isize).map(|(_, s)| s),
         Cumsum { axis, .. } => reduce::cumsum(&first(), *axis as isize).map(|(_, s)| s),
         Sort(spec) => sort::shape(spec, &first()),
@@ -237,6 +237,7 @@ fn count(tape: &Tape, inputs: &[Vec<usize>], shapes: &[Vec<usize>], rule: &Rule)
         | Primitive::BroadcastTo
         | Primitive::Slice { .. }
         | Primitive::Contiguous
+        | Primitive::StopGradient
         | Primitive::Take { .. }
         | Primitive::Concatenate { .. }
         | Primitive::Pad { .. }

@@ -41,6 +41,7 @@ pub fn same_op(a: &Primitive, b: &Primitive) -> bool {
         Reshape => matches!(b, Reshape),
         BroadcastTo => matches!(b, BroadcastTo),
         Contiguous => matches!(b, Contiguous),
+        StopGradient => matches!(b, StopGradient),
         ToDevice => matches!(b, ToDevice),
         Unary(x) => matches!(b, Unary(y) if x == y),
         Binary(x) => matches!(b, Binary(y) if x == y),

@@ -57,11 +57,14 @@ pub(crate) struct Tape {
 
 /// The function type every compiled function is stored as.
 pub(crate) type TraceFn = dyn Fn(&[Array], &[i64]) -> Result<Vec<Array>> + Send + Sync;
+/// [`TraceFn`] borrowed for `'a` (the autodiff transforms trace functions that are not
+/// `'static`).
+pub(crate) type TraceFnOf<'a> = dyn Fn(&[Array], &[i64]) -> Result<Vec<Array>> + Send + Sync + 'a;
 
 /// Runs `f` on placeholders shaped like `inputs`, with every op it records targeting
 /// `stream`, and records the result; `shapeless` also records shape rules.
 pub(crate) fn trace(
-    f: &TraceFn,
+    f: &TraceFnOf<'_>,
     shapes: &[Vec<usize>],
     dtypes: &[DType],
     statics: &[i64],

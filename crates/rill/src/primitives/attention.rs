@@ -76,5 +76,85 @@ pub(crate) fn attention(
     Ok(q[..nb].iter().copied().chain([hq, tq, v[nb + 2]]).collect())
 }
 
-// This family has no gradient rules: each slot returns `Unsupported` (see `grad.rs`).
-super::grad::no_rules!();
+// ---- gradient rules (see `grad.rs`) ----
+
+use super::Primitive;
+use super::grad::{Jvp, Vjp, no_rule};
+use crate::array::Array;
+use crate::ops::elementwise::where_;
+
+/// Attention through its math, `softmax(q kᵀ · scale + mask) v` with ops (the `[Tq, Tk]`
+/// scores stored), giving the kernels' answers: grouped heads, the bottom-right causal
+/// mask, and 0 for a row that attends nothing. The transforms differentiate this.
+fn math(ins: &[Array], scale: Option<f64>, kind: AttentionMaskKind, out_dtype: crate::DType) -> Result<Array> {
+    let (q, k, v) = (&ins[0], &ins[1], &ins[2]);
+    let r = q.ndim();
+    let (hq, tq, d) = (q.shape()[r - 3], q.shape()[r - 2], q.shape()[r - 1]);
+    let (hkv, tk) = (k.shape()[r - 3], k.shape()[r - 2]);
+    let mut out_shape = q.shape().to_vec();
+    out_shape[r - 1] = v.shape()[r - 1];
+    if tk == 0 || hq == 0 {
+        return Array::zeros(&out_shape, out_dtype);
+    }
+    // Query head h reads key/value head h / (hq / hkv): repeat each kv head that often.
+    let repeat = |a: &Array| -> Result<Array> {
+        let group = hq / hkv;
+        if group == 1 {
+            return Ok(a.clone());
+        }
+        let mut wide = a.shape().to_vec();
+        wide.insert(r - 2, group);
+        let mut merged = a.shape().to_vec();
+        merged[r - 3] = hq;
+        let spec: Vec<isize> = merged.iter().map(|&x| x as isize).collect();
+        a.expand_dims((r - 2) as isize)?.broadcast_to(&wide)?.reshape(&spec)
+    };
+    let (k, v) = (repeat(k)?, repeat(v)?);
+    let scale = scale.unwrap_or(if d == 0 { 1.0 } else { 1.0 / (d as f64).sqrt() });
+    let mut s = q.matmul(&k.swapaxes(-1, -2)?)?.mul(scale)?;
+    match kind {
+        AttentionMaskKind::None => {}
+        AttentionMaskKind::Causal => {
+            let i = Array::arange(0i64, tq as i64, 1i64, crate::DType::I64)?.reshape(&[tq as isize, 1])?;
+            let j = Array::arange(0i64, tk as i64, 1i64, crate::DType::I64)?.reshape(&[1, tk as isize])?;
+            let allowed = j.le(&i.add(tk as i64 - tq as i64)?)?;
+            s = where_(&allowed, &s, f64::NEG_INFINITY)?;
+        }
+        AttentionMaskKind::Array => {
+            let m = &ins[3];
+            s = if m.dtype() == crate::DType::Bool { where_(m, &s, f64::NEG_INFINITY)? } else { s.add(m)? };
+        }
+    }
+    // A stable softmax whose fully masked rows are 0 (the shift is a constant for the
+    // derivative: softmax does not depend on it).
+    let top = crate::autodiff::stop_gradient(&s.max(&[-1], true)?)?;
+    let top = where_(&top.eq(f64::NEG_INFINITY)?, 0.0, &top)?;
+    let e = s.sub(&top)?.exp()?;
+    let den = e.sum(&[-1], true)?;
+    let p = e.div(&where_(&den.eq(0.0)?, 1.0, &den)?)?;
+    let o = p.astype(v.dtype())?.matmul(&v)?;
+    if o.dtype() == out_dtype { Ok(o) } else { o.astype(out_dtype) }
+}
+
+/// `Attention`: differentiated through [`math`] (recomputing the scores), for q, k, v and
+/// a float mask (a bool mask has none).
+pub(crate) fn vjp(p: &Primitive, g: &Vjp<'_>) -> Result<Vec<Option<Array>>> {
+    match p {
+        Primitive::Attention { scale, mask } => {
+            let (scale, mask, dt) = (*scale, *mask, g.output.dtype());
+            crate::autodiff::vjp_of(&move |ins: &[Array]| Ok(vec![math(ins, scale, mask, dt)?]), g.inputs, g.cotangent)
+        }
+        other => Err(no_rule(other.name(), "vjp")),
+    }
+}
+
+/// `Attention`: the forward rule through [`math`].
+pub(crate) fn jvp(p: &Primitive, g: &Jvp<'_>) -> Result<Option<Array>> {
+    match p {
+        Primitive::Attention { scale, mask } => {
+            let (scale, mask, dt) = (*scale, *mask, g.output.dtype());
+            crate::autodiff::jvp_of(&move |ins: &[Array]| Ok(vec![math(ins, scale, mask, dt)?]), g.inputs, g.tangents)
+        }
+        other => Err(no_rule(other.name(), "jvp")),
+    }
+}

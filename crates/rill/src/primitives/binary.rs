@@ -17,8 +17,9 @@ use crate::dtype::DType;
 use crate::error::Result;
 
 use super::cuda::utype;
-use super::grad::{Jvp, Vjp, no_rule};
+use super::grad::{Jvp, Vjp, add_opt, broadcast, unbroadcast};
 use super::scalar::{Float, IntOps};
+use crate::ops::elementwise::where_;
 
 op_enum! {
     $ each_binary;
@@ -221,14 +222,82 @@ impl BinaryOp {
         }
     }
 
-    /// The op's reverse-mode rule: the cotangents of its two inputs (see `grad.rs`). There
-    /// is no rule: each op returns the `Unsupported` error naming it.
-    pub(crate) fn vjp(self, _: &Vjp<'_>) -> Result<[Option<Array>; 2]> {
-        Err(no_rule(self.name(), "vjp"))
+    /// The partial derivatives `(d/da, d/db)` of `y = a op b` (broadcastable to `y`).
+    /// Comparisons and logical ops have none (their output is bool). `pow`: `d/da` is 0
+    /// where `b == 0` and `d/db` is 0 where `a == 0` (where the formulas give NaN).
+    /// `maximum`/`minimum`: a tie splits the derivative evenly between the operands.
+    fn partials(self, a: &Array, b: &Array, y: &Array) -> Result<(Partial, Partial)> {
+        use BinaryOp::*;
+        use Partial::{MinusOne, One, Zero};
+        let d = y.dtype();
+        Ok(match self {
+            Add => (One, One),
+            Sub => (One, MinusOne),
+            Mul => (Partial::Of(b.clone()), Partial::Of(a.clone())),
+            Div => (Partial::Of(b.reciprocal()?), Partial::Of(y.div(b)?.neg()?)),
+            Pow => {
+                let da = where_(&b.eq(0.0)?, 0.0, &b.mul(&a.pow(&b.sub(1.0)?)?)?)?;
+                let db = where_(&a.eq(0.0)?, 0.0, &y.mul(&a.log()?)?)?;
+                (Partial::Of(da), Partial::Of(db))
+            }
+            Maximum | Minimum => {
+                let wins = if self == Maximum { a.gt(b)? } else { a.lt(b)? };
+                let w = wins.astype(d)?.add(&a.eq(b)?.astype(d)?.mul(0.5)?)?;
+                let other = w.neg()?.add(1.0)?;
+                (Partial::Of(w), Partial::Of(other))
+            }
+            Equal | NotEqual | Less | LessEqual | Greater | GreaterEqual | LogicalAnd | LogicalOr => (Zero, Zero),
+        })
+    }
+
+    /// The op's reverse-mode rule: the cotangents of its two inputs (see `grad.rs`),
+    /// summed over the axes each was broadcast along.
+    pub(crate) fn vjp(self, g: &Vjp<'_>) -> Result<[Option<Array>; 2]> {
+        let (a, b) = (&g.inputs[0], &g.inputs[1]);
+        if !g.output.dtype().is_float() {
+            return Ok([None, None]);
+        }
+        let (da, db) = self.partials(a, b, g.output)?;
+        let side = |p: &Partial, x: &Array| -> Result<Option<Array>> {
+            match p.times(g.cotangent)? {
+                Some(c) => Ok(Some(unbroadcast(&c, x.shape())?)),
+                None => Ok(None),
+            }
+        };
+        Ok([side(&da, a)?, side(&db, b)?])
     }
 
     /// The op's forward-mode rule: the tangent of its output (see `grad.rs`).
-    pub(crate) fn jvp(self, _: &Jvp<'_>) -> Result<Option<Array>> {
-        Err(no_rule(self.name(), "jvp"))
+    pub(crate) fn jvp(self, g: &Jvp<'_>) -> Result<Option<Array>> {
+        if !g.output.dtype().is_float() {
+            return Ok(None);
+        }
+        let (da, db) = self.partials(&g.inputs[0], &g.inputs[1], g.output)?;
+        let term = |p: &Partial, t: &Option<Array>| match t {
+            Some(t) => p.times(t),
+            None => Ok(None),
+        };
+        let t = add_opt(term(&da, &g.tangents[0])?, term(&db, &g.tangents[1])?)?;
+        t.map(|t| broadcast(t, g.output.shape())).transpose()
+    }
+}
+
+/// A partial derivative of a binary op.
+enum Partial {
+    One,
+    MinusOne,
+    Zero,
+    Of(Array),
+}
+
+impl Partial {
+    /// `v` times this partial (`None`: zero).
+    fn times(&self, v: &Array) -> Result<Option<Array>> {
+        Ok(match self {
+            Partial::One => Some(v.clone()),
+            Partial::MinusOne => Some(v.neg()?),
+            Partial::Zero => None,
+            Partial::Of(d) => Some(v.mul(d)?),
+        })
     }
 }

@@ -278,6 +278,7 @@ pub(crate) fn fusable(prim: &crate::primitives::Primitive, ins: &[DType], out: D
         | BroadcastTo
         | Slice { .. }
         | Contiguous
+        | StopGradient
         | Take { .. }
         | Concatenate { .. }
         | Pad { .. }
@@ -433,5 +434,97 @@ pub(crate) fn lt_epilogue(
     (product == 1 && something && counted == prog.insts.len()).then_some(lt)
 }
 
-// This family has no gradient rules: each slot returns `Unsupported` (see `grad.rs`).
-super::grad::no_rules!();
+// ---- gradient rules (see `grad.rs`) ----
+
+use super::Primitive;
+use super::grad::{Jvp, Vjp};
+use crate::array::Array;
+
+/// `prog` run with ops on `ins` (its external inputs): the chain of ops it replaces.
+fn run_program(prog: &FusedProgram, ins: &[Array]) -> crate::error::Result<Array> {
+    let mut regs: Vec<Array> = Vec::with_capacity(prog.insts.len());
+    for (inst, &d) in prog.insts.iter().zip(&prog.dtypes) {
+        let r = match inst {
+            Inst::Load(k) => ins[*k].clone(),
+            Inst::Const(c) => Array::full(&[], *c, d)?,
+            Inst::Unary(op, a) => regs[*a].unary(*op)?,
+            Inst::Binary(op, a, b) => regs[*a].binary(&regs[*b], *op)?,
+            Inst::Where(c, x, y) => crate::ops::elementwise::where_(&regs[*c], &regs[*x], &regs[*y])?,
+            Inst::Cast(a) => regs[*a].astype(d)?,
+        };
+        regs.push(if r.dtype() == d { r } else { r.astype(d)? });
+    }
+    Ok(regs[prog.out].clone())
+}
+
+fn fit(a: Array, shape: &[usize]) -> crate::error::Result<Array> {
+    super::grad::broadcast(a, shape)
+}
+
+/// A fused node recomputed with the ops it replaces (un-fused), of the node's `shape`.
+fn unfuse(p: &Primitive, ins: &[Array], shape: &[usize]) -> crate::error::Result<Array> {
+    match p {
+        Primitive::Fused(prog) => fit(run_program(prog, ins)?, shape),
+        Primitive::FusedReduce { program, op, axes } => {
+            let mut full: Vec<usize> = Vec::new();
+            for a in ins {
+                full = crate::shape::broadcast_shapes("fused_reduce", &full, a.shape())?;
+            }
+            let v = fit(run_program(program, ins)?, &full)?;
+            let axes: Vec<isize> = axes.iter().map(|&a| a as isize).collect();
+            if axes.is_empty() {
+                return Ok(v);
+            }
+            match op {
+                crate::primitives::ReduceOp::Sum => v.sum(&axes, true),
+                crate::primitives::ReduceOp::Prod => v.prod(&axes, true),
+                crate::primitives::ReduceOp::Max => v.max(&axes, true),
+                crate::primitives::ReduceOp::Min => v.min(&axes, true),
+            }
+        }
+        Primitive::Block(b) => match &b.kind {
+            BlockKind::Matmul { program, .. } => {
+                let mut args = vec![ins[0].matmul(&ins[1])?];
+                args.extend(ins[2..].iter().cloned());
+                fit(run_program(program, &args)?, shape)
+            }
+            BlockKind::ResidualNorm { eps, rms, has_weight, has_bias, keep_sum } => {
+                let s = ins[0].add(&ins[1])?;
+                let w = if *has_weight { ins.get(2) } else { None };
+                let bias = if *has_bias { ins.get(2 + *has_weight as usize) } else { None };
+                let n = if *rms { s.rms_norm(w, *eps)? } else { s.layer_norm(w, bias, *eps)? };
+                if *keep_sum { crate::ops::movement::copies::stack(&[&s, &n], 0) } else { Ok(n) }
+            }
+            BlockKind::Multi { program, sizes, scalar } => {
+                let per = program.input_dtypes().len();
+                let mut parts = Vec::with_capacity(sizes.len());
+                for (m, &size) in sizes.iter().enumerate() {
+                    let member = ins[m * per..(m + 1) * per]
+                        .iter()
+                        .enumerate()
+                        .map(|(k, a)| {
+                            let flat = a.reshape(&[-1])?;
+                            if scalar[k] { flat.broadcast_to(&[size]) } else { Ok(flat) }
+                        })
+                        .collect::<crate::error::Result<Vec<_>>>()?;
+                    parts.push(fit(run_program(program, &member)?, &[size])?);
+                }
+                crate::ops::movement::copies::concatenate(&parts.iter().collect::<Vec<_>>(), 0)
+            }
+        },
+        other => Err(super::grad::no_rule(other.name(), "vjp")),
+    }
+}
+
+/// The fused nodes (`Fused`, `FusedReduce`, blocks) of a compiled function's replay:
+/// differentiated through the ops they replace.
+pub(crate) fn vjp(p: &Primitive, g: &Vjp<'_>) -> crate::error::Result<Vec<Option<Array>>> {
+    let shape = g.output.shape().to_vec();
+    crate::autodiff::vjp_of(&|ins: &[Array]| Ok(vec![unfuse(p, ins, &shape)?]), g.inputs, g.cotangent)
+}
+
+/// The forward rule of the fused nodes, through the ops they replace.
+pub(crate) fn jvp(p: &Primitive, g: &Jvp<'_>) -> crate::error::Result<Option<Array>> {
+    let shape = g.output.shape().to_vec();
+    crate::autodiff::jvp_of(&|ins: &[Array]| Ok(vec![unfuse(p, ins, &shape)?]), g.inputs, g.tangents)
+}

@@ -7,11 +7,15 @@
 //! `None` stands for a cotangent or tangent that is structurally zero (an integer input,
 //! an index, a source).
 
-// No transform calls these and no rule reads the fields: only the tests use them.
-#![allow(dead_code)]
+//!
+//! Adding a primitive: give it an [`Owner`] in `grad_owner` (the one table); its family
+//! file's `vjp`/`jvp` then either handle it or return `no_rule` for it.
 
 use crate::array::Array;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::ops::elementwise::where_;
+use crate::ops::{on_device, target_stream};
 
 use super::{
     BinaryOp, Primitive, UnaryOp, attention, creation, decode, fused, linalg, movement, nn, quant, reduce, sort,
@@ -38,28 +42,86 @@ pub(crate) fn no_rule(op: &'static str, transform: &str) -> Error {
     Error::Unsupported { op, backend: "autodiff", msg: format!("no {transform} rule for this primitive") }
 }
 
-/// The slot of a family without gradient rules: `vjp` and `jvp` that return the
-/// `Unsupported` error naming the primitive.
-macro_rules! no_rules {
-    () => {
-        /// This family's reverse-mode rules (see `grad.rs`).
-        pub(crate) fn vjp(
-            p: &super::Primitive,
-            _: &super::grad::Vjp<'_>,
-        ) -> crate::error::Result<Vec<Option<crate::Array>>> {
-            Err(super::grad::no_rule(p.name(), "vjp"))
-        }
-
-        /// This family's forward-mode rules (see `grad.rs`).
-        pub(crate) fn jvp(
-            p: &super::Primitive,
-            _: &super::grad::Jvp<'_>,
-        ) -> crate::error::Result<Option<crate::Array>> {
-            Err(super::grad::no_rule(p.name(), "jvp"))
-        }
-    };
+/// Records `prim` of `inputs` with `shape` and `dtype` (the rules that re-apply a linear
+/// primitive to a tangent).
+pub(crate) fn record(prim: Primitive, inputs: Vec<Array>, shape: &[usize], dtype: DType) -> Result<Array> {
+    let refs: Vec<&Array> = inputs.iter().collect();
+    let stream = target_stream(&refs)?;
+    let inputs: Vec<Array> = inputs.iter().map(|a| on_device(a, &stream)).collect();
+    Ok(Array::from_op(prim, inputs, shape.to_vec(), dtype, stream))
 }
-pub(crate) use no_rules;
+
+/// `ct` (of a broadcast shape) summed over the axes broadcasting added or stretched, in
+/// `shape`: the cotangent of an operand that was broadcast.
+pub(crate) fn unbroadcast(ct: &Array, shape: &[usize]) -> Result<Array> {
+    if ct.shape() == shape {
+        return Ok(ct.clone());
+    }
+    let lead = ct.ndim() - shape.len();
+    let axes: Vec<isize> = (0..ct.ndim())
+        .filter(|&i| i < lead || (shape[i - lead] == 1 && ct.shape()[i] != 1))
+        .map(|i| i as isize)
+        .collect();
+    let summed = if axes.is_empty() { ct.clone() } else { ct.sum(&axes, true)? };
+    let spec: Vec<isize> = shape.iter().map(|&d| d as isize).collect();
+    summed.reshape(&spec)
+}
+
+/// `t` broadcast to `shape` (a tangent of a smaller operand, as the output's).
+pub(crate) fn broadcast(t: Array, shape: &[usize]) -> Result<Array> {
+    if t.shape() == shape { Ok(t) } else { t.broadcast_to(shape) }
+}
+
+/// The sum of two optional terms (`None`: zero).
+pub(crate) fn add_opt(a: Option<Array>, b: Option<Array>) -> Result<Option<Array>> {
+    Ok(match (a, b) {
+        (Some(a), Some(b)) => Some(a.add(&b)?),
+        (a, None) => a,
+        (None, b) => b,
+    })
+}
+
+/// `Cast`: the cotangent converted back (no derivative through an integer or bool on
+/// either side). `Where`: the cotangent routed to the chosen operand (the condition has
+/// none).
+fn elementwise_vjp(p: &Primitive, g: &Vjp<'_>) -> Result<Vec<Option<Array>>> {
+    match p {
+        Primitive::Cast => {
+            let x = &g.inputs[0];
+            let ok = x.dtype().is_float() && g.output.dtype().is_float();
+            Ok(vec![if ok { Some(g.cotangent.astype(x.dtype())?) } else { None }])
+        }
+        Primitive::Where => {
+            let (c, x, y, ct) = (&g.inputs[0], &g.inputs[1], &g.inputs[2], g.cotangent);
+            let cx = unbroadcast(&where_(c, ct, 0.0)?, x.shape())?;
+            let cy = unbroadcast(&where_(c, 0.0, ct)?, y.shape())?;
+            Ok(vec![None, Some(cx), Some(cy)])
+        }
+        other => Err(no_rule(other.name(), "vjp")),
+    }
+}
+
+fn elementwise_jvp(p: &Primitive, g: &Jvp<'_>) -> Result<Option<Array>> {
+    match p {
+        Primitive::Cast => match &g.tangents[0] {
+            Some(t) if g.output.dtype().is_float() => Ok(Some(t.astype(g.output.dtype())?)),
+            _ => Ok(None),
+        },
+        Primitive::Where => {
+            let c = &g.inputs[0];
+            let pick = |t: &Option<Array>| t.clone().map(crate::ops::Operand::Array);
+            let zero = || crate::ops::Operand::Scalar(crate::dtype::Scalar::Float(0.0));
+            let (tx, ty) = (pick(&g.tangents[1]), pick(&g.tangents[2]));
+            if tx.is_none() && ty.is_none() {
+                return Ok(None);
+            }
+            let t = where_(c, tx.unwrap_or_else(zero), ty.unwrap_or_else(zero))?;
+            let t = if t.dtype() == g.output.dtype() { t } else { t.astype(g.output.dtype())? };
+            Ok(Some(broadcast(t, g.output.shape())?))
+        }
+        other => Err(no_rule(other.name(), "jvp")),
+    }
+}
 
 /// Where a primitive's gradient rules live: the one table from primitives to rule files.
 enum Owner {
@@ -82,6 +144,8 @@ enum Owner {
     /// A traced input: no inputs of its own, and a given tangent.
     Placeholder,
     Fused,
+    /// `stop_gradient`: the identity, with no derivative.
+    Stop,
 }
 
 impl Primitive {
@@ -111,6 +175,7 @@ impl Primitive {
             Host { name, .. } => Owner::Host(name),
             Placeholder { .. } => Owner::Placeholder,
             Fused(_) | FusedReduce { .. } | Block(_) => Owner::Fused,
+            StopGradient => Owner::Stop,
         }
     }
 
@@ -121,7 +186,7 @@ impl Primitive {
             Owner::Creation => creation::vjp(self, g),
             Owner::Unary(op) => Ok(vec![op.vjp(g)?]),
             Owner::Binary(op) => Ok(op.vjp(g)?.into()),
-            Owner::Elementwise => Err(no_rule(self.name(), "vjp")),
+            Owner::Elementwise => elementwise_vjp(self, g),
             Owner::Reduce => reduce::vjp(self, g),
             Owner::Sort => sort::vjp(self, g),
             Owner::Nn => nn::vjp(self, g),
@@ -133,6 +198,7 @@ impl Primitive {
             Owner::Host(name) => Err(no_derivative(name)),
             Owner::Placeholder => Ok(Vec::new()),
             Owner::Fused => fused::vjp(self, g),
+            Owner::Stop => Ok(vec![None]),
         }
     }
 
@@ -143,7 +209,7 @@ impl Primitive {
             Owner::Creation => creation::jvp(self, g),
             Owner::Unary(op) => op.jvp(g),
             Owner::Binary(op) => op.jvp(g),
-            Owner::Elementwise => Err(no_rule(self.name(), "jvp")),
+            Owner::Elementwise => elementwise_jvp(self, g),
             Owner::Reduce => reduce::jvp(self, g),
             Owner::Sort => sort::jvp(self, g),
             Owner::Nn => nn::jvp(self, g),
@@ -155,6 +221,7 @@ impl Primitive {
             Owner::Host(name) => Err(no_derivative(name)),
             Owner::Placeholder => Ok(None),
             Owner::Fused => fused::jvp(self, g),
+            Owner::Stop => Ok(None),
         }
     }
 }
@@ -166,31 +233,20 @@ fn no_derivative(op: &'static str) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::primitives::{BinaryOp, ReduceOp, UnaryOp};
 
-    /// Until a rule is written, each primitive refuses by name in both modes; sources and
-    /// traced inputs have nothing to differentiate.
+    /// A host callback refuses by name in both modes; sources and traced inputs have
+    /// nothing to differentiate; `stop_gradient` passes nothing.
     #[test]
-    fn every_primitive_has_a_slot_that_names_it() {
+    fn slots_refuse_by_name_or_pass_nothing() {
         let x = Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
         let inputs = [x.clone(), x.clone()];
         let vjp = Vjp { inputs: &inputs, output: &x, cotangent: &x };
         let jvp = Jvp { inputs: &inputs, tangents: &[Some(x.clone()), None], output: &x };
-        let mut refused: Vec<Primitive> = UnaryOp::ALL.iter().map(|&op| Primitive::Unary(op)).collect();
-        refused.extend(BinaryOp::ALL.iter().map(|&op| Primitive::Binary(op)));
-        refused.extend([
-            Primitive::Cast,
-            Primitive::Where,
-            Primitive::Reduce { op: ReduceOp::Sum, axes: vec![0] },
-            Primitive::Softmax { axis: 0, log: false },
-            Primitive::Matmul,
-            Primitive::Attention { scale: None, mask: crate::primitives::AttentionMaskKind::Causal },
+        let refused = [
+            Primitive::Host { name: "my_callback", f: std::sync::Arc::new(|v: &[Vec<f64>]| Ok(v[0].clone())) },
             Primitive::QuantMatmul { format: crate::quant::QuantFormat::Q4_0 },
             Primitive::Dequantize { format: crate::quant::QuantFormat::Q8_0 },
-            Primitive::Reshape,
-            Primitive::Take { axis: 0 },
-            Primitive::Host { name: "my_callback", f: std::sync::Arc::new(|v: &[Vec<f64>]| Ok(v[0].clone())) },
-        ]);
+        ];
         for p in &refused {
             for r in [p.vjp(&vjp).map(|_| ()), p.jvp(&jvp).map(|_| ())] {
                 match r {
@@ -203,5 +259,18 @@ mod tests {
             assert!(p.vjp(&vjp).unwrap().is_empty(), "{}", p.name());
             assert!(p.jvp(&jvp).unwrap().is_none(), "{}", p.name());
         }
+        let s = Primitive::StopGradient;
+        assert!(s.vjp(&vjp).unwrap().iter().all(Option::is_none));
+        assert!(s.jvp(&jvp).unwrap().is_none());
+    }
+
+    #[test]
+    fn unbroadcast_sums_the_broadcast_axes() {
+        let ct = Array::from_slice(&(0..24).map(|i| i as f64).collect::<Vec<_>>(), &[2, 3, 4]).unwrap();
+        let r = unbroadcast(&ct, &[3, 1]).unwrap();
+        assert_eq!(r.shape(), &[3, 1]);
+        let want: Vec<f64> =
+            (0..3).map(|j| (0..2).flat_map(|i| (0..4).map(move |k| (i * 12 + j * 4 + k) as f64)).sum()).collect();
+        assert_eq!(r.to_vec::<f64>().unwrap(), want);
     }
 }

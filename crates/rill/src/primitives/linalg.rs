@@ -73,5 +73,33 @@ pub(crate) fn matmul(sa: &[usize], sb: &[usize]) -> Result<Matmul> {
     Ok(Matmul { a, b, a_full, b_full, out, gone, result })
 }
 
-// This family has no gradient rules: each slot returns `Unsupported` (see `grad.rs`).
-super::grad::no_rules!();
+// ---- gradient rules (see `grad.rs`) ----
+
+use super::Primitive;
+use super::grad::{Jvp, Vjp, add_opt, no_rule};
+use crate::array::Array;
+
+/// `Matmul` (operands of equal batch shapes): `ct @ bᵀ` and `aᵀ @ ct`. Batch
+/// broadcasting happened in `BroadcastTo` nodes before it, whose rule sums it back.
+pub(crate) fn vjp(p: &Primitive, g: &Vjp<'_>) -> crate::error::Result<Vec<Option<Array>>> {
+    match p {
+        Primitive::Matmul => {
+            let (a, b, ct) = (&g.inputs[0], &g.inputs[1], g.cotangent);
+            Ok(vec![Some(ct.matmul(&b.swapaxes(-1, -2)?)?), Some(a.swapaxes(-1, -2)?.matmul(ct)?)])
+        }
+        other => Err(no_rule(other.name(), "vjp")),
+    }
+}
+
+/// `Matmul`: `ta @ b + a @ tb`.
+pub(crate) fn jvp(p: &Primitive, g: &Jvp<'_>) -> crate::error::Result<Option<Array>> {
+    match p {
+        Primitive::Matmul => {
+            let (a, b) = (&g.inputs[0], &g.inputs[1]);
+            let ta = g.tangents[0].as_ref().map(|t| t.matmul(b)).transpose()?;
+            let tb = g.tangents[1].as_ref().map(|t| a.matmul(t)).transpose()?;
+            add_opt(ta, tb)
+        }
+        other => Err(no_rule(other.name(), "jvp")),
+    }
+}

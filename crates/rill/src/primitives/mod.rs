@@ -73,7 +73,7 @@ pub(crate) mod creation;
 pub(crate) mod cuda;
 pub(crate) mod decode;
 pub(crate) mod fused;
-mod grad;
+pub(crate) mod grad;
 pub(crate) mod linalg;
 pub(crate) mod movement;
 pub(crate) mod nn;
@@ -279,6 +279,9 @@ pub enum Primitive {
         /// Step on each axis (never zero; negative walks backwards).
         step: Vec<isize>,
     },
+    /// The identity that the autodiff transforms treat as a constant
+    /// ([`crate::stop_gradient`]).
+    StopGradient,
 
     // ---- copies ----
     /// A row-major copy.
@@ -377,6 +380,7 @@ impl Primitive {
             Permute(_) => "permute",
             BroadcastTo => "broadcast_to",
             Slice { .. } => "slice",
+            StopGradient => "stop_gradient",
             Contiguous => "contiguous",
             Take { .. } => "take",
             Concatenate { .. } => "concatenate",
@@ -402,7 +406,7 @@ impl Primitive {
             }
             Matmul | Attention { .. } | QuantMatmul { .. } | Dequantize { .. } | Rope { .. } => Family::LinearAlgebra,
             Sort(_) => Family::Reduction,
-            Reshape | Permute(_) | BroadcastTo | Slice { .. } => Family::View,
+            Reshape | Permute(_) | BroadcastTo | Slice { .. } | StopGradient => Family::View,
             Contiguous
             | Take { .. }
             | Concatenate { .. }

@@ -281,5 +281,153 @@ pub(crate) fn pad(x: &[usize], widths: &[(usize, usize)], dtype: DType) -> Resul
     Ok(Pad { widths, shape })
 }
 
-// This family has no gradient rules: each slot returns `Unsupported` (see `grad.rs`).
-super::grad::no_rules!();
+// ---- gradient rules (see `grad.rs`) ----
+
+use super::Primitive;
+use super::grad::{Jvp, Vjp, no_rule, record, unbroadcast};
+use crate::array::Array;
+use crate::ops::elementwise::where_;
+use crate::ops::on_device;
+
+/// `shape` as the signed dimensions `reshape` takes.
+fn spec(shape: &[usize]) -> Vec<isize> {
+    shape.iter().map(|&d| d as isize).collect()
+}
+
+/// The cotangent of a `Slice { start, step }` of an input of shape `x`: `ct` placed at
+/// the elements the slice took, zeros elsewhere. Per axis: a negative step is walked
+/// forwards (the cotangent reversed), a step `s > 1` interleaves `s - 1` zeros after each
+/// element, and padding puts the run at its place.
+fn unslice(ct: &Array, x: &[usize], start: &[usize], step: &[isize]) -> Result<Array> {
+    if ct.size() == 0 {
+        return Array::zeros(x, ct.dtype());
+    }
+    let mut g = ct.clone();
+    for ax in 0..x.len() {
+        let len = g.shape()[ax];
+        let s = step[ax].unsigned_abs();
+        let first = if step[ax] < 0 {
+            g = g.slice_axis(ax as isize, None, None, -1)?;
+            start[ax] - (len - 1) * s
+        } else {
+            start[ax]
+        };
+        if s > 1 && len > 1 {
+            let mut zshape = g.shape().to_vec();
+            zshape.insert(ax + 1, s - 1);
+            let zeros = Array::zeros(&zshape, g.dtype())?;
+            let spread = crate::ops::movement::copies::concatenate(
+                &[&g.expand_dims(ax as isize + 1)?, &zeros],
+                ax as isize + 1,
+            )?;
+            let mut merged = g.shape().to_vec();
+            merged[ax] = len * s;
+            g = spread.reshape(&spec(&merged))?.slice_axis(
+                ax as isize,
+                Some(0),
+                Some(((len - 1) * s + 1) as isize),
+                1,
+            )?;
+        }
+        let covered = g.shape()[ax];
+        if covered != x[ax] {
+            let mut widths = vec![(0, 0); x.len()];
+            widths[ax] = (first, x[ax] - first - covered);
+            g = g.pad(&widths, 0.0)?;
+        }
+    }
+    Ok(g)
+}
+
+/// The cotangent of `Take { axis }` of `x` with `indices`: the cotangent of each gathered
+/// element summed into the row it came from, as a one-hot matrix product
+/// `onehot(indices)ᵀ @ ct` (exact; its work is `rows * indices * other elements`, a
+/// product, not a scatter).
+fn untake(ct: &Array, x: &Array, indices: &Array, axis: usize) -> Result<Array> {
+    let n = x.shape()[axis];
+    let pre: usize = x.shape()[..axis].iter().product();
+    let post: usize = x.shape()[axis + 1..].iter().product();
+    let j = indices.size();
+    let idx = indices.astype(crate::DType::I64)?;
+    let idx = where_(&idx.lt(0)?, &idx.add(n as i64)?, &idx)?.reshape(&[j as isize, 1])?;
+    let rows = Array::arange(0i64, n as i64, 1i64, crate::DType::I64)?.reshape(&[1, n as isize])?;
+    let onehot = idx.eq(&rows)?.astype(ct.dtype())?;
+    let c = ct.reshape(&[pre as isize, j as isize, post as isize])?;
+    onehot.t()?.matmul(&c)?.reshape(&spec(x.shape()))
+}
+
+/// The rules of the movement ops: each moves the cotangent back (reshape back, inverse
+/// permutation, sum over broadcast axes, unslice, the interior of a pad, the parts of a
+/// concatenation, the one-hot product of a gather, a copy back to the input's device).
+pub(crate) fn vjp(p: &Primitive, g: &Vjp<'_>) -> Result<Vec<Option<Array>>> {
+    let (x, ct) = (&g.inputs[0], g.cotangent);
+    Ok(match p {
+        Primitive::Reshape => vec![Some(ct.reshape(&spec(x.shape()))?)],
+        Primitive::Permute(perm) => {
+            let mut inv = vec![0; perm.len()];
+            for (i, &q) in perm.iter().enumerate() {
+                inv[q] = i;
+            }
+            vec![Some(ct.transpose(&inv)?)]
+        }
+        Primitive::BroadcastTo => vec![Some(unbroadcast(ct, x.shape())?)],
+        Primitive::Slice { start, step } => vec![Some(unslice(ct, x.shape(), start, step)?)],
+        Primitive::Contiguous => vec![Some(ct.clone())],
+        Primitive::Take { axis } => vec![Some(untake(ct, x, &g.inputs[1], *axis)?), None],
+        Primitive::Concatenate { axis } => {
+            let mut off = 0;
+            let mut out = Vec::with_capacity(g.inputs.len());
+            for a in g.inputs {
+                let len = a.shape()[*axis];
+                out.push(Some(ct.slice_axis(*axis as isize, Some(off as isize), Some((off + len) as isize), 1)?));
+                off += len;
+            }
+            out
+        }
+        Primitive::Pad { widths, .. } => {
+            let args: Vec<SliceArg> = widths
+                .iter()
+                .zip(x.shape())
+                .map(|(&(b, _), &d)| SliceArg::range(b as isize, (b + d) as isize))
+                .collect();
+            vec![Some(ct.slice(&args)?)]
+        }
+        Primitive::ToDevice => vec![Some(on_device(ct, &x.stream()))],
+        other => return Err(no_rule(other.name(), "vjp")),
+    })
+}
+
+/// The forward rules: every movement op is linear, so the tangent is moved the same way
+/// (a pad pads it with zeros; a concatenation joins zeros for inputs without one).
+pub(crate) fn jvp(p: &Primitive, g: &Jvp<'_>) -> Result<Option<Array>> {
+    let (y, ts) = (g.output, g.tangents);
+    let same = |t: &Option<Array>, prim: Primitive| match t {
+        Some(t) => record(prim, vec![t.clone()], y.shape(), y.dtype()).map(Some),
+        None => Ok(None),
+    };
+    match p {
+        Primitive::Reshape | Primitive::Permute(_) | Primitive::BroadcastTo | Primitive::Slice { .. } => {
+            same(&ts[0], p.clone())
+        }
+        Primitive::Contiguous => Ok(ts[0].clone()),
+        Primitive::Pad { widths, .. } => same(&ts[0], Primitive::Pad { widths: widths.clone(), value: 0.0 }),
+        Primitive::Take { axis } => match &ts[0] {
+            Some(t) => Ok(Some(t.take(&g.inputs[1], *axis as isize)?)),
+            None => Ok(None),
+        },
+        Primitive::Concatenate { axis } => {
+            let parts = g
+                .inputs
+                .iter()
+                .zip(ts)
+                .map(|(a, t)| match t {
+                    Some(t) => Ok(t.clone()),
+                    None => Array::zeros(a.shape(), y.dtype()),
+                })
+                .collect::<Result<Vec<Array>>>()?;
+            Ok(Some(crate::ops::movement::copies::concatenate(&parts.iter().collect::<Vec<_>>(), *axis as isize)?))
+        }
+        Primitive::ToDevice => Ok(ts[0].as_ref().map(|t| on_device(t, &y.stream()))),
+        other => Err(no_rule(other.name(), "jvp")),
+    }
+}

@@ -95,5 +95,85 @@ pub(crate) fn cumsum(x: &[usize], axis: isize) -> Result<(usize, Vec<usize>)> {
     Ok((normalize_axis("cumsum", axis, x.len())?, x.to_vec()))
 }
 
-// This family has no gradient rules: each slot returns `Unsupported` (see `grad.rs`).
-super::grad::no_rules!();
+// ---- gradient rules (see `grad.rs`) ----
+
+use super::Primitive;
+use super::grad::{Jvp, Vjp, no_rule};
+use crate::array::Array;
+use crate::ops::elementwise::where_;
+
+/// `axes` as the signed axes the ops take.
+fn signed(axes: &[usize]) -> Vec<isize> {
+    axes.iter().map(|&a| a as isize).collect()
+}
+
+/// `x` summed over `axes` with the axes kept (the identity when there are none).
+fn sum_kept(x: &Array, axes: &[usize]) -> Result<Array> {
+    if axes.is_empty() { Ok(x.clone()) } else { x.sum(&signed(axes), true) }
+}
+
+/// `d y / d x` of `y = op(x)` over `axes` (kept), of `x`'s shape; `None` for a sum
+/// (the derivative is one). `prod`: the product of the other elements, exact when the
+/// row holds zeros. `max`/`min`: the derivative is split evenly between the elements
+/// equal to the extremum (ties share it).
+fn reduce_derivative(op: ReduceOp, axes: &[usize], x: &Array, y: &Array) -> Result<Option<Array>> {
+    if axes.is_empty() {
+        return Ok(None);
+    }
+    let d = x.dtype();
+    Ok(match op {
+        ReduceOp::Sum => None,
+        ReduceOp::Prod => {
+            let zero = x.eq(0.0)?;
+            let nonzero = where_(&zero, 1.0, x)?;
+            let p = nonzero.prod(&signed(axes), true)?;
+            let zeros = zero.astype(d)?.sum(&signed(axes), true)?;
+            let one_zero = where_(&zeros.eq(1.0)?.logical_and(&zero)?, &p, 0.0)?;
+            Some(where_(&zeros.eq(0.0)?, &p.div(&nonzero)?, &one_zero)?)
+        }
+        ReduceOp::Max | ReduceOp::Min => {
+            let hit = x.eq(y)?.astype(d)?;
+            Some(hit.div(&hit.sum(&signed(axes), true)?)?)
+        }
+    })
+}
+
+/// `Reduce`: the cotangent broadcast back over the reduced axes (times the derivative).
+/// `ArgReduce`: none (an index). `Cumsum`: the cumulative sum of the cotangent the other
+/// way.
+pub(crate) fn vjp(p: &Primitive, g: &Vjp<'_>) -> Result<Vec<Option<Array>>> {
+    let x = &g.inputs[0];
+    match p {
+        Primitive::Reduce { op, axes } => {
+            let ct = g.cotangent.broadcast_to(x.shape())?;
+            Ok(vec![Some(match reduce_derivative(*op, axes, x, g.output)? {
+                Some(d) => ct.mul(&d)?,
+                None => ct,
+            })])
+        }
+        Primitive::ArgReduce { .. } => Ok(vec![None]),
+        Primitive::Cumsum { axis, reverse, exclusive } => {
+            Ok(vec![Some(g.cotangent.cumsum_with(*axis as isize, !*reverse, *exclusive)?)])
+        }
+        other => Err(no_rule(other.name(), "vjp")),
+    }
+}
+
+/// The forward rules of the reductions: the tangent reduced like the input.
+pub(crate) fn jvp(p: &Primitive, g: &Jvp<'_>) -> Result<Option<Array>> {
+    let Some(t) = &g.tangents[0] else { return Ok(None) };
+    match p {
+        Primitive::Reduce { op, axes } => {
+            let t = match reduce_derivative(*op, axes, &g.inputs[0], g.output)? {
+                Some(d) => t.mul(&d)?,
+                None => t.clone(),
+            };
+            Ok(Some(sum_kept(&t, axes)?))
+        }
+        Primitive::ArgReduce { .. } => Ok(None),
+        Primitive::Cumsum { axis, reverse, exclusive } => {
+            Ok(Some(t.cumsum_with(*axis as isize, *reverse, *exclusive)?))
+        }
+        other => Err(no_rule(other.name(), "jvp")),
+    }
+}

@@ -16,8 +16,9 @@ use crate::dtype::DType;
 use crate::error::Result;
 
 use super::cuda::utype;
-use super::grad::{Jvp, Vjp, no_rule};
+use super::grad::{Jvp, Vjp};
 use super::scalar::{Float, IntOps};
+use crate::ops::elementwise::where_;
 
 op_enum! {
     $ each_unary;
@@ -253,14 +254,69 @@ impl UnaryOp {
         })
     }
 
-    /// The op's reverse-mode rule: the cotangent of its input (see `grad.rs`). There is
-    /// no rule: each op returns the `Unsupported` error naming it.
-    pub(crate) fn vjp(self, _: &Vjp<'_>) -> Result<Option<Array>> {
-        Err(no_rule(self.name(), "vjp"))
+    /// `v * op'(x)` for the input `x` and output `y` (`v` of their shape): the
+    /// cotangent in reverse mode, the tangent in forward mode. `None`: zero, for the ops
+    /// whose derivative is zero wherever it exists (`sign`, `floor`, `ceil`, `round`,
+    /// `logical_not`). At the kinks: `abs'(0) = 0`, `relu'(0) = 0`.
+    fn times_derivative(self, v: &Array, x: &Array, y: &Array) -> Result<Option<Array>> {
+        use UnaryOp::*;
+        use std::f64::consts::{FRAC_1_SQRT_2, FRAC_2_SQRT_PI, PI};
+        Ok(Some(match self {
+            Neg => v.neg()?,
+            Abs => v.mul(&x.sign()?)?,
+            Exp => v.mul(y)?,
+            Log => v.div(x)?,
+            Log1p => v.div(&x.add(1.0)?)?,
+            Sqrt => v.mul(0.5)?.div(y)?,
+            // d/dx x^-1/2 = -1/2 x^-3/2 = -y^3 / 2.
+            Rsqrt => v.mul(&y.mul(y)?.mul(y)?.mul(-0.5)?)?,
+            Square => v.mul(&x.mul(2.0)?)?,
+            Reciprocal => v.mul(&y.square()?.neg()?)?,
+            Sin => v.mul(&x.cos()?)?,
+            Cos => v.mul(&x.sin()?.neg()?)?,
+            Tanh => v.mul(&y.square()?.neg()?.add(1.0)?)?,
+            Sigmoid => v.mul(&y.mul(&y.neg()?.add(1.0)?)?)?,
+            Relu => where_(&x.gt(0.0)?, v, 0.0)?,
+            // Φ(x) + x φ(x).
+            Gelu => {
+                let cdf = x.mul(FRAC_1_SQRT_2)?.erf()?.add(1.0)?.mul(0.5)?;
+                let pdf = x.square()?.mul(-0.5)?.exp()?.mul(1.0 / (2.0 * PI).sqrt())?;
+                v.mul(&cdf.add(&x.mul(&pdf)?)?)?
+            }
+            // y = x (1 + tanh u) / 2 with u = c (x + a x^3):
+            // y' = (1 + tanh u) / 2 + x (1 - tanh^2 u) c (1 + 3 a x^2) / 2.
+            GeluTanh => {
+                let (c, a) = ((2.0 / PI).sqrt(), 0.044715);
+                let x2 = x.square()?;
+                let t = x.mul(&x2.mul(a)?.add(1.0)?)?.mul(c)?.tanh()?;
+                let du = x2.mul(3.0 * a)?.add(1.0)?.mul(c)?;
+                let d = t.add(1.0)?.mul(0.5)?.add(&x.mul(&t.square()?.neg()?.add(1.0)?)?.mul(&du)?.mul(0.5)?)?;
+                v.mul(&d)?
+            }
+            // s (1 + x (1 - s)) with s = sigmoid(x).
+            Silu => {
+                let s = x.sigmoid()?;
+                v.mul(&s.mul(&x.mul(&s.neg()?.add(1.0)?)?.add(1.0)?)?)?
+            }
+            Erf => v.mul(&x.square()?.neg()?.exp()?.mul(FRAC_2_SQRT_PI)?)?,
+            Sign | Floor | Ceil | Round | LogicalNot => return Ok(None),
+        }))
+    }
+
+    /// The op's reverse-mode rule: the cotangent of its input (see `grad.rs`).
+    pub(crate) fn vjp(self, g: &Vjp<'_>) -> Result<Option<Array>> {
+        let x = &g.inputs[0];
+        if !x.dtype().is_float() || !g.output.dtype().is_float() {
+            return Ok(None);
+        }
+        self.times_derivative(g.cotangent, x, g.output)
     }
 
     /// The op's forward-mode rule: the tangent of its output (see `grad.rs`).
-    pub(crate) fn jvp(self, _: &Jvp<'_>) -> Result<Option<Array>> {
-        Err(no_rule(self.name(), "jvp"))
+    pub(crate) fn jvp(self, g: &Jvp<'_>) -> Result<Option<Array>> {
+        match &g.tangents[0] {
+            Some(t) if g.output.dtype().is_float() => self.times_derivative(t, &g.inputs[0], g.output),
+            _ => Ok(None),
+        }
     }
 }
