@@ -14,14 +14,7 @@ use rill::models::bert::Embedder;
 use serde_json::Value;
 
 fn model() -> Option<PathBuf> {
-    match rill::io::cache::default_model() {
-        Ok(d) => Some(d),
-        Err(e) => {
-            assert!(std::env::var("RILL_REQUIRE_MODEL").as_deref() != Ok("1"), "RILL_REQUIRE_MODEL=1 but: {e}");
-            eprintln!("skipped: no model ({e})");
-            None
-        }
-    }
+    common::cached(rill::io::cache::default_model)
 }
 
 fn fixture() -> (Vec<String>, Vec<Vec<u32>>, Vec<Vec<f32>>) {

