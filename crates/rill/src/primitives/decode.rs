@@ -73,17 +73,3 @@ pub(crate) fn slice_update(
     }
     Ok((ax, x.to_vec()))
 }
-
-// This family has no gradient rules: each slot returns `Unsupported` (see `grad.rs`).
-/// No reverse-mode rule yet: `Unsupported` naming the primitive (see `grad.rs`).
-pub(crate) fn vjp(
-    p: &super::Primitive,
-    _: &super::grad::Vjp<'_>,
-) -> crate::error::Result<Vec<Option<crate::array::Array>>> {
-    Err(super::grad::no_rule(p.name(), "vjp"))
-}
-
-/// No forward-mode rule yet: `Unsupported` naming the primitive (see `grad.rs`).
-pub(crate) fn jvp(p: &super::Primitive, _: &super::grad::Jvp<'_>) -> crate::error::Result<Option<crate::array::Array>> {
-    Err(super::grad::no_rule(p.name(), "jvp"))
-}

@@ -17,9 +17,7 @@ use crate::error::{Error, Result};
 use crate::ops::elementwise::where_;
 use crate::ops::{on_device, target_stream};
 
-use super::{
-    BinaryOp, Primitive, UnaryOp, attention, creation, decode, fused, linalg, movement, nn, quant, reduce, sort,
-};
+use super::{BinaryOp, Primitive, UnaryOp, attention, creation, fused, linalg, movement, nn, reduce, sort};
 
 /// What a reverse-mode rule is given: the node's inputs, its output, and the cotangent of
 /// the output (same shape and dtype as `output`).
@@ -135,9 +133,9 @@ enum Owner {
     Nn,
     Linalg,
     Attention,
-    Quant,
-    /// `Rope` and `SliceUpdate` (`decode.rs`).
-    Decode,
+    /// No rule written yet (`QuantMatmul`, `Dequantize`, `Rope`, `SliceUpdate`): both
+    /// modes return `Unsupported` naming the primitive.
+    Unwritten,
     Movement,
     /// A host callback: no derivative.
     Host(&'static str),
@@ -161,8 +159,7 @@ impl Primitive {
             Softmax { .. } | LayerNorm { .. } | RmsNorm { .. } => Owner::Nn,
             Matmul => Owner::Linalg,
             Attention { .. } => Owner::Attention,
-            QuantMatmul { .. } | Dequantize { .. } => Owner::Quant,
-            Rope { .. } | SliceUpdate { .. } => Owner::Decode,
+            QuantMatmul { .. } | Dequantize { .. } | Rope { .. } | SliceUpdate { .. } => Owner::Unwritten,
             Reshape
             | Permute(_)
             | BroadcastTo
@@ -192,8 +189,7 @@ impl Primitive {
             Owner::Nn => nn::vjp(self, g),
             Owner::Linalg => linalg::vjp(self, g),
             Owner::Attention => attention::vjp(self, g),
-            Owner::Quant => quant::vjp(self, g),
-            Owner::Decode => decode::vjp(self, g),
+            Owner::Unwritten => Err(no_rule(self.name(), "vjp")),
             Owner::Movement => movement::vjp(self, g),
             Owner::Host(name) => Err(no_derivative(name)),
             Owner::Placeholder => Ok(Vec::new()),
@@ -215,8 +211,7 @@ impl Primitive {
             Owner::Nn => nn::jvp(self, g),
             Owner::Linalg => linalg::jvp(self, g),
             Owner::Attention => attention::jvp(self, g),
-            Owner::Quant => quant::jvp(self, g),
-            Owner::Decode => decode::jvp(self, g),
+            Owner::Unwritten => Err(no_rule(self.name(), "jvp")),
             Owner::Movement => movement::jvp(self, g),
             Owner::Host(name) => Err(no_derivative(name)),
             Owner::Placeholder => Ok(None),

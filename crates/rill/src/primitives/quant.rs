@@ -65,21 +65,6 @@ pub(crate) fn dequantize(name: &'static str, format: QuantFormat, b: &[usize]) -
     Ok(lead.iter().copied().chain([row / bb * BLOCK]).collect())
 }
 
-// This family has no gradient rules: each slot returns `Unsupported` (see `grad.rs`);
-// the packed weight has no derivative in any case.
-/// No reverse-mode rule yet: `Unsupported` naming the primitive (see `grad.rs`).
-pub(crate) fn vjp(
-    p: &super::Primitive,
-    _: &super::grad::Vjp<'_>,
-) -> crate::error::Result<Vec<Option<crate::array::Array>>> {
-    Err(super::grad::no_rule(p.name(), "vjp"))
-}
-
-/// No forward-mode rule yet: `Unsupported` naming the primitive (see `grad.rs`).
-pub(crate) fn jvp(p: &super::Primitive, _: &super::grad::Jvp<'_>) -> crate::error::Result<Option<crate::array::Array>> {
-    Err(super::grad::no_rule(p.name(), "jvp"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
