@@ -13,10 +13,9 @@ pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Times `f` (after `warm` untimed runs) `reps` times; returns the median seconds.
-/// Times `f`: `warm` calls first, then the median of `reps` calls (`RILL_BENCH_REPS`
-/// raises the count, for profiling one figure).
-fn time(warm: usize, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+/// Times `f`: `warm` calls first, then the median seconds of `reps` calls
+/// (`RILL_BENCH_REPS` raises the count, for profiling one figure).
+pub(crate) fn time(warm: usize, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     let reps = std::env::var("RILL_BENCH_REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(0).max(reps);
     for _ in 0..warm {
         f()?;

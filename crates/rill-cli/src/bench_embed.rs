@@ -8,7 +8,6 @@
 //! batch shapes).
 
 use std::path::Path;
-use std::time::Instant;
 
 use rill::models::bert::Embedder;
 use rill::{DType, Device};
@@ -44,19 +43,6 @@ pub fn sentences(n: usize, words: usize) -> Vec<String> {
 /// The sentence of the latency figure.
 pub const SHORT: &str = "A short sentence.";
 
-fn median_secs(warm: usize, reps: usize, mut f: impl FnMut() -> rill::Result<()>) -> rill::Result<f64> {
-    for _ in 0..warm {
-        f()?;
-    }
-    let mut v = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let t = Instant::now();
-        f()?;
-        v.push(t.elapsed().as_secs_f64());
-    }
-    Ok(crate::bench::median(v))
-}
-
 pub fn run(device: Device, model: Option<&Path>) -> Result<(), String> {
     let dir = match model {
         Some(d) => d.to_path_buf(),
@@ -80,19 +66,19 @@ pub fn run(device: Device, model: Option<&Path>) -> Result<(), String> {
         if dt == dtypes[0] {
             // The share of the batch figure the tokenizer takes on one thread (`embed`
             // itself tokenizes large inputs in parallel on the runtime's pool).
-            let t = median_secs(0, 3, || texts[..batch].iter().try_for_each(|s| e.token_ids(s).map(|_| ())))
+            let t = crate::bench::time(0, 3, || texts[..batch].iter().try_for_each(|s| e.token_ids(s).map(|_| ())))
                 .map_err(|e| e.to_string())?;
             println!("tokenize {batch} sentences on one thread: {:8.3} ms", t * 1e3);
         }
         let reps = if gpu { 10 } else { 3 };
-        let t = median_secs(1, reps, || e.embed(&texts).map(|_| ())).map_err(|e| e.to_string())?;
+        let t = crate::bench::time(1, reps, || e.embed(&texts).map(|_| ())).map_err(|e| e.to_string())?;
         println!(
             "embed    {dt} batch {batch} x {mean_tokens:.0} tokens: {:9.1} sentences/s  ({:8.3} ms per batch)",
             texts.len() as f64 / t,
             t / batches as f64 * 1e3
         );
         let reps = if gpu { 200 } else { 20 };
-        let t = median_secs(3, reps, || e.embed(&[SHORT]).map(|_| ())).map_err(|e| e.to_string())?;
+        let t = crate::bench::time(3, reps, || e.embed(&[SHORT]).map(|_| ())).map_err(|e| e.to_string())?;
         println!("embed    {dt} one short sentence: {:8.3} ms", t * 1e3);
     }
     Ok(())

@@ -8,17 +8,9 @@
 mod attention_ref;
 mod common;
 
-use attention_ref::{Case, MaskCase, tolerance};
-use common::{Rng, assert_close, gpu};
+use attention_ref::{Case, MaskCase, check};
+use common::{Rng, gpu};
 use rill::{Array, AttentionMask, DType};
-
-fn check(case: &Case, rng: &mut Rng, what: &str) {
-    let (x, vals, mask) = case.inputs(rng);
-    let got = case.call(&x, mask.as_ref().map(|m| &m.0)).unwrap();
-    assert_eq!(got.dtype(), case.dtype);
-    let want = case.reference(&vals, mask.as_ref().map(|m| m.1.as_slice()));
-    assert_close(&got.to_f64_vec().unwrap(), &want, tolerance(case.dtype), &format!("{what}: {case:?}"));
-}
 
 #[test]
 fn gpu_tensor_core_shapes_match_the_float64_reference() {

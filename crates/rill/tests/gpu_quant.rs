@@ -9,9 +9,9 @@ mod common;
 mod quant_ref;
 
 use common::{Rng, gpu};
-use quant_ref::{Case, check, reference, run_case};
-use rill::io::gguf::{GgmlType, Gguf};
-use rill::quant::{self, QMatrix, QuantFormat, qmatmul};
+use quant_ref::{Case, check, real_model_products, reference, run_case};
+use rill::io::gguf::Gguf;
+use rill::quant::{self, QuantFormat, qmatmul};
 use rill::{Array, DType, Error, Stream};
 
 #[test]
@@ -114,40 +114,6 @@ fn gpu_real_model_tensors_match_their_dequantized_values() {
     let Some(path) = common::cached(rill::io::cache::default_llm) else { return };
     let file = Gguf::open(&path).unwrap();
     let s = g.default_stream().unwrap();
-    let mut rng = Rng::new(31);
-    let q41 = file
-        .tensors()
-        .iter()
-        .find(|t| t.ggml_type() == GgmlType::Quant(QuantFormat::Q4_1) && t.shape().len() == 2)
-        .expect("a Q4_1 matrix")
-        .name()
-        .to_string();
-    common::on(g, || {
-        for name in [q41.as_str(), "token_embd.weight"] {
-            let w = QMatrix::from_gguf(&file, name, &s).unwrap();
-            let (n, k) = (w.rows(), w.cols());
-            let host = file.to_f32(name).unwrap();
-            assert_eq!(w.dequantize(DType::F32).unwrap().to_vec::<f32>().unwrap(), host, "{name}");
-            for (m, d) in [(1, DType::BF16), (4, DType::F32), (12, DType::BF16)] {
-                let vals = rng.vec(m * k, -1.0, 1.0);
-                let x = Array::from_slice(&vals, &[m, k]).unwrap().astype(d).unwrap();
-                let xv = x.to_f64_vec().unwrap();
-                let got = qmatmul(&x, &w).unwrap().to_f64_vec().unwrap();
-                let (mut want, mut mag) = (vec![0.0; m * n], vec![0.0; m * n]);
-                for r in 0..m {
-                    for j in 0..n {
-                        let (mut acc, mut a) = (0.0, 0.0);
-                        for c in 0..k {
-                            let p = xv[r * k + c] * host[j * k + c] as f64;
-                            acc += p;
-                            a += p.abs();
-                        }
-                        want[r * n + j] = acc;
-                        mag[r * n + j] = a;
-                    }
-                }
-                check(&got, &want, &mag, d, &format!("{name} m={m}"));
-            }
-        }
-    });
+    let products = [(1, DType::BF16), (4, DType::F32), (12, DType::BF16)];
+    common::on(g, || real_model_products(&file, &s, &mut Rng::new(31), &products));
 }

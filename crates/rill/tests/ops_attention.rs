@@ -7,7 +7,7 @@
 mod attention_ref;
 mod common;
 
-use attention_ref::{Case, MaskCase, tolerance};
+use attention_ref::{Case, MaskCase, check, tolerance};
 use common::{Rng, assert_close};
 use rill::{Array, AttentionMask, DType, Device, Error, scaled_dot_product_attention as sdpa};
 
@@ -19,11 +19,7 @@ fn generated_cases_match_the_float64_reference() {
     common::on(Device::cpu(), || {
         for n in 0..120 {
             let case = Case::random(&mut rng, &FLOATS, false);
-            let (x, vals, mask) = case.inputs(&mut rng);
-            let got = case.call(&x, mask.as_ref().map(|m| &m.0)).unwrap();
-            assert_eq!(got.dtype(), case.dtype);
-            let want = case.reference(&vals, mask.as_ref().map(|m| m.1.as_slice()));
-            assert_close(&got.to_f64_vec().unwrap(), &want, tolerance(case.dtype), &format!("case {n}: {case:?}"));
+            check(&case, &mut rng, &format!("case {n}"));
         }
     });
 }

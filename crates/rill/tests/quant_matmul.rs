@@ -9,7 +9,7 @@ mod common;
 mod quant_ref;
 
 use common::Rng;
-use quant_ref::{Case, check, reference, run_case};
+use quant_ref::{Case, check, real_model_products, reference, run_case};
 use rill::io::gguf::{self, GgmlType, Gguf};
 use rill::quant::{self, BLOCK, QMatrix, QuantFormat, qmatmul};
 use rill::{Array, DType, Device, Error};
@@ -187,46 +187,5 @@ fn llm() -> Option<std::path::PathBuf> {
 fn real_model_tensors_match_their_dequantized_values() {
     let Some(path) = llm() else { return };
     let g = Gguf::open(&path).unwrap();
-    let s = cpu();
-    let mut rng = Rng::new(135);
-    let q41 = g
-        .tensors()
-        .iter()
-        .find(|t| t.ggml_type() == GgmlType::Quant(QuantFormat::Q4_1) && t.shape().len() == 2)
-        .expect("a Q4_1 matrix")
-        .name()
-        .to_string();
-    for name in [q41.as_str(), "token_embd.weight"] {
-        let w = QMatrix::from_gguf(&g, name, &s).unwrap();
-        let t = g.tensor(name).unwrap();
-        assert_eq!(w.shape(), [t.shape()[0], t.shape()[1]], "{name}");
-        assert_eq!(w.nbytes(), t.nbytes(), "{name}");
-        let (n, k) = (w.rows(), w.cols());
-        let host = g.to_f32(name).unwrap();
-        for (m, d) in [(1, DType::F32), (5, DType::BF16)] {
-            let vals = rng.vec(m * k, -1.0, 1.0);
-            let x = Array::from_slice(&vals, &[m, k]).unwrap().astype(d).unwrap();
-            let xv = x.to_f64_vec().unwrap();
-            let got = qmatmul(&x, &w).unwrap().to_f64_vec().unwrap();
-            let (mut want, mut mag) = (vec![0.0; m * n], vec![0.0; m * n]);
-            for r in 0..m {
-                for j in 0..n {
-                    let (mut acc, mut a) = (0.0, 0.0);
-                    for c in 0..k {
-                        let p = xv[r * k + c] * host[j * k + c] as f64;
-                        acc += p;
-                        a += p.abs();
-                    }
-                    want[r * n + j] = acc;
-                    mag[r * n + j] = a;
-                }
-            }
-            check(&got, &want, &mag, d, &format!("{name} m={m}"));
-        }
-        let ids = [0usize, n / 3, n - 1];
-        let idx = Array::from_slice(&ids.map(|i| i as i32), &[3]).unwrap();
-        let rows = w.rows_of(&idx, DType::F32).unwrap().to_vec::<f32>().unwrap();
-        let want: Vec<f32> = ids.iter().flat_map(|&i| host[i * k..(i + 1) * k].to_vec()).collect();
-        assert_eq!(rows, want, "{name} rows");
-    }
+    real_model_products(&g, &cpu(), &mut Rng::new(135), &[(1, DType::F32), (5, DType::BF16)]);
 }

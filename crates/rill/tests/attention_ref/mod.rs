@@ -3,7 +3,7 @@
 //! (CPU) and `gpu_attention.rs` (GPU).
 #![allow(dead_code)]
 
-use crate::common::Rng;
+use crate::common::{Rng, assert_close};
 use rill::{Array, AttentionMask, DType};
 
 /// The mask of a case.
@@ -221,4 +221,13 @@ pub fn tolerance(d: DType) -> f64 {
         DType::F16 => 3e-3,
         _ => 2e-2,
     }
+}
+
+/// Runs `case` on the ambient device and checks it against [`Case::reference`].
+pub fn check(case: &Case, rng: &mut Rng, what: &str) {
+    let (x, vals, mask) = case.inputs(rng);
+    let got = case.call(&x, mask.as_ref().map(|m| &m.0)).unwrap();
+    assert_eq!(got.dtype(), case.dtype);
+    let want = case.reference(&vals, mask.as_ref().map(|m| m.1.as_slice()));
+    assert_close(&got.to_f64_vec().unwrap(), &want, tolerance(case.dtype), &format!("{what}: {case:?}"));
 }

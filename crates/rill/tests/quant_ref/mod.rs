@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 use crate::common::Rng;
+use rill::io::gguf::{GgmlType, Gguf};
 use rill::quant::{self, BLOCK, QMatrix, QuantFormat};
 use rill::{Array, DType, Stream};
 
@@ -139,4 +140,52 @@ pub fn run_case(case: &Case, rng: &mut Rng, stream: &Stream, what: &str) {
     assert_eq!(y.dtype(), case.dtype, "{what}: {case:?}");
     let (want, mag) = reference(case.format, &xv, &bytes, case.n, case.k);
     check(&y.to_f64_vec().unwrap(), &want, &mag, case.dtype, &format!("{what}: {case:?}"));
+}
+
+/// The real model's first Q4_1 matrix and its Q8_0 token embedding, each loaded on
+/// `stream` and multiplied by random `x` of each `(rows, dtype)` in `products` (on the
+/// ambient device), against the float64 product of the file's own dequantized values;
+/// then rows of each through `rows_of`.
+pub fn real_model_products(file: &Gguf, stream: &Stream, rng: &mut Rng, products: &[(usize, DType)]) {
+    let q41 = file
+        .tensors()
+        .iter()
+        .find(|t| t.ggml_type() == GgmlType::Quant(QuantFormat::Q4_1) && t.shape().len() == 2)
+        .expect("a Q4_1 matrix")
+        .name()
+        .to_string();
+    for name in [q41.as_str(), "token_embd.weight"] {
+        let w = QMatrix::from_gguf(file, name, stream).unwrap();
+        let t = file.tensor(name).unwrap();
+        assert_eq!(w.shape(), [t.shape()[0], t.shape()[1]], "{name}");
+        assert_eq!(w.nbytes(), t.nbytes(), "{name}");
+        let (n, k) = (w.rows(), w.cols());
+        let host = file.to_f32(name).unwrap();
+        assert_eq!(w.dequantize(DType::F32).unwrap().to_vec::<f32>().unwrap(), host, "{name}");
+        for &(m, d) in products {
+            let vals = rng.vec(m * k, -1.0, 1.0);
+            let x = Array::from_slice(&vals, &[m, k]).unwrap().astype(d).unwrap();
+            let xv = x.to_f64_vec().unwrap();
+            let got = quant::qmatmul(&x, &w).unwrap().to_f64_vec().unwrap();
+            let (mut want, mut mag) = (vec![0.0; m * n], vec![0.0; m * n]);
+            for r in 0..m {
+                for j in 0..n {
+                    let (mut acc, mut a) = (0.0, 0.0);
+                    for c in 0..k {
+                        let p = xv[r * k + c] * host[j * k + c] as f64;
+                        acc += p;
+                        a += p.abs();
+                    }
+                    want[r * n + j] = acc;
+                    mag[r * n + j] = a;
+                }
+            }
+            check(&got, &want, &mag, d, &format!("{name} m={m}"));
+        }
+        let ids = [0usize, n / 3, n - 1];
+        let idx = Array::from_slice(&ids.map(|i| i as i32), &[3]).unwrap();
+        let rows = w.rows_of(&idx, DType::F32).unwrap().to_vec::<f32>().unwrap();
+        let want: Vec<f32> = ids.iter().flat_map(|&i| host[i * k..(i + 1) * k].to_vec()).collect();
+        assert_eq!(rows, want, "{name} rows");
+    }
 }

@@ -391,17 +391,7 @@ mod tests {
 
     #[test]
     fn arg_kernels_compile() {
-        for d in [
-            DType::F32,
-            DType::F16,
-            DType::BF16,
-            DType::F64,
-            DType::I32,
-            DType::I64,
-            DType::U32,
-            DType::U8,
-            DType::Bool,
-        ] {
+        for d in crate::dtype::ALL_DTYPES {
             for op in [ArgReduceOp::ArgMax, ArgReduceOp::ArgMin] {
                 if !check_compiles(&format!("test:argreduce:{op:?}:{}", d.name()), &arg_source(op, d)) {
                     return;

@@ -367,17 +367,7 @@ mod tests {
 
     #[test]
     fn sort_kernels_compile() {
-        for d in [
-            DType::F32,
-            DType::F16,
-            DType::BF16,
-            DType::F64,
-            DType::I32,
-            DType::I64,
-            DType::U32,
-            DType::U8,
-            DType::Bool,
-        ] {
+        for d in crate::dtype::ALL_DTYPES {
             if !check_compiles(&format!("test:sort:{}", d.name()), &sort_source(d)) {
                 return;
             }
