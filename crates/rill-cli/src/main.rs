@@ -8,11 +8,13 @@
 //! usable, else the CPU) from several OS threads and tokio tasks, each on its own
 //! stream, and prints results, timings and the runtime's counters.
 //! `rill bench` times the operations listed in docs/PERFORMANCE.md; `rill bench matrix`
-//! lists or times the generated benchmark matrix (`matrix.rs`).
+//! lists or times the generated benchmark matrix (`matrix.rs`); `rill bench generate` times the
+//! language model (`bench_generate.rs`).
 //! `rill info` prints the devices and the runtime configuration.
 
 mod bench;
 mod bench_embed;
+mod bench_generate;
 mod demo;
 mod embed;
 mod generate;
@@ -105,17 +107,22 @@ struct BenchArgs {
 enum BenchCommand {
     /// List or time the generated benchmark matrix (JSON lines; see crates/rill-cli/src/matrix.rs)
     Matrix(matrix::MatrixArgs),
+    /// Time the language model's prefill and decode (JSON lines; see crates/rill-cli/src/bench_generate.rs)
+    Generate(bench_generate::GenerateBenchArgs),
 }
 
 fn bench(args: &BenchArgs) -> Result<(), String> {
-    if let Some(BenchCommand::Matrix(m)) = &args.sub {
-        return matrix::run(m);
+    match &args.sub {
+        Some(BenchCommand::Matrix(m)) => return matrix::run(m),
+        Some(BenchCommand::Generate(g)) => return bench_generate::run(g),
+        None => {}
     }
     if args.list {
         for (name, what) in bench::BENCHMARKS.iter().chain(bench_embed::BENCHMARKS) {
             println!("{name:<14} {what}");
         }
         println!("{:<14} the generated benchmark matrix (rill bench matrix --help)", "matrix");
+        println!("{:<14} the language model's prefill and decode (rill bench generate --help)", "generate");
         return Ok(());
     }
     let known = |n: &str| bench::BENCHMARKS.iter().chain(bench_embed::BENCHMARKS).any(|(b, _)| *b == n);

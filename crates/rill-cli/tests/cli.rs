@@ -27,7 +27,9 @@ fn help_version_and_unknown_flags() {
     for cmd in ["embed", "generate", "demo", "bench", "info"] {
         assert!(help.contains(cmd), "{cmd} in {help}");
     }
-    for sub in [&["embed"][..], &["generate"], &["demo"], &["bench"], &["bench", "matrix"], &["info"]] {
+    for sub in
+        [&["embed"][..], &["generate"], &["demo"], &["bench"], &["bench", "matrix"], &["bench", "generate"], &["info"]]
+    {
         let mut a = sub.to_vec();
         a.push("--help");
         let out = rill(&a);
@@ -52,7 +54,7 @@ fn help_version_and_unknown_flags() {
     let out = rill(&["bench", "--list"]);
     assert!(out.status.success());
     let list = text(&out.stdout);
-    for name in ["add", "matmul", "embed", "matrix"] {
+    for name in ["add", "matmul", "embed", "matrix", "generate"] {
         assert!(list.lines().any(|l| l.starts_with(name)), "{name} in {list}");
     }
     let out = rill(&["bench", "no_such_bench"]);
@@ -210,4 +212,22 @@ fn generate_streams_the_greedy_text_and_reports_the_rate() {
     let err = text(&out.stderr);
     assert!(err.starts_with("rill: ") && err.contains("missing.gguf") && !err.contains("panicked"), "{err}");
     assert_eq!(rill(&["generate", "--max-tokens", "x", "p"]).status.code(), Some(2));
+
+    // The benchmark: one line per figure, the ids it was asked for.
+    let bench = ["bench", "generate", "--device", "cpu", "--model", model, "--reps", "1"];
+    let out = rill(&[&bench[..], &["--prefill", "5,9", "--batch", "1,3", "--new-tokens", "3"]].concat());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let ids: Vec<String> = text(&out.stdout)
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("a JSON line");
+            assert!(v["seconds"].as_f64().unwrap() > 0.0, "{l}");
+            v["id"].as_str().unwrap().to_string()
+        })
+        .collect();
+    let want = ["generate:prefill:p5", "generate:prefill:p9", "generate:decode:b1:n3", "generate:decode:b3:n3"];
+    assert_eq!(ids, want);
+    let out = rill(&[&bench[..], &["--new-tokens", "1"]].concat());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("--new-tokens"), "{}", text(&out.stderr));
 }

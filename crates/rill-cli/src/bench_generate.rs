@@ -1,0 +1,126 @@
+//! `rill bench generate`: the language model's prefill and decode, beside
+//! `bench/hf_generate_bench.py` (Hugging Face transformers on the same GGUF file, the same
+//! token ids, greedy, end of sequence ignored).
+//!
+//! One JSON object a line:
+//! - `{"id": "generate:prefill:p<P>", "impl": "rill", "dtype", "seconds"}`: one forward
+//!   pass over a prompt of `P` tokens into an empty cache, logits evaluated;
+//! - `{"id": "generate:decode:b<B>:n<N>", "impl": "rill", "dtype", "seconds",
+//!   "tokens_per_s"}`: `B` prompts of 16 tokens, `N` new tokens each; `seconds` is the time
+//!   of the `N - 1` decode steps after the first token (the first comes out of the
+//!   prefill) and `tokens_per_s` is `B * (N - 1) / seconds`.
+//!
+//! Token ids come from a fixed generator that the peer shares. Each figure is the median
+//! of repeated runs after a warm-up run, which traces the shapes.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::Args;
+use rill::models::llama::{GenerateOptions, Llama, LoadOptions};
+
+use crate::DeviceArg;
+use crate::embed::DtypeArg;
+
+#[derive(Args)]
+pub struct GenerateBenchArgs {
+    /// The GGUF file; default: the default model, fetched into the model cache on first use
+    #[arg(long, value_name = "FILE.gguf")]
+    pub model: Option<PathBuf>,
+    /// The device (default: the best present)
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceArg>,
+    /// The dtype of the activations (the block-quantized weights stay packed)
+    #[arg(long, value_enum, default_value = "f32")]
+    pub dtype: DtypeArg,
+    /// Prompt lengths of the prefill figure (comma-separated)
+    #[arg(long, value_delimiter = ',', default_value = "512")]
+    pub prefill: Vec<usize>,
+    /// Batch sizes of the decode figure (comma-separated; default 1 on the CPU, 1,64 on a GPU)
+    #[arg(long, value_delimiter = ',')]
+    pub batch: Vec<usize>,
+    /// New tokens per row of the decode figure
+    #[arg(long, default_value_t = 128)]
+    pub new_tokens: usize,
+    /// Timed runs per figure (the median is printed)
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+}
+
+/// The prompt length of the decode figure.
+const DECODE_PROMPT: usize = 16;
+
+/// `n` token ids in `[100, vocab)` from the generator `bench/hf_generate_bench.py` shares,
+/// continuing from `state`.
+pub fn token_ids(state: &mut u64, n: usize, vocab: usize) -> Vec<u32> {
+    let span = vocab.saturating_sub(100).max(1) as u64;
+    (0..n)
+        .map(|_| {
+            *state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (100 + (*state >> 33) % span) as u32
+        })
+        .collect()
+}
+
+fn median(reps: usize, mut f: impl FnMut() -> Result<f64, String>) -> Result<f64, String> {
+    f()?;
+    let v = (0..reps.max(1)).map(|_| f()).collect::<Result<Vec<f64>, String>>()?;
+    Ok(crate::bench::median(v))
+}
+
+pub fn run(args: &GenerateBenchArgs) -> Result<(), String> {
+    let n = args.new_tokens;
+    if n < 2 {
+        return Err("--new-tokens must be at least 2 (the first token comes out of the prefill)".into());
+    }
+    if args.prefill.contains(&0) || args.batch.contains(&0) {
+        return Err("--prefill lengths and --batch sizes must be at least 1".into());
+    }
+    let device = crate::device_of(args.device)?;
+    let path = match &args.model {
+        Some(p) => p.clone(),
+        None => rill::io::cache::default_llm().map_err(|e| e.to_string())?,
+    };
+    let dtype = args.dtype.dtype();
+    let model = Llama::load(&path, device, LoadOptions { dtype, packed: true }).map_err(|e| e.to_string())?;
+    let vocab = model.config().vocab;
+    let err = |e: rill::Error| e.to_string();
+    let dname = dtype.name();
+    for &p in &args.prefill {
+        let ids = token_ids(&mut 42, p, vocab);
+        let s = median(args.reps, || {
+            let mut cache = model.new_cache(1, p).map_err(err)?;
+            let t = Instant::now();
+            model.forward(&[&ids], &mut cache).map_err(err)?.eval().map_err(err)?;
+            Ok(t.elapsed().as_secs_f64())
+        })?;
+        println!(
+            "{{\"id\": \"generate:prefill:p{p}\", \"impl\": \"rill\", \"dtype\": \"{dname}\", \"seconds\": {s:.6}}}"
+        );
+    }
+    let batches =
+        if args.batch.is_empty() { if device.is_gpu() { vec![1, 64] } else { vec![1] } } else { args.batch.clone() };
+    for &b in &batches {
+        let mut state = 7;
+        let prompts: Vec<Vec<u32>> = (0..b).map(|_| token_ids(&mut state, DECODE_PROMPT, vocab)).collect();
+        let s = median(args.reps, || {
+            let opts = GenerateOptions { max_tokens: n, stop_at_eos: false, ..Default::default() };
+            let mut g = model.generate_batch(&prompts, opts).map_err(err)?;
+            g.next_tokens().map_err(err)?;
+            let t = Instant::now();
+            let mut steps = 0;
+            while g.next_tokens().map_err(err)?.is_some() {
+                steps += 1;
+            }
+            if steps != n - 1 {
+                return Err(format!("{steps} decode steps, expected {}", n - 1));
+            }
+            Ok(t.elapsed().as_secs_f64())
+        })?;
+        let rate = (b * (n - 1)) as f64 / s;
+        println!(
+            "{{\"id\": \"generate:decode:b{b}:n{n}\", \"impl\": \"rill\", \"dtype\": \"{dname}\", \"seconds\": {s:.6}, \"tokens_per_s\": {rate:.1}}}"
+        );
+    }
+    Ok(())
+}
