@@ -1,13 +1,14 @@
 //! Block-quantized kernels on the CPU: `x @ wᵀ` read from the packed blocks, and
 //! dequantization. The weight is never dequantized as a whole: work is split over
-//! pieces of [`NB`] weight rows (through `par.rs`, on the runtime's pool), and
+//! pieces of weight rows (through `par.rs`, on the runtime's pool), and
 //!
 //! - for a few rows of `x` (decode, `M < PANEL_M`) each block is folded into the dot
 //!   product where it is read (`d · Σ q·x` plus the block's offset times `Σ x`, the sums
 //!   of `x` per block computed once), so a row of the weight is read once per `x` row
 //!   from cache and memory traffic is the packed bytes;
-//! - for more rows (prefill) a piece's [`NB`] rows are dequantized once into a small
-//!   f32 panel that every row of `x` then reads.
+//! - for more rows (prefill) a piece's [`NP`] rows are dequantized once into a small
+//!   f32 panel, multiplied with all of `x` by `gemm` (single-threaded inside a piece;
+//!   the pieces run on the pool).
 //!
 //! Everything accumulates in f32; f16 and bf16 are converted on the way in and out.
 
@@ -23,6 +24,9 @@ use crate::quant::{BLOCK, QuantFormat, dequantize_block};
 const NB: usize = 16;
 /// From this many rows of `x` on, a piece dequantizes its rows into a panel first.
 const PANEL_M: usize = 4;
+/// Weight rows per parallel piece of a panel product (larger pieces amortise `gemm`'s
+/// packing of `x` over more rows).
+const NP: usize = 64;
 
 /// The float element types of the quantized kernels.
 trait QFloat: Element {
@@ -99,18 +103,6 @@ fn dequantize_t<T: QFloat>(b: &Storage, format: QuantFormat, shape: &[usize], dt
     Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape))
 }
 
-/// `Σ a·b` over whole blocks (lengths a multiple of 8), in eight lanes.
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
-        for i in 0..8 {
-            acc[i] += ca[i] * cb[i];
-        }
-    }
-    acc.iter().sum()
-}
-
 /// The dot product of one packed weight row with `x` (one row of K values); `xs` holds
 /// the sum of `x` over each block.
 #[inline]
@@ -184,24 +176,47 @@ fn qmatmul_t<T: QFloat>(
         });
     } else {
         let bb = format.block_bytes();
+        // A piece's weight rows dequantized once into a panel, then one product of the
+        // panel with every row of `x` through `gemm` (register-blocked, SIMD): the
+        // transposed output piece is `panel [rows, K] · xᵀ [K, M]`.
         par::chunks_init(
             target,
-            NB * m,
-            || vec![0f32; NB * k],
+            NP * m,
+            || vec![0f32; NP * k],
             |panel, ci, o| {
                 let rows = o.len() / m;
                 for r in 0..rows {
-                    let wr = ci * NB + r;
+                    let wr = ci * NP + r;
                     let row = &bytes[wr * row_bytes..(wr + 1) * row_bytes];
                     for (b, pv) in row.chunks_exact(bb).zip(panel[r * k..(r + 1) * k].chunks_exact_mut(BLOCK)) {
                         dequantize_block(format, b, pv);
                     }
                 }
-                for i in 0..m {
-                    let xr = &xf[i * k..(i + 1) * k];
-                    for r in 0..rows {
-                        o[r * m + i] = dot(xr, &panel[r * k..(r + 1) * k]);
-                    }
+                // SAFETY: `o` is the rows x m piece (row stride m); `panel` holds rows x k
+                // values (row stride k); `xf` holds m rows of k, read as the k x m matrix
+                // `xᵀ` (element (kk, i) at i * k + kk). All extents are inside the slices.
+                unsafe {
+                    gemm::gemm(
+                        rows,
+                        m,
+                        k,
+                        o.as_mut_ptr(),
+                        1,
+                        m as isize,
+                        false,
+                        panel.as_ptr(),
+                        1,
+                        k as isize,
+                        xf.as_ptr(),
+                        k as isize,
+                        1,
+                        0f32,
+                        1f32,
+                        false,
+                        false,
+                        false,
+                        gemm::Parallelism::None,
+                    );
                 }
             },
         );
