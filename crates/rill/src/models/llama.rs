@@ -28,7 +28,9 @@
 //! dequantizes a whole matrix. Float tensors (and every weight with
 //! `LoadOptions::packed` off) are dense arrays of the model dtype (f32, f16 or bf16). The
 //! token embedding is dense, for the gather. All products go through one function,
-//! `linear`.
+//! `linear`. Projections of one input are joined at load (q, k and v; gate and up: their
+//! packed rows stacked, or dense columns joined) so each is one product whose columns
+//! are split as views.
 //!
 //! **Sharing.** A `Llama` is `Send + Sync` and cheap to clone (an `Arc` inside): tasks
 //! and threads generating at once share the weights and the compiled steps, each with a
@@ -221,6 +223,81 @@ impl Weight {
             Weight::Packed(q) => q.data(),
         }
     }
+
+    /// N, the output features.
+    fn cols_out(&self) -> usize {
+        match self {
+            Weight::Dense(a) => a.shape()[1],
+            Weight::Packed(q) => q.rows(),
+        }
+    }
+
+    /// One weight whose product is the products of `ws` side by side (`[.., ΣN]`): their
+    /// packed rows stacked when all are packed in one format, their dense columns joined
+    /// when all are dense; `None` when they mix. Each output column is computed as by its
+    /// own weight (rows of a packed product are independent), in one launch instead of
+    /// several.
+    fn join(ws: &[&Weight]) -> Result<Option<Weight>> {
+        if let Some(qs) =
+            ws.iter().map(|w| if let Weight::Packed(q) = w { Some(q) } else { None }).collect::<Option<Vec<_>>>()
+        {
+            let f = qs[0].format();
+            if qs.iter().any(|q| q.format() != f || q.cols() != qs[0].cols()) {
+                return Ok(None);
+            }
+            let data = crate::concatenate(&qs.iter().map(|q| q.data()).collect::<Vec<_>>(), 0)?;
+            return Ok(Some(Weight::Packed(QMatrix::from_packed(f, &data)?)));
+        }
+        if let Some(ds) =
+            ws.iter().map(|w| if let Weight::Dense(a) = w { Some(a) } else { None }).collect::<Option<Vec<_>>>()
+        {
+            return Ok(Some(Weight::Dense(crate::concatenate(&ds, 1)?)));
+        }
+        Ok(None)
+    }
+}
+
+/// Projections of one input (q/k/v, gate/up): one joined product whose columns are split
+/// after it, or a product each when the weights cannot be joined.
+enum Proj {
+    Joined(Weight, Vec<usize>),
+    Apart(Vec<Weight>),
+}
+
+impl Proj {
+    fn new(ws: Vec<Weight>) -> Result<Proj> {
+        let widths = ws.iter().map(|w| w.cols_out()).collect();
+        Ok(match Weight::join(&ws.iter().collect::<Vec<_>>())? {
+            Some(j) => Proj::Joined(j, widths),
+            None => Proj::Apart(ws),
+        })
+    }
+
+    /// `x · Wᵢᵀ` for each weight (views of one product when joined).
+    fn apply(&self, x: &Array) -> Result<Vec<Array>> {
+        match self {
+            Proj::Apart(ws) => ws.iter().map(|w| linear(x, w)).collect(),
+            Proj::Joined(w, widths) => {
+                let y = linear(x, w)?;
+                let mut at = 0isize;
+                widths
+                    .iter()
+                    .map(|&n| {
+                        let s = y.slice_axis(-1, Some(at), Some(at + n as isize), 1);
+                        at += n as isize;
+                        s
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    fn arrays(&self) -> Vec<Array> {
+        match self {
+            Proj::Joined(w, _) => vec![w.array().clone()],
+            Proj::Apart(ws) => ws.iter().map(|w| w.array().clone()).collect(),
+        }
+    }
 }
 
 /// `x [..., K] · Wᵀ`: `[..., N]`. Every projection of the model goes through here.
@@ -245,13 +322,12 @@ fn tensor(g: &Gguf, name: &str, shape: &[usize], stream: &Stream, dtype: DType) 
 
 struct Layer {
     attn_norm: Array,
-    q: Weight,
-    k: Weight,
-    v: Weight,
+    /// q, k and v.
+    qkv: Proj,
     o: Weight,
     ffn_norm: Array,
-    gate: Weight,
-    up: Weight,
+    /// gate and up.
+    gate_up: Proj,
     down: Weight,
 }
 
@@ -367,20 +443,23 @@ impl Llama {
             let b = format!("blk.{i}");
             let layer = Layer {
                 attn_norm: vec(&format!("{b}.attn_norm.weight"), h)?,
-                q: lin(&format!("{b}.attn_q.weight"), qn, h)?,
-                k: lin(&format!("{b}.attn_k.weight"), kvn, h)?,
-                v: lin(&format!("{b}.attn_v.weight"), kvn, h)?,
+                qkv: Proj::new(vec![
+                    lin(&format!("{b}.attn_q.weight"), qn, h)?,
+                    lin(&format!("{b}.attn_k.weight"), kvn, h)?,
+                    lin(&format!("{b}.attn_v.weight"), kvn, h)?,
+                ])?,
                 o: lin(&format!("{b}.attn_output.weight"), h, qn)?,
                 ffn_norm: vec(&format!("{b}.ffn_norm.weight"), h)?,
-                gate: lin(&format!("{b}.ffn_gate.weight"), c.ffn, h)?,
-                up: lin(&format!("{b}.ffn_up.weight"), c.ffn, h)?,
+                gate_up: Proj::new(vec![
+                    lin(&format!("{b}.ffn_gate.weight"), c.ffn, h)?,
+                    lin(&format!("{b}.ffn_up.weight"), c.ffn, h)?,
+                ])?,
                 down: lin(&format!("{b}.ffn_down.weight"), h, c.ffn)?,
             };
             all.extend([&layer.attn_norm, &layer.ffn_norm].map(Array::clone));
-            all.extend(
-                [&layer.q, &layer.k, &layer.v, &layer.o, &layer.gate, &layer.up, &layer.down]
-                    .map(|w| w.array().clone()),
-            );
+            all.extend(layer.qkv.arrays());
+            all.extend(layer.gate_up.arrays());
+            all.extend([&layer.o, &layer.down].map(|w| w.array().clone()));
             layers.push(layer);
             // Evaluate as we go: the host copies of each layer are freed before the next.
             crate::eval(&all)?;
@@ -542,16 +621,20 @@ impl Core {
         for (i, l) in w.layers.iter().enumerate() {
             let a = h.rms_norm(Some(&l.attn_norm), c.rms_eps)?;
             let heads = |y: Array, nh: isize| y.reshape(&[bi, ti, nh, hd])?.transpose(&[0, 2, 1, 3]);
-            let q = heads(linear(&a, &l.q)?, hq)?.rope(start, rope)?;
-            let k = heads(linear(&a, &l.k)?, hkv)?.rope(start, rope)?;
-            let v = heads(linear(&a, &l.v)?, hkv)?;
+            let [q, k, v] = <[Array; 3]>::try_from(l.qkv.apply(&a)?)
+                .map_err(|_| Error::invalid(OP, "q/k/v projections gave the wrong number of parts"))?;
+            let q = heads(q, hq)?.rope(start, rope)?;
+            let k = heads(k, hkv)?.rope(start, rope)?;
+            let v = heads(v, hkv)?;
             let kk = kc[i].slice_update(&k, start, 2)?;
             let vv = vc[i].slice_update(&v, start, 2)?;
             let o = crate::scaled_dot_product_attention(&q, &kk, &vv, AttentionMask::Array(&mask), None)?;
             let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[bi * ti, hq * hd])?;
             h = h.add(&linear(&o, &l.o)?)?;
             let f = h.rms_norm(Some(&l.ffn_norm), c.rms_eps)?;
-            let g = linear(&f, &l.gate)?.silu()?.mul(&linear(&f, &l.up)?)?;
+            let [gate, up] = <[Array; 2]>::try_from(l.gate_up.apply(&f)?)
+                .map_err(|_| Error::invalid(OP, "gate/up projections gave the wrong number of parts"))?;
+            let g = gate.silu()?.mul(&up)?;
             h = h.add(&linear(&g, &l.down)?)?;
             new_k.push(kk);
             new_v.push(vv);
