@@ -321,12 +321,20 @@ fn rows(ops: &[Operand<'_>], r: usize, c: usize, st: [[i64; 2]; 3], vn: usize, o
 /// elements): (threads along a row, rows of threads, log2 of the items each thread takes
 /// along its row, blocks along the rows, blocks along the columns). A thread's
 /// `VEC_UNROLL` items lie along its row when rows are long, else down the column (so a
-/// short row still gives a warp whole rows to read contiguously); `tile` asks for 32 by
-/// 32 element tiles.
+/// short row still gives a warp whole rows to read contiguously). `tile` asks for tiles
+/// of up to 32 rows by 32 items, so that a transposed operand's cache lines serve the
+/// whole block; with fewer rows the tile widens instead of idling threads.
 fn rows_geometry(r: usize, items: usize, tile: bool) -> (u32, u32, u32, u32, u32) {
-    let bx = items.next_power_of_two().min(if tile { 32 } else { BLOCK as usize });
+    let (bx, lgc) = if tile {
+        let th = r.next_power_of_two().min(32);
+        let ur = th.min(VEC_UNROLL);
+        let bx = (BLOCK as usize / (th / ur)).min(items.next_power_of_two());
+        (bx, (VEC_UNROLL / ur).ilog2())
+    } else {
+        let bx = items.next_power_of_two().min(BLOCK as usize);
+        (bx, (items / bx).clamp(1, VEC_UNROLL).ilog2())
+    };
     let by = BLOCK as usize / bx;
-    let lgc = if tile { 0 } else { (items / bx).clamp(1, VEC_UNROLL).ilog2() };
     let (uc, ur) = (1usize << lgc, VEC_UNROLL >> lgc);
     let gx = r.div_ceil(by * ur).clamp(1, MAX_BLOCKS);
     let gy = items.div_ceil(bx * uc).clamp(1, 65535);
@@ -1043,6 +1051,10 @@ mod tests {
         assert_eq!(rows_geometry(1 << 26, 2, false), (2, 128, 0, 1 << 17, 1));
         assert_eq!(rows_geometry(2, 1 << 24, false), (256, 1, 2, 2, 1 << 14));
         assert_eq!(rows_geometry(1 << 16, 4096, true), (32, 8, 0, 1 << 11, 128));
+        // A transposed view of few rows: the tile widens (2 rows of 512 items).
+        assert_eq!(rows_geometry(2, 1 << 20, true), (256, 1, 1, 1, 1 << 11));
+        assert_eq!(rows_geometry(8, 1 << 20, true), (128, 2, 0, 1, 1 << 13));
+        assert_eq!(rows_geometry(1 << 20, 4, true), (4, 64, 0, 1 << 12, 1));
         assert_eq!(rows_geometry(1 << 20, 7, false), (8, 32, 0, 1 << 13, 1));
         assert_eq!(rows_geometry(1 << 20, 512, false).2, 1);
         let (_, _, _, gx, gy) = rows_geometry(1, usize::MAX >> 8, false);
