@@ -771,7 +771,7 @@ mod tests {
     /// transposed or stepped view, or a broadcast (size-1 axes, fewer axes, a scalar).
     fn operand_layout(g: &mut Gen, shape: &[usize]) -> Layout {
         let nd = shape.len();
-        match g.below(7) {
+        match g.below(8) {
             0 => Layout::contiguous(shape),
             1 => {
                 // A contiguous block at an offset of 0..3 elements (misaligned for vectors).
@@ -805,6 +805,16 @@ mod tests {
                 // Size-1 axes where the output has others (broadcast), each kept with p=1/2.
                 let s: Vec<usize> = shape.iter().map(|&d| if g.below(2) == 0 { 1 } else { d }).collect();
                 let mut l = Layout::contiguous(&s);
+                l.offset = g.below(2);
+                l
+            }
+            6 if nd >= 1 => {
+                // A column slice of wider rows (a pitch of 1..8 extra elements, so rows
+                // start aligned for vectors only now and then).
+                let mut big: Vec<usize> = shape.to_vec();
+                big[nd - 1] += 1 + g.below(8);
+                let mut l = Layout::contiguous(&big);
+                l.shape = shape.iter().copied().collect();
                 l.offset = g.below(2);
                 l
             }
