@@ -485,6 +485,55 @@ fn means_match_f64() {
     }
 }
 
+/// Arg-reductions of f16/bf16/u8/i32 with ties and NaNs along rows of odd lengths (a
+/// misaligned head and a tail around the 16-byte vectors) and along columns whose rows
+/// hold whole vectors (or not), plain and sliced.
+fn arg_cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    let shapes: [(&[usize], isize); 12] = [
+        (&[300, 7], 1),
+        (&[300, 9], 1),
+        (&[100, 17], -1),
+        (&[64, 1023], 1),
+        (&[64, 1025], 1),
+        (&[40, 4097], 1),
+        (&[2, 200_003], 1),
+        (&[5001, 64], 0),
+        (&[3001, 40], 0),
+        (&[2999, 33], 0),
+        (&[20_000, 512], 0),
+        (&[9, 31, 24], 1),
+    ];
+    for d in [DType::F16, DType::BF16, DType::U8, DType::I32, DType::F32] {
+        for op in [Op::ArgMax, Op::ArgMin] {
+            for (shape, axis) in shapes {
+                for view in [View::Plain, View::Sliced { axis: 0, step: 1 }, View::Sliced { axis: 1, step: 1 }] {
+                    v.push(Case {
+                        shape: shape.to_vec(),
+                        view,
+                        dtype: d,
+                        op,
+                        axes: vec![axis],
+                        keepdims: false,
+                        ties: true,
+                        nans: d.is_float(),
+                    });
+                }
+            }
+        }
+    }
+    v
+}
+
+#[test]
+fn arg_reductions_with_ties_and_nans_match_f64() {
+    for dev in devices() {
+        for (k, c) in arg_cases().iter().enumerate() {
+            check(dev, c, 5000 + k as u64);
+        }
+    }
+}
+
 /// The same reduction twice gives the same bits (no order that depends on timing).
 #[test]
 fn results_are_bit_identical_run_to_run() {

@@ -195,7 +195,7 @@ fn widens(d: DType, od: DType) -> bool {
 }
 
 /// Elements of a 16-byte vector of `d`.
-fn vec_elems(d: DType) -> usize {
+pub(crate) fn vec_elems(d: DType) -> usize {
     (16 / d.size()).max(1)
 }
 
