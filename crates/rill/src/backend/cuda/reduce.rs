@@ -15,7 +15,9 @@
 //! strides, strided rows of a full reduction) is copied with the reduced axes last.
 //!
 //! Sums and products accumulate in f32 for f16/bf16/f32 and f64 for f64, integers wrap in
-//! their own type; max/min propagate NaN. Every combine happens in an order fixed by the
+//! their own type; max/min propagate NaN. An f16/bf16 reduction may also store its f32
+//! accumulator unrounded ([`reduce_to`]): what `astype(f32)` then the f32 reduction gives
+//! (`mean`'s sum), without storing the cast. Every combine happens in an order fixed by the
 //! shape and the launch plan (no float atomics), so a result has the same bits every run.
 //! Three launch shapes for rows, chosen from rows/cols and the number of SMs:
 //! - short rows (`cols <= WARP_COLS`): `g` lanes of a warp per row (`k_warp`, `g` from the
@@ -995,7 +997,7 @@ extern "C" __global__ void __launch_bounds__(1024) k_reg(T* __restrict__ out, co
 
 /// Threads per block and vectors per thread of the register-cached softmax for rows of
 /// `cols` elements, or None when a row does not fit in registers.
-fn softmax_reg_plan(cols: usize, vn: usize) -> Option<(u32, usize)> {
+pub(crate) fn softmax_reg_plan(cols: usize, vn: usize) -> Option<(u32, usize)> {
     let nv_max = (SOFTMAX_REG_ELEMS / vn).clamp(1, 8);
     let vecs = cols.div_ceil(vn).max(1);
     let threads = vecs.div_ceil(4).next_power_of_two().clamp(32, 1024);
