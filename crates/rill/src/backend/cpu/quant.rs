@@ -104,40 +104,99 @@ fn dequantize_t<T: QFloat>(b: &Storage, format: QuantFormat, shape: &[usize], dt
 }
 
 /// The dot product of one packed weight row with `x` (one row of K values); `xs` holds
-/// the sum of `x` over each block.
+/// the sum of `x` over each block. On x86-64 with AVX2 and FMA (checked once at run
+/// time) the same loop is compiled for those instructions; the portable build targets
+/// the baseline instruction set.
 #[inline]
 fn row_dot(format: QuantFormat, row: &[u8], x: &[f32], xs: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if simd::avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked just above).
+        return unsafe { simd::row_dot_avx2(format, row, x, xs) };
+    }
+    row_dot_body::<false>(format, row, x, xs)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use super::*;
+    use crate::sync::OnceLock;
+
+    pub(super) fn avx2_fma() -> bool {
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
+    }
+
+    /// [`row_dot_body`] compiled for AVX2 and FMA (fused multiply-adds).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn row_dot_avx2(format: QuantFormat, row: &[u8], x: &[f32], xs: &[f32]) -> f32 {
+        row_dot_body::<true>(format, row, x, xs)
+    }
+}
+
+/// `a * b + c`, fused (one rounding) when `FMA`: only where the CPU has the instruction,
+/// as the portable fallback of `mul_add` is a slow library call.
+#[inline(always)]
+fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA { a.mul_add(b, c) } else { a * b + c }
+}
+
+/// The scale of a block (its first two bytes, f16) and, for Q4_1, its offset (the next two).
+#[inline(always)]
+fn half_at(b: &[u8], at: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
+}
+
+/// [`row_dot`]'s loop: sixteen lanes of `d · (q x)` accumulate over the blocks (one
+/// horizontal sum per row, not per block); each block's offset term (`m Σ x` for Q4_1,
+/// `-8 d Σ x` for Q4_0) adds up separately.
+#[inline(always)]
+fn row_dot_body<const FMA: bool>(format: QuantFormat, row: &[u8], x: &[f32], xs: &[f32]) -> f32 {
+    const H: usize = BLOCK / 2;
     let bb = format.block_bytes();
-    let h = BLOCK / 2;
-    let mut total = 0f32;
-    for ((b, xb), &sx) in row.chunks_exact(bb).zip(x.chunks_exact(BLOCK)).zip(xs) {
-        let d = f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
-        let mut s = [0f32; 16];
-        match format {
-            QuantFormat::Q4_0 | QuantFormat::Q4_1 => {
-                let qs = if format == QuantFormat::Q4_0 { &b[2..2 + h] } else { &b[4..4 + h] };
-                for j in 0..h {
+    let mut acc = [0f32; H];
+    let mut off = 0f32;
+    let blocks = row.chunks_exact(bb).zip(x.chunks_exact(BLOCK)).zip(xs);
+    match format {
+        QuantFormat::Q4_0 | QuantFormat::Q4_1 => {
+            let q41 = format == QuantFormat::Q4_1;
+            let at = if q41 { 4 } else { 2 };
+            for ((b, xb), &sx) in blocks {
+                let d = half_at(b, 0);
+                let (Ok(qs), Ok(xl), Ok(xh)) = (
+                    <&[u8; H]>::try_from(&b[at..at + H]),
+                    <&[f32; H]>::try_from(&xb[..H]),
+                    <&[f32; H]>::try_from(&xb[H..]),
+                ) else {
+                    continue; // not reached: every block has H code bytes and BLOCK values
+                };
+                for j in 0..H {
                     let q = qs[j];
-                    s[j] = (q & 0x0f) as f32 * xb[j] + (q >> 4) as f32 * xb[j + h];
+                    let s = madd::<FMA>((q & 0x0f) as f32, xl[j], (q >> 4) as f32 * xh[j]);
+                    acc[j] = madd::<FMA>(d, s, acc[j]);
                 }
+                off += if q41 { half_at(b, 2) * sx } else { -8.0 * d * sx };
             }
-            QuantFormat::Q8_0 => {
-                let qs = &b[2..2 + BLOCK];
-                for j in 0..h {
-                    s[j] = qs[j] as i8 as f32 * xb[j] + qs[j + h] as i8 as f32 * xb[j + h];
+        }
+        QuantFormat::Q8_0 => {
+            for ((b, xb), _) in blocks {
+                let d = half_at(b, 0);
+                let (Ok(ql), Ok(qh), Ok(xl), Ok(xh)) = (
+                    <&[u8; H]>::try_from(&b[2..2 + H]),
+                    <&[u8; H]>::try_from(&b[2 + H..2 + BLOCK]),
+                    <&[f32; H]>::try_from(&xb[..H]),
+                    <&[f32; H]>::try_from(&xb[H..]),
+                ) else {
+                    continue; // not reached: every block has BLOCK code bytes and values
+                };
+                for j in 0..H {
+                    let s = madd::<FMA>(ql[j] as i8 as f32, xl[j], qh[j] as i8 as f32 * xh[j]);
+                    acc[j] = madd::<FMA>(d, s, acc[j]);
                 }
             }
         }
-        let sq: f32 = s.iter().sum();
-        total += match format {
-            // (q - 8) d: d (Σ q x - 8 Σ x).
-            QuantFormat::Q4_0 => d * (sq - 8.0 * sx),
-            // q d + m: d Σ q x + m Σ x.
-            QuantFormat::Q4_1 => d * sq + f16::from_bits(u16::from_le_bytes([b[2], b[3]])).to_f32() * sx,
-            QuantFormat::Q8_0 => d * sq,
-        };
     }
-    total
+    acc.iter().sum::<f32>() + off
 }
 
 fn qmatmul_t<T: QFloat>(
