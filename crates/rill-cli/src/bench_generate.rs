@@ -1,6 +1,7 @@
 //! `rill bench generate`: the language model's prefill and decode, beside
 //! `bench/hf_generate_bench.py` (Hugging Face transformers on the same GGUF file, the same
-//! token ids, greedy, end of sequence ignored).
+//! token ids, greedy, end of sequence ignored). The model flags are `rill generate`'s
+//! (`--model`, `--device`, `--dtype`, `--dequantize`).
 //!
 //! One JSON object a line:
 //! - `{"id": "generate:prefill:p<P>", "impl": "rill", "dtype", "seconds"}`: one forward
@@ -13,26 +14,17 @@
 //! Token ids come from a fixed generator that the peer shares. Each figure is the median
 //! of repeated runs after a warm-up run, which traces the shapes.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Args;
-use rill::models::llama::{GenerateOptions, Llama, LoadOptions};
+use rill::models::llama::GenerateOptions;
 
-use crate::DeviceArg;
-use crate::embed::DtypeArg;
+use crate::generate::ModelArgs;
 
 #[derive(Args)]
 pub struct GenerateBenchArgs {
-    /// The GGUF file; default: the default model, fetched into the model cache on first use
-    #[arg(long, value_name = "FILE.gguf")]
-    pub model: Option<PathBuf>,
-    /// The device (default: the best present)
-    #[arg(long, value_enum)]
-    pub device: Option<DeviceArg>,
-    /// The dtype of the activations (the block-quantized weights stay packed)
-    #[arg(long, value_enum, default_value = "f32")]
-    pub dtype: DtypeArg,
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// Prompt lengths of the prefill figure (comma-separated)
     #[arg(long, value_delimiter = ',', default_value = "512")]
     pub prefill: Vec<usize>,
@@ -76,13 +68,9 @@ pub fn run(args: &GenerateBenchArgs) -> Result<(), String> {
     if args.prefill.contains(&0) || args.batch.contains(&0) {
         return Err("--prefill lengths and --batch sizes must be at least 1".into());
     }
-    let device = crate::device_of(args.device)?;
-    let path = match &args.model {
-        Some(p) => p.clone(),
-        None => rill::io::cache::default_llm().map_err(|e| e.to_string())?,
-    };
-    let dtype = args.dtype.dtype();
-    let model = Llama::load(&path, device, LoadOptions { dtype, packed: true }).map_err(|e| e.to_string())?;
+    let model = args.model.load()?;
+    let device = model.stream().device();
+    let dtype = model.dtype();
     let vocab = model.config().vocab;
     let err = |e: rill::Error| e.to_string();
     let dname = dtype.name();

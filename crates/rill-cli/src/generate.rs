@@ -18,8 +18,9 @@ use rill::sample::SamplerConfig;
 use crate::DeviceArg;
 use crate::embed::DtypeArg;
 
+/// Which language model to load, where and how (shared by `generate` and `bench generate`).
 #[derive(Args)]
-pub struct GenerateArgs {
+pub struct ModelArgs {
     /// The GGUF file; default: the default model, fetched into the model cache on first use
     #[arg(long, value_name = "FILE.gguf")]
     pub model: Option<PathBuf>,
@@ -32,6 +33,25 @@ pub struct GenerateArgs {
     /// Dequantize block-quantized weights at load instead of reading the packed blocks
     #[arg(long)]
     pub dequantize: bool,
+}
+
+impl ModelArgs {
+    /// The model these arguments name, loaded.
+    pub fn load(&self) -> Result<Llama, String> {
+        let device = crate::device_of(self.device)?;
+        let path = match &self.model {
+            Some(p) => p.clone(),
+            None => rill::io::cache::default_llm().map_err(|e| e.to_string())?,
+        };
+        let options = LoadOptions { dtype: self.dtype.dtype(), packed: !self.dequantize };
+        Llama::load(&path, device, options).map_err(|e| e.to_string())
+    }
+}
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// Tokens to generate at most
     #[arg(long, default_value_t = 256)]
     pub max_tokens: usize,
@@ -84,13 +104,7 @@ fn sampler(args: &GenerateArgs) -> Result<Arc<dyn Sampler>, String> {
 
 pub fn run(args: &GenerateArgs) -> Result<(), String> {
     let sampler = sampler(args)?;
-    let device = crate::device_of(args.device)?;
-    let path = match &args.model {
-        Some(p) => p.clone(),
-        None => rill::io::cache::default_llm().map_err(|e| e.to_string())?,
-    };
-    let model = Llama::load(&path, device, LoadOptions { dtype: args.dtype.dtype(), packed: !args.dequantize })
-        .map_err(|e| e.to_string())?;
+    let model = args.model.load()?;
     let tok = model.tokenizer();
     let text = if args.chat {
         tok.apply_chat_template(&[ChatMessage::new("user", args.prompt.clone())], true).map_err(|e| e.to_string())?
@@ -131,7 +145,7 @@ pub fn run(args: &GenerateArgs) -> Result<(), String> {
         ids.len(),
         prefill.as_secs_f64() * 1e3,
         g.finish_reason(0),
-        device
+        model.stream().device()
     );
     Ok(())
 }
