@@ -241,10 +241,11 @@ impl Weight {
         if let Some(qs) =
             ws.iter().map(|w| if let Weight::Packed(q) = w { Some(q) } else { None }).collect::<Option<Vec<_>>>()
         {
-            let f = qs[0].format();
-            if qs.iter().any(|q| q.format() != f || q.cols() != qs[0].cols()) {
+            let Some(first) = qs.first() else { return Ok(None) };
+            if qs.iter().any(|q| q.format() != first.format() || q.cols() != first.cols()) {
                 return Ok(None);
             }
+            let f = first.format();
             let data = crate::concatenate(&qs.iter().map(|q| q.data()).collect::<Vec<_>>(), 0)?;
             return Ok(Some(Weight::Packed(QMatrix::from_packed(f, &data)?)));
         }
