@@ -16,16 +16,25 @@ pub(crate) fn median(mut v: Vec<f64>) -> f64 {
 /// Times `f`: `warm` calls first, then the median seconds of `reps` calls
 /// (`RILL_BENCH_REPS` raises the count, for profiling one figure).
 pub(crate) fn time(warm: usize, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    let reps = std::env::var("RILL_BENCH_REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(0).max(reps);
+    median_of(warm, reps, || {
+        let t = Instant::now();
+        f()?;
+        Ok(t.elapsed().as_secs_f64())
+    })
+}
+
+/// [`time`] for a figure `f` measures itself (seconds of part of each call): `warm` calls
+/// first, then the median of `reps` (`RILL_BENCH_REPS` raises the count).
+pub(crate) fn median_of<E>(
+    warm: usize,
+    reps: usize,
+    mut f: impl FnMut() -> std::result::Result<f64, E>,
+) -> std::result::Result<f64, E> {
+    let reps = std::env::var("RILL_BENCH_REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(0).max(reps).max(1);
     for _ in 0..warm {
         f()?;
     }
-    let mut v = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let t = Instant::now();
-        f()?;
-        v.push(t.elapsed().as_secs_f64());
-    }
+    let v = (0..reps).map(|_| f()).collect::<std::result::Result<Vec<f64>, E>>()?;
     Ok(median(v))
 }
 

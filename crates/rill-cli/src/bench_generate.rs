@@ -19,6 +19,7 @@ use std::time::Instant;
 use clap::Args;
 use rill::models::llama::GenerateOptions;
 
+use crate::bench::median_of;
 use crate::generate::ModelArgs;
 
 #[derive(Args)]
@@ -54,12 +55,6 @@ pub fn token_ids(state: &mut u64, n: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-fn median(reps: usize, mut f: impl FnMut() -> Result<f64, String>) -> Result<f64, String> {
-    f()?;
-    let v = (0..reps.max(1)).map(|_| f()).collect::<Result<Vec<f64>, String>>()?;
-    Ok(crate::bench::median(v))
-}
-
 pub fn run(args: &GenerateBenchArgs) -> Result<(), String> {
     let n = args.new_tokens;
     if n < 2 {
@@ -76,7 +71,7 @@ pub fn run(args: &GenerateBenchArgs) -> Result<(), String> {
     let dname = dtype.name();
     for &p in &args.prefill {
         let ids = token_ids(&mut 42, p, vocab);
-        let s = median(args.reps, || {
+        let s = median_of(1, args.reps, || -> Result<f64, String> {
             let mut cache = model.new_cache(1, p).map_err(err)?;
             let t = Instant::now();
             model.forward(&[&ids], &mut cache).map_err(err)?.eval().map_err(err)?;
@@ -91,7 +86,7 @@ pub fn run(args: &GenerateBenchArgs) -> Result<(), String> {
     for &b in &batches {
         let mut state = 7;
         let prompts: Vec<Vec<u32>> = (0..b).map(|_| token_ids(&mut state, DECODE_PROMPT, vocab)).collect();
-        let s = median(args.reps, || {
+        let s = median_of(1, args.reps, || -> Result<f64, String> {
             let opts = GenerateOptions { max_tokens: n, stop_at_eos: false, ..Default::default() };
             let mut g = model.generate_batch(&prompts, opts).map_err(err)?;
             g.next_tokens().map_err(err)?;

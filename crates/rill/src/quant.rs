@@ -78,7 +78,9 @@ impl QuantFormat {
     }
 }
 
-fn scale(b: &[u8], at: usize) -> f32 {
+/// The f16 at byte `at` of a block (its scale, or Q4_1's offset), as f32.
+#[inline(always)]
+pub(crate) fn scale(b: &[u8], at: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
 

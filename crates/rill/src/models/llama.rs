@@ -237,7 +237,7 @@ impl Weight {
     /// when all are dense; `None` when they mix. Each output column is computed as by its
     /// own weight (rows of a packed product are independent), in one launch instead of
     /// several.
-    fn join(ws: &[&Weight]) -> Result<Option<Weight>> {
+    fn join(ws: &[Weight]) -> Result<Option<Weight>> {
         if let Some(qs) =
             ws.iter().map(|w| if let Weight::Packed(q) = w { Some(q) } else { None }).collect::<Option<Vec<_>>>()
         {
@@ -268,7 +268,7 @@ enum Proj {
 impl Proj {
     fn new(ws: Vec<Weight>) -> Result<Proj> {
         let widths = ws.iter().map(|w| w.cols_out()).collect();
-        Ok(match Weight::join(&ws.iter().collect::<Vec<_>>())? {
+        Ok(match Weight::join(&ws)? {
             Some(j) => Proj::Joined(j, widths),
             None => Proj::Apart(ws),
         })

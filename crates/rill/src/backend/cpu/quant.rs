@@ -18,7 +18,7 @@ use crate::backend::cpu::{CpuBuffer, par, strided};
 use crate::backend::{Buffer, Storage};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::quant::{BLOCK, QuantFormat, dequantize_block};
+use crate::quant::{BLOCK, QuantFormat, dequantize_block, scale};
 
 /// Weight rows per parallel piece.
 const NB: usize = 16;
@@ -104,9 +104,9 @@ fn dequantize_t<T: QFloat>(b: &Storage, format: QuantFormat, shape: &[usize], dt
 }
 
 /// The dot product of one packed weight row with `x` (one row of K values); `xs` holds
-/// the sum of `x` over each block. On x86-64 with AVX2 and FMA (checked once at run
-/// time) the same loop is compiled for those instructions; the portable build targets
-/// the baseline instruction set.
+/// the sum of `x` over each block. On x86-64 with AVX2 and FMA (detected at run time)
+/// the same loop is compiled for those instructions; the portable build targets the
+/// baseline instruction set.
 #[inline]
 fn row_dot(format: QuantFormat, row: &[u8], x: &[f32], xs: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
@@ -120,11 +120,10 @@ fn row_dot(format: QuantFormat, row: &[u8], x: &[f32], xs: &[f32]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::*;
-    use crate::sync::OnceLock;
 
+    /// Whether the CPU has AVX2 and FMA (the standard library caches the detection).
     pub(super) fn avx2_fma() -> bool {
-        static HAS: OnceLock<bool> = OnceLock::new();
-        *HAS.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
     }
 
     /// [`row_dot_body`] compiled for AVX2 and FMA (fused multiply-adds).
@@ -139,12 +138,6 @@ mod simd {
 #[inline(always)]
 fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     if FMA { a.mul_add(b, c) } else { a * b + c }
-}
-
-/// The scale of a block (its first two bytes, f16) and, for Q4_1, its offset (the next two).
-#[inline(always)]
-fn half_at(b: &[u8], at: usize) -> f32 {
-    f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
 
 /// [`row_dot`]'s loop: sixteen lanes of `d · (q x)` accumulate over the blocks (one
@@ -162,7 +155,7 @@ fn row_dot_body<const FMA: bool>(format: QuantFormat, row: &[u8], x: &[f32], xs:
             let q41 = format == QuantFormat::Q4_1;
             let at = if q41 { 4 } else { 2 };
             for ((b, xb), &sx) in blocks {
-                let d = half_at(b, 0);
+                let d = scale(b, 0);
                 let (Ok(qs), Ok(xl), Ok(xh)) = (
                     <&[u8; H]>::try_from(&b[at..at + H]),
                     <&[f32; H]>::try_from(&xb[..H]),
@@ -175,12 +168,12 @@ fn row_dot_body<const FMA: bool>(format: QuantFormat, row: &[u8], x: &[f32], xs:
                     let s = madd::<FMA>((q & 0x0f) as f32, xl[j], (q >> 4) as f32 * xh[j]);
                     acc[j] = madd::<FMA>(d, s, acc[j]);
                 }
-                off += if q41 { half_at(b, 2) * sx } else { -8.0 * d * sx };
+                off += if q41 { scale(b, 2) * sx } else { -8.0 * d * sx };
             }
         }
         QuantFormat::Q8_0 => {
             for ((b, xb), _) in blocks {
-                let d = half_at(b, 0);
+                let d = scale(b, 0);
                 let (Ok(ql), Ok(qh), Ok(xl), Ok(xh)) = (
                     <&[u8; H]>::try_from(&b[2..2 + H]),
                     <&[u8; H]>::try_from(&b[2 + H..2 + BLOCK]),
