@@ -191,7 +191,7 @@ fn gpu_large_contiguous_maps_match_f64() {
 
 /// One batch (one thread) that keeps switching elementwise kernels: the same op over
 /// f32, f16 and bf16 (f16 and bf16 share a C type, not code), on contiguous operands (the
-/// vector kernel), with a transposed operand (the strided kernel) and with a scalar
+/// vector kernel), with a transposed operand (the two-axis kernel) and with a scalar
 /// operand (the contiguous kernel), in two orders. The kernel lookup remembers the last
 /// kernel a thread launched; each result against float64 shows it is keyed by the
 /// function, every dtype and the variant.
@@ -221,4 +221,83 @@ fn gpu_kernel_switches_within_one_batch_match_f64() {
             assert_close(&o.to_f64_vec().unwrap(), want, *t * 2.0, what);
         }
     });
+}
+
+/// Maps over two merged axes (the two-axis kernel, vectors or elements): row, column and
+/// outer broadcasts of a binary op and of `where`, a unary op and a cast of a transposed
+/// view, a column slice (misaligned, and aligned inside wider rows) and a step on rows; in
+/// floats and integers, with column counts that are and are not whole vectors (7,
+/// 1000003), many short rows and a few long ones; against float64 (and the CPU for the
+/// cast, bit for bit).
+#[test]
+fn gpu_two_axis_maps_match_f64() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(33);
+    for (r, c) in [(5usize, 7usize), (3, 1_000_003), (64, 96), (250_000, 4), (100_000, 3), (2, 70_000), (37, 1000)] {
+        for dt in [DType::F32, DType::BF16, DType::F16, DType::I32, DType::U8] {
+            let int = !dt.is_float();
+            let mut vals = |n: usize| -> Vec<f64> {
+                let v = rng.vec(n, if int { 0.0 } else { -2.0 }, if int { 9.0 } else { 2.0 });
+                if int { v.into_iter().map(f64::floor).collect() } else { v }
+            };
+            let (av, bv, rowv, colv, widev) = (vals(r * c), vals(r * c), vals(c), vals(r), vals(2 * r * (c + 8)));
+            let t = tol(dt) * 2.0;
+            let at = |f: &dyn Fn(usize, usize) -> f64| (0..r * c).map(|k| f(k / c, k % c)).collect::<Vec<f64>>();
+            let cast_to = if dt == DType::F32 { DType::BF16 } else { DType::F32 };
+            // The transposed view's cast on the CPU: the GPU's must equal it bit for bit.
+            let cpu_cast = common::on(Device::cpu(), || {
+                let b = Array::from_slice(&bv, &[c, r]).unwrap().astype(dt).unwrap();
+                b.transpose(&[1, 0]).unwrap().astype(cast_to).unwrap().to_f64_vec().unwrap()
+            });
+            common::on(g, || {
+                let what = |s: &str| format!("{s}, {dt} [{r}, {c}]");
+                let (a, ae) = common::array_of(&av, &[r, c], dt);
+                let (b, be) = common::array_of(&bv, &[c, r], dt);
+                let (row, re) = common::array_of(&rowv, &[c], dt);
+                let (col, ce) = common::array_of(&colv, &[r, 1], dt);
+                let (wide, we) = common::array_of(&widev, &[2 * r, c + 8], dt);
+                let check = |got: Array, want: Vec<f64>, t: f64, s: &str| {
+                    assert_eq!(got.shape(), &[r, c], "{}", what(s));
+                    assert_close(&got.to_f64_vec().unwrap(), &want, t, &what(s));
+                };
+                check(a.mul(&row).unwrap(), at(&|i, j| ae[i * c + j] * re[j]), t, "a * row");
+                check(a.add(&col).unwrap(), at(&|i, j| ae[i * c + j] + ce[i]), t, "a + column");
+                check(col.maximum(&a).unwrap(), at(&|i, j| ce[i].max(ae[i * c + j])), 0.0, "maximum(column, a)");
+                check(col.mul(&row).unwrap(), at(&|i, j| ce[i] * re[j]), t, "outer column * row");
+                let pick = |x: f64| if int { x >= 4.0 } else { x > 0.0 };
+                let cond = if int { col.ge(4.0) } else { col.gt(0.0) }.unwrap();
+                let got = rill::where_(&cond, &row, &a).unwrap();
+                check(got, at(&|i, j| if pick(ce[i]) { re[j] } else { ae[i * c + j] }), 0.0, "where(column, row, a)");
+                let got = rill::where_(&cond, &row, 1.0).unwrap();
+                check(got, at(&|i, j| if pick(ce[i]) { re[j] } else { 1.0 }), 0.0, "where(column, row, 1)");
+                let full_cond = if int { a.ge(4.0) } else { a.gt(0.0) }.unwrap();
+                let got = rill::where_(&full_cond, &col, &row).unwrap();
+                check(got, at(&|i, j| if pick(ae[i * c + j]) { ce[i] } else { re[j] }), 0.0, "where(a, column, row)");
+                // A transposed view: element (i, j) is b[j, i].
+                let bt = b.transpose(&[1, 0]).unwrap();
+                let tr = |i: usize, j: usize| be[j * r + i];
+                check(bt.logical_not().unwrap(), at(&|i, j| (tr(i, j) == 0.0) as u8 as f64), 0.0, "logical_not(b.T)");
+                if dt != DType::U8 {
+                    check(bt.neg().unwrap(), at(&|i, j| -tr(i, j)), 0.0, "-b.T");
+                }
+                check(bt.add(&a).unwrap(), at(&|i, j| tr(i, j) + ae[i * c + j]), t, "b.T + a");
+                let got = bt.astype(cast_to).unwrap();
+                assert_eq!(got.to_f64_vec().unwrap(), cpu_cast, "{}", what("cast of b.T"));
+                // Column slices of wider rows: from column 1 (misaligned), from column 0 (rows
+                // of c + 8 elements: aligned when c is a whole number of vectors); every
+                // other row.
+                let w = |i: usize, j: usize| we[i * (c + 8) + j];
+                let top = wide.slice_axis(0, Some(0), Some(r as isize), 1).unwrap();
+                let s1 = top.slice_axis(1, Some(1), Some(c as isize + 1), 1).unwrap();
+                check(s1.mul(&row).unwrap(), at(&|i, j| w(i, j + 1) * re[j]), t, "wide[:, 1:] * row");
+                let s0 = top.slice_axis(1, Some(0), Some(c as isize), 1).unwrap();
+                check(s0.add(&col).unwrap(), at(&|i, j| w(i, j) + ce[i]), t, "wide[:, :c] + column");
+                check(s0.abs().unwrap(), at(&|i, j| w(i, j).abs()), 0.0, "abs(wide[:, :c])");
+                let stepped =
+                    wide.slice_axis(0, None, None, 2).unwrap().slice_axis(1, Some(0), Some(c as isize), 1).unwrap();
+                check(stepped.astype(DType::F32).unwrap(), at(&|i, j| w(2 * i, j)), t, "wide[::2, :c] as f32");
+                check(stepped.mul(&row).unwrap(), at(&|i, j| w(2 * i, j) * re[j]), t, "wide[::2, :c] * row");
+            });
+        }
+    }
 }

@@ -21,6 +21,7 @@ enum Op {
     Min,
     ArgMax,
     ArgMin,
+    Mean,
 }
 
 /// How the reduced array is made from its base.
@@ -141,6 +142,7 @@ fn apply(c: &Case, x: &Array) -> Array {
         Op::Min => x.min(a, c.keepdims),
         Op::ArgMax => x.argmax(a[0], c.keepdims),
         Op::ArgMin => x.argmin(a[0], c.keepdims),
+        Op::Mean => x.mean(a, c.keepdims),
     }
     .unwrap()
 }
@@ -182,6 +184,13 @@ fn reference(c: &Case, x: &[f64]) -> (Vec<usize>, Vec<f64>, Vec<f64>) {
                 let abs: f64 = g.iter().map(|v| v.abs()).sum();
                 want.push(s);
                 tol.push(acc_eps * abs * steps + out_eps * s.abs());
+            }
+            Op::Mean => {
+                // An f32 sum divided in f32, then rounded to the dtype.
+                let m = g.iter().sum::<f64>() / n;
+                let abs: f64 = g.iter().map(|v| v.abs()).sum();
+                want.push(if g.is_empty() { f64::NAN } else { m });
+                tol.push(acc_eps * abs * steps / n.max(1.0) + (acc_eps + out_eps) * m.abs());
             }
             Op::Prod => {
                 let p: f64 = g.iter().product();
@@ -395,6 +404,132 @@ fn launch_shapes_match_f64() {
     for dev in devices() {
         for (k, c) in shaped_cases().iter().enumerate() {
             check(dev, c, 3000 + k as u64);
+        }
+    }
+}
+
+/// `mean` of f16/bf16 (read by the reduction itself, into f32) and f32 over first, middle,
+/// last, several and all axes, odd sizes, misaligned and transposed views, and the launch
+/// shapes of rows (a warp, a block, a row split over blocks) and columns (vectors or
+/// not, the reduced axis split over the grid).
+fn mean_cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    let shapes: [(&[usize], &[isize]); 14] = [
+        (&[64, 33, 40], &[0]),
+        (&[64, 33, 40], &[1]),
+        (&[64, 33, 40], &[2]),
+        (&[64, 33, 40], &[]),
+        (&[64, 33, 40], &[0, 2]),
+        (&[7, 9, 11], &[1]),
+        (&[3, 300_001], &[1]),
+        (&[(1 << 20) + 5], &[0]),
+        (&[20_000, 16], &[0]),
+        (&[4099, 1001], &[0]),
+        (&[1 << 16, 24], &[-1]),
+        (&[5, 2000, 1030], &[-2]),
+        (&[1, 7], &[0]),
+        (&[4, 0, 3], &[1]),
+    ];
+    for d in [DType::F16, DType::BF16, DType::F32] {
+        for (shape, axes) in shapes {
+            for (k, view) in
+                [View::Plain, View::Sliced { axis: 0, step: 1 }, View::Transposed((0..shape.len()).rev().collect())]
+                    .into_iter()
+                    .enumerate()
+            {
+                // Views of the small shapes only (the large ones pick launch shapes).
+                if k > 0 && shape.iter().product::<usize>() > 1 << 17 {
+                    continue;
+                }
+                let view = match view {
+                    View::Sliced { .. } if shape[0] == 0 => continue,
+                    View::Transposed(_) => {
+                        let mut s = shape.to_vec();
+                        s.reverse();
+                        v.push(Case {
+                            shape: s,
+                            view,
+                            dtype: d,
+                            op: Op::Mean,
+                            axes: axes.to_vec(),
+                            keepdims: true,
+                            ties: false,
+                            nans: false,
+                        });
+                        continue;
+                    }
+                    other => other,
+                };
+                v.push(Case {
+                    shape: shape.to_vec(),
+                    view,
+                    dtype: d,
+                    op: Op::Mean,
+                    axes: axes.to_vec(),
+                    keepdims: k == 0,
+                    ties: false,
+                    nans: false,
+                });
+            }
+        }
+    }
+    v
+}
+
+#[test]
+fn means_match_f64() {
+    for dev in devices() {
+        for (k, c) in mean_cases().iter().enumerate() {
+            check(dev, c, 4000 + k as u64);
+        }
+    }
+}
+
+/// Arg-reductions of f16/bf16/u8/i32 with ties and NaNs along rows of odd lengths (a
+/// misaligned head and a tail around the 16-byte vectors) and along columns whose rows
+/// hold whole vectors (or not), plain and sliced.
+fn arg_cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    let shapes: [(&[usize], isize); 12] = [
+        (&[300, 7], 1),
+        (&[300, 9], 1),
+        (&[100, 17], -1),
+        (&[64, 1023], 1),
+        (&[64, 1025], 1),
+        (&[40, 4097], 1),
+        (&[2, 200_003], 1),
+        (&[5001, 64], 0),
+        (&[3001, 40], 0),
+        (&[2999, 33], 0),
+        (&[20_000, 512], 0),
+        (&[9, 31, 24], 1),
+    ];
+    for d in [DType::F16, DType::BF16, DType::U8, DType::I32, DType::F32] {
+        for op in [Op::ArgMax, Op::ArgMin] {
+            for (shape, axis) in shapes {
+                for view in [View::Plain, View::Sliced { axis: 0, step: 1 }, View::Sliced { axis: 1, step: 1 }] {
+                    v.push(Case {
+                        shape: shape.to_vec(),
+                        view,
+                        dtype: d,
+                        op,
+                        axes: vec![axis],
+                        keepdims: false,
+                        ties: true,
+                        nans: d.is_float(),
+                    });
+                }
+            }
+        }
+    }
+    v
+}
+
+#[test]
+fn arg_reductions_with_ties_and_nans_match_f64() {
+    for dev in devices() {
+        for (k, c) in arg_cases().iter().enumerate() {
+            check(dev, c, 5000 + k as u64);
         }
     }
 }

@@ -134,6 +134,62 @@ fn layer_norm_and_rms_norm_match_reference() {
     }
 }
 
+/// Rows of every length class of the register-cached kernels (1 to past the 32768 that
+/// fit registers, odd lengths that are not whole 16-byte vectors), for f16/bf16 (and f32):
+/// layer_norm with each of weight and bias, rms_norm, log_softmax and softmax of the last
+/// axis, also of a view that starts one element into its buffer (unaligned rows).
+#[test]
+fn norms_and_softmax_of_long_rows_match_reference() {
+    for dev in devices() {
+        on(dev, || {
+            let mut rng = Rng::new(12);
+            let lens = [1usize, 2, 7, 8, 9, 33, 255, 1000, 1024, 4096, 4097, 8191, 8192, 8200, 32768, 32769, 40000];
+            for d in lens {
+                let rows = (20_000 / d).clamp(2, 17);
+                let n = rows * d;
+                for dt in [DType::F16, DType::BF16, DType::F32] {
+                    // One extra leading element: `unaligned` reads the rows from element 1.
+                    let (base, bv) = array_of(&rng.vec(n + 1, 2.0, 6.0), &[n + 1], dt);
+                    let (w, wv) = array_of(&rng.vec(d, 0.5, 1.5), &[d], dt);
+                    let (b, bias) = array_of(&rng.vec(d, -1.0, 1.0), &[d], dt);
+                    let aligned = base
+                        .slice_axis(0, Some(0), Some(n as isize), 1)
+                        .unwrap()
+                        .reshape(&[rows as isize, d as isize])
+                        .unwrap();
+                    let unaligned =
+                        base.slice_axis(0, Some(1), None, 1).unwrap().reshape(&[rows as isize, d as isize]).unwrap();
+                    for (x, xv, at) in [(&aligned, &bv[..n], "aligned"), (&unaligned, &bv[1..], "unaligned")] {
+                        let what = format!("{dt} [{rows}, {d}] {at}");
+                        let t = if dt == DType::F32 { 1e-4 } else { 4.0 * tol(dt) };
+                        let cases: [(Option<&Array>, Option<&Array>); 4] =
+                            [(None, None), (Some(&w), None), (None, Some(&b)), (Some(&w), Some(&b))];
+                        for (wo, bo) in cases {
+                            let y = x.layer_norm(wo, bo, 1e-5).unwrap();
+                            let want =
+                                ref_norm(xv, d, wo.map(|_| wv.as_slice()), bo.map(|_| bias.as_slice()), 1e-5, false);
+                            let label = format!("layer_norm w={} b={} {what}", wo.is_some(), bo.is_some());
+                            assert_close(&y.to_f64_vec().unwrap(), &want, t, &label);
+                        }
+                        for wo in [None, Some(&w)] {
+                            let y = x.rms_norm(wo, 1e-5).unwrap();
+                            let want = ref_norm(xv, d, wo.map(|_| wv.as_slice()), None, 1e-5, true);
+                            let label = format!("rms_norm w={} {what}", wo.is_some());
+                            assert_close(&y.to_f64_vec().unwrap(), &want, 2.0 * tol(dt), &label);
+                        }
+                        for log in [false, true] {
+                            let y = if log { x.log_softmax(-1) } else { x.softmax(-1) }.unwrap();
+                            let want = ref_softmax(xv, &[rows, d], 1, log);
+                            let label = format!("softmax log={log} {what}");
+                            assert_close(&y.to_f64_vec().unwrap(), &want, 2.0 * tol(dt), &label);
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
 #[test]
 fn nn_errors_name_shapes_and_axes() {
     for dev in devices() {

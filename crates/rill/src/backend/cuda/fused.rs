@@ -212,6 +212,15 @@ fn rows_of(shape: &[usize], axes: &[usize], strides: &[Strides]) -> Option<Rows>
     Some(Rows { rows, cols, row_strides, along })
 }
 
+/// Whether `p` is only a conversion of its one f16/bf16 input to f32.
+fn widening_cast(p: &FusedProgram) -> bool {
+    use crate::primitives::fused::Inst;
+    matches!(p.insts.as_slice(), [Inst::Load(0), Inst::Cast(0)])
+        && matches!(p.input_dtypes(), [DType::F16 | DType::BF16])
+        && p.out == 1
+        && p.output_dtype() == DType::F32
+}
+
 /// Runs a `FusedReduce` node: `p`'s values over the broadcast of `inputs`, reduced by `op`
 /// over `axes` into a new contiguous storage of `shape` (the reduced axes kept as 1).
 ///
@@ -237,6 +246,14 @@ pub(crate) fn fused_reduce(
     let lays: Vec<Layout> = inputs.iter().map(|s| s.layout.broadcast_to(&in_shape)).collect();
     let strides: Vec<Strides> = lays.iter().map(|l| l.strides.clone()).collect();
     let simple = dtype == d && numel(&in_shape) > 0 && axes.iter().all(|&a| a < in_shape.len());
+    // `astype(f32)` of one f16/bf16 input (`mean` records one before its sum): the
+    // reduction reads the halves itself, as 16-byte vectors, in any layout it reads in
+    // place, so the cast is never stored.
+    if simple && widening_cast(p) && inputs[0].layout.shape.as_slice() == in_shape.as_slice() {
+        let out = reduce::reduce_to(cs, op, &inputs[0], axes, shape, d)?;
+        stats::FUSED_REDUCE_KERNELS.fetch_add(1, Relaxed);
+        return Ok(out);
+    }
     let Some(g) = rows_of(&in_shape, axes, &strides).filter(|g| simple && g.rows == numel(shape)) else {
         let x = fused(cs, p, inputs, &in_shape, d)?;
         return reduce::reduce(cs, op, &x, axes, shape);
@@ -280,6 +297,28 @@ mod tests {
     use crate::backend::cuda::fused_src::tests::f16_program;
     use crate::primitives::fused::{Builder, Inst};
     use crate::primitives::{BinaryOp, UnaryOp};
+
+    /// Only a lone f16/bf16 to f32 conversion is reduced by the widening reduction.
+    #[test]
+    fn widening_casts() {
+        let cast = |from: DType, to: DType| {
+            let mut b = Builder::default();
+            let x = b.load(0, from);
+            let c = b.push(Inst::Cast(x), to);
+            b.finish(c)
+        };
+        assert!(widening_cast(&cast(DType::F16, DType::F32)));
+        assert!(widening_cast(&cast(DType::BF16, DType::F32)));
+        assert!(!widening_cast(&cast(DType::BF16, DType::F64)));
+        assert!(!widening_cast(&cast(DType::I32, DType::F32)));
+        assert!(!widening_cast(&cast(DType::F32, DType::F16)));
+        assert!(!widening_cast(&f16_program()));
+        let mut b = Builder::default();
+        let x = b.load(0, DType::BF16);
+        let c = b.push(Inst::Cast(x), DType::F32);
+        let e = b.push(Inst::Unary(UnaryOp::Exp, c), DType::F32);
+        assert!(!widening_cast(&b.finish(e)));
+    }
 
     /// The chain, `sigmoid((tanh(a*b + 1)*0.5 + a)^2 - b)`, in `d`.
     fn chain(d: DType) -> FusedProgram {

@@ -10,6 +10,8 @@
 //! |---|---|
 //! | every operand one contiguous run or a broadcast scalar; runs and output 16-byte aligned | `k_vec`: `VN` elements per aligned vector (16 bytes of the widest dtype: float4, 8 halves), `VEC_UNROLL` vectors in flight per thread, scalars loaded once per thread and splat (a mask in the variant) |
 //! | one axis, any strides (misaligned runs, a step) | `k_contig`: `VEC_UNROLL` elements per thread, all loads first |
+//! | two axes [R, C] (row, column or outer broadcasts, a column slice, a step on rows); every column stride 0 or 1, C a multiple of `VN`, row starts and output 16-byte aligned | `k_rows` (vector): a 2-D grid of tiles, operand `o` of element (r, c) at `r * sr[o] + c`, `VN` elements per vector, column-broadcast operands (column stride 0) loaded once per row item and splat (a mask in the variant); no division |
+//! | two axes, any strides (misaligned rows, C not a multiple of `VN`, a transposed operand) | `k_rows` (scalar): the same tiles, one element per item at `r * sr[o] + c * sc[o]`; 32 by 32 tiles when an operand's columns lie further apart than its rows (a transposed view), so a block reuses the cache lines it reads |
 //! | anything else | `k_strided`: per-element coordinates from the shape (i64) |
 //!
 //! Index arithmetic is u32 ("narrow") when every count and offset a kernel forms is below
@@ -31,8 +33,10 @@ use super::launch::Launch;
 use super::nvrtc::{self, BLOCK, grid_for};
 use super::source::{MAX_DIMS, PRELUDE};
 
-/// Vectors (or elements, for `k_contig`) each thread handles per block step.
+/// Vectors (or elements, for `k_contig`) each thread handles per block step. A power of
+/// two: `k_rows` splits it between a row and a column by shifts.
 const VEC_UNROLL: usize = 4;
+const _: () = assert!(VEC_UNROLL.is_power_of_two());
 
 /// The largest count, offset or extent a narrow (u32) kernel forms: sums of two of them
 /// stay below 2^32.
@@ -114,6 +118,9 @@ pub(crate) enum Variant {
     Vec { scalar: u8, wide: bool },
     /// `k_contig`: one axis, a stride per operand.
     Contig { wide: bool },
+    /// `k_rows`: two axes; `vec`: `VN` elements per access, bit `o` of `scalar` marks
+    /// operand `o` as constant along a row (column stride 0).
+    Rows { vec: bool, scalar: u8, wide: bool },
     /// `k_strided`.
     Strided,
 }
@@ -124,6 +131,7 @@ impl Variant {
         match self {
             Variant::Vec { .. } => "k_vec",
             Variant::Contig { .. } => "k_contig",
+            Variant::Rows { .. } => "k_rows",
             Variant::Strided => "k_strided",
         }
     }
@@ -134,6 +142,9 @@ impl Variant {
         match self {
             Variant::Vec { scalar, wide } => format!("vec:s{scalar}:{}", w(wide)),
             Variant::Contig { wide } => format!("contig:{}", w(wide)),
+            Variant::Rows { vec, scalar, wide } => {
+                format!("rows:{}:s{scalar}:{}", if vec { "v" } else { "e" }, w(wide))
+            }
             Variant::Strided => "strided".into(),
         }
     }
@@ -191,6 +202,9 @@ pub(crate) enum Plan {
     Vec { scalar: u8, n: usize, wide: bool },
     /// `k_contig` over `n` elements, operand `o` at `st[o] * i`.
     Contig { st: [i64; 3], n: usize, wide: bool },
+    /// `k_rows` over `r` rows of `c` elements, operand `o` at `r * st[o][0] + c * st[o][1]`;
+    /// `tile`: square tiles (an operand walks its columns further apart than its rows).
+    Rows { r: usize, c: usize, st: [[i64; 2]; 3], vec: bool, scalar: u8, wide: bool, tile: bool },
     /// `k_strided` over `n` elements.
     Strided(Lay, usize),
 }
@@ -200,6 +214,7 @@ impl Plan {
         match *self {
             Plan::Vec { scalar, wide, .. } => Variant::Vec { scalar, wide },
             Plan::Contig { wide, .. } => Variant::Contig { wide },
+            Plan::Rows { vec, scalar, wide, .. } => Variant::Rows { vec, scalar, wide },
             Plan::Strided(..) => Variant::Strided,
         }
     }
@@ -236,6 +251,13 @@ pub(crate) fn plan(ops: &[Operand<'_>], shape: &[usize], out_size: usize, out_ad
         }
         return Ok(linear(ops, st, n, vn, out_size, out_addr));
     }
+    if dims.len() == 2 {
+        let mut st = [[0i64; 2]; 3];
+        for (o, s) in st.iter_mut().enumerate().take(ops.len()) {
+            *s = [mst[o][0] as i64, mst[o][1] as i64];
+        }
+        return Ok(rows(ops, dims[0], dims[1], st, vn, out_size, out_addr));
+    }
     if dims.len() > MAX_DIMS {
         return Err(super::unsupported(
             "elementwise",
@@ -269,6 +291,54 @@ fn linear(ops: &[Operand<'_>], st: [i64; 3], n: usize, vn: usize, out_size: usiz
     let reach = |s: i64| (n as u64 - 1).saturating_mul(s.unsigned_abs());
     let wide = n as u64 > NARROW || st_k.iter().any(|&s| s < 0 || reach(s) > NARROW);
     Plan::Contig { st, n, wide }
+}
+
+/// The plan of a map over two merged axes, `r` rows of `c` elements, operand `o` at
+/// `r * st[o][0] + c * st[o][1]`: vectors along the columns when every column stride is 0
+/// or 1 and every row start (and the output's) is vector-aligned.
+fn rows(ops: &[Operand<'_>], r: usize, c: usize, st: [[i64; 2]; 3], vn: usize, out_size: usize, out_addr: u64) -> Plan {
+    let st_k = &st[..ops.len()];
+    let vec = vn > 1
+        && c % vn == 0
+        && out_addr % (out_size * vn) as u64 == 0
+        && ops
+            .iter()
+            .zip(st_k)
+            .all(|(o, &[sr, sc])| sc == 0 || (sc == 1 && sr % vn as i64 == 0 && o.first() % (o.size * vn) as u64 == 0));
+    let scalar = if vec { st_k.iter().enumerate().fold(0u8, |m, (o, s)| m | (((s[1] == 0) as u8) << o)) } else { 0 };
+    // Offsets are formed from each operand's first element: a negative stride needs i64.
+    let reach = |&[sr, sc]: &[i64; 2]| {
+        ((r as u64 - 1).saturating_mul(sr.unsigned_abs()))
+            .saturating_add((c as u64 - 1).saturating_mul(sc.unsigned_abs()))
+    };
+    let wide =
+        (r as u64).saturating_mul(c as u64) > NARROW || st_k.iter().any(|s| s[0] < 0 || s[1] < 0 || reach(s) > NARROW);
+    let tile = st_k.iter().any(|&[sr, sc]| sc.unsigned_abs() > sr.unsigned_abs().max(1));
+    Plan::Rows { r, c, st, vec, scalar, wide, tile }
+}
+
+/// The launch shape of `k_rows` over `r` rows of `items` column items (vectors or
+/// elements): (threads along a row, rows of threads, log2 of the items each thread takes
+/// along its row, blocks along the rows, blocks along the columns). A thread's
+/// `VEC_UNROLL` items lie along its row when rows are long, else down the column (so a
+/// short row still gives a warp whole rows to read contiguously). `tile` asks for tiles
+/// of up to 32 rows by 32 items, so that a transposed operand's cache lines serve the
+/// whole block; with fewer rows the tile widens instead of idling threads.
+fn rows_geometry(r: usize, items: usize, tile: bool) -> (u32, u32, u32, u32, u32) {
+    let (bx, lgc) = if tile {
+        let th = r.next_power_of_two().min(32);
+        let ur = th.min(VEC_UNROLL);
+        let bx = (BLOCK as usize / (th / ur)).min(items.next_power_of_two());
+        (bx, (VEC_UNROLL / ur).ilog2())
+    } else {
+        let bx = items.next_power_of_two().min(BLOCK as usize);
+        (bx, (items / bx).clamp(1, VEC_UNROLL).ilog2())
+    };
+    let by = BLOCK as usize / bx;
+    let (uc, ur) = (1usize << lgc, VEC_UNROLL >> lgc);
+    let gx = r.div_ceil(by * ur).clamp(1, MAX_BLOCKS);
+    let gy = items.div_ceil(bx * uc).clamp(1, 65535);
+    (bx as u32, by as u32, lgc, gx as u32, gy as u32)
 }
 
 /// Vector types of `VN` elements loaded and stored as one access of their size (up to 16
@@ -375,6 +445,7 @@ extern "C" __global__ void k_vec({out_t}* __restrict__ out{params}, {ix} n) {{
 "#
             )
         }
+        Variant::Rows { vec, scalar, wide } => rows_source(out_t, ins, &params, vec, scalar, wide),
         Variant::Strided => {
             let strided_off: String = (0..k).map(|i| format!("o{i} += c * lay.st[{i}][d]; ")).collect();
             let strided_init: String = (0..k).map(|i| format!("i64 o{i} = lay.off[{i}]; ")).collect();
@@ -394,6 +465,72 @@ extern "C" __global__ void k_vec({out_t}* __restrict__ out{params}, {ix} n) {{
         }
     };
     format!("{head}{body}")
+}
+
+/// The body of `k_rows` (see [`kernel_source`]): `vec` walks `VN`-element vectors along a
+/// row (operands of `scalar` read one element per row), else single elements.
+fn rows_source(out_t: &str, ins: &[&str], params: &str, vec: bool, scalar: u8, wide: bool) -> String {
+    let k = ins.len();
+    let ix = if wide { "i64" } else { "u32" };
+    let is_s = |i: usize| vec && scalar & (1 << i) != 0;
+    let call = |f: &dyn Fn(usize) -> String| (0..k).map(f).collect::<Vec<_>>().join(", ");
+    let sparams: String = if vec {
+        (0..k).map(|i| format!(", {ix} sr{i}")).collect()
+    } else {
+        (0..k).map(|i| format!(", {ix} sr{i}, {ix} sc{i}")).collect()
+    };
+    let decls: String = ins
+        .iter()
+        .enumerate()
+        .map(|(i, t)| if vec && !is_s(i) { format!("V<{t}, VN> x{i}[UNR]; ") } else { format!("{t} x{i}[UNR]; ") })
+        .collect();
+    let loads: String = (0..k)
+        .map(|i| match (vec, is_s(i)) {
+            (true, true) => format!("x{i}[u] = a{i}[r * sr{i}]; "),
+            (true, false) => format!("x{i}[u] = vld<{}, VN>(a{i} + r * sr{i} + t * VN); ", ins[i]),
+            _ => format!("x{i}[u] = a{i}[r * sr{i} + t * sc{i}]; "),
+        })
+        .collect();
+    let store = if vec {
+        let vcall = call(&|i| if is_s(i) { format!("x{i}[u]") } else { format!("x{i}[u].v[j]") });
+        format!(
+            "V<{out_t}, VN> ov;\n#pragma unroll\n                    for (int j = 0; j < VN; ++j) ov.v[j] = fop({vcall});\n                    vst<{out_t}, VN>(out + r * C + t * VN, ov);"
+        )
+    } else {
+        format!("out[r * C + t] = fop({});", call(&|i| format!("x{i}[u]")))
+    };
+    let per = if vec { "VN" } else { "1" };
+    format!(
+        r#"// A 2-D grid of tiles over R rows of C elements: no division per element. Each thread
+// takes UNR items (vectors, or elements) of its tile, `1 << lgc` of them along its row
+// and the rest down its column, issues all their loads first, then computes and stores.
+extern "C" __global__ void k_rows({out_t}* __restrict__ out{params}{sparams}, {ix} R, {ix} C, int lgc) {{
+    const {ix} nc = C / {per};
+    const int uc = 1 << lgc;
+    const {ix} rt = ({ix})blockDim.y * (UNR >> lgc);
+    const {ix} ct = ({ix})blockDim.x * uc;
+    for ({ix} r0 = ({ix})blockIdx.x * rt + threadIdx.y; r0 < R; r0 += ({ix})gridDim.x * rt) {{
+        for ({ix} c0 = ({ix})blockIdx.y * ct + threadIdx.x; c0 < nc; c0 += ({ix})gridDim.y * ct) {{
+            {decls}
+#pragma unroll
+            for (int u = 0; u < UNR; ++u) {{
+                {ix} r = r0 + ({ix})(u >> lgc) * blockDim.y;
+                {ix} t = c0 + ({ix})(u & (uc - 1)) * blockDim.x;
+                if (r < R && t < nc) {{ {loads} }}
+            }}
+#pragma unroll
+            for (int u = 0; u < UNR; ++u) {{
+                {ix} r = r0 + ({ix})(u >> lgc) * blockDim.y;
+                {ix} t = c0 + ({ix})(u & (uc - 1)) * blockDim.x;
+                if (r < R && t < nc) {{
+                    {store}
+                }}
+            }}
+        }}
+    }}
+}}
+"#
+    )
 }
 
 /// Runs `fop` (defined by `fsrc`, with the parameter types of `ins`) over `shape`,
@@ -495,6 +632,20 @@ pub(crate) fn map(
             index_arg(&mut b, *wide, *n as i64);
             steps(*n)
         }
+        Plan::Rows { r, c, st, vec: v, wide, tile, .. } => {
+            for s in &st[..ins.len()] {
+                index_arg(&mut b, *wide, s[0]);
+                if !v {
+                    index_arg(&mut b, *wide, s[1]);
+                }
+            }
+            index_arg(&mut b, *wide, *r as i64);
+            index_arg(&mut b, *wide, *c as i64);
+            let items = if *v { c / vec } else { *c };
+            let (bx, by, lgc, gx, gy) = rows_geometry(*r, items, *tile);
+            b.arg(&(lgc as i32));
+            LaunchConfig { grid_dim: (gx, gy, 1), block_dim: (bx, by, 1), shared_mem_bytes: 0 }
+        }
         Plan::Strided(lay, n) => {
             b.arg(lay);
             b.arg(&(*n as i64));
@@ -567,6 +718,15 @@ mod tests {
                             if scalar & (1 << o) != 0 { first[o] } else { first[o] + i as i64 }
                         }
                         Plan::Contig { st, wide, .. } => first[o] + narrow(*wide, i as i64 * st[o]),
+                        Plan::Rows { c, st, wide, vec, scalar, .. } => {
+                            let (r, col) = ((i / c) as i64, (i % c) as i64);
+                            narrow(*wide, i as i64);
+                            if *vec {
+                                // Column strides the vector kernel assumes: 0 (masked) or 1.
+                                assert_eq!(st[o][1], (scalar & (1 << o) == 0) as i64, "{p:?}");
+                            }
+                            first[o] + narrow(*wide, narrow(*wide, r * st[o][0]) + narrow(*wide, col * st[o][1]))
+                        }
                         Plan::Strided(lay, _) => {
                             let mut r = i as i64;
                             let mut off = lay.off[o];
@@ -592,13 +752,26 @@ mod tests {
                 }
             }
         }
+        if let Plan::Rows { r, c, st, vec: true, scalar, .. } = p {
+            // Every vector the kernel reads or writes starts on a 16-byte boundary.
+            assert_eq!(c % vn, 0, "{p:?}");
+            for row in 0..*r as u64 {
+                assert_eq!((out_addr + row * (c * out_size) as u64) % (out_size * vn) as u64, 0, "{p:?}");
+                for (o, op) in ops.iter().enumerate() {
+                    if scalar & (1 << o) == 0 {
+                        let at = op.first() as i64 + row as i64 * st[o][0] * op.size as i64;
+                        assert_eq!(at % (op.size * vn) as i64, 0, "{p:?}: operand {o} row {row}");
+                    }
+                }
+            }
+        }
     }
 
     /// One generated operand layout for output `shape`: full, a slice at an offset, a
     /// transposed or stepped view, or a broadcast (size-1 axes, fewer axes, a scalar).
     fn operand_layout(g: &mut Gen, shape: &[usize]) -> Layout {
         let nd = shape.len();
-        match g.below(7) {
+        match g.below(8) {
             0 => Layout::contiguous(shape),
             1 => {
                 // A contiguous block at an offset of 0..3 elements (misaligned for vectors).
@@ -632,6 +805,16 @@ mod tests {
                 // Size-1 axes where the output has others (broadcast), each kept with p=1/2.
                 let s: Vec<usize> = shape.iter().map(|&d| if g.below(2) == 0 { 1 } else { d }).collect();
                 let mut l = Layout::contiguous(&s);
+                l.offset = g.below(2);
+                l
+            }
+            6 if nd >= 1 => {
+                // A column slice of wider rows (a pitch of 1..8 extra elements, so rows
+                // start aligned for vectors only now and then).
+                let mut big: Vec<usize> = shape.to_vec();
+                big[nd - 1] += 1 + g.below(8);
+                let mut l = Layout::contiguous(&big);
+                l.shape = shape.iter().copied().collect();
                 l.offset = g.below(2);
                 l
             }
@@ -693,7 +876,7 @@ mod tests {
             }
         }
         println!("{seen:?}");
-        for v in ["Vec", "Contig", "Strided"] {
+        for v in ["Vec", "Contig", "Rows { vec: true", "Rows { vec: false", "Strided"] {
             assert!(seen.keys().any(|k| k.starts_with(v)), "no case planned {v}: {seen:?}");
         }
     }
@@ -749,6 +932,159 @@ mod tests {
         assert_eq!(plan(&[op(&full, 4)], &[64], 4, out + 4).unwrap().variant(), Variant::Contig { wide: false });
     }
 
+    /// Two-axis layouts get `k_rows`: vectors when every column stride is 0 or 1 and rows
+    /// are aligned, elements otherwise; narrow unless a count, a reach or a stride forbids.
+    #[test]
+    fn plan_picks_rows_for_two_axes() {
+        let out = 1u64 << 24;
+        let rows =
+            |ops: &[Operand<'_>], shape: &[usize], out_size: usize, out: u64| match plan(ops, shape, out_size, out)
+                .unwrap()
+            {
+                Plan::Rows { vec, scalar, wide, tile, st, .. } => (vec, scalar, wide, tile, st),
+                p => panic!("{shape:?}: {p:?}"),
+            };
+        for size in [1usize, 2, 4, 8] {
+            let vn = 16 / size;
+            for (r, c) in [(3usize, 16usize), (1000, 64), (1 << 18, 4096), (2, 1 << 20), (1 << 20, 16)] {
+                let full = Layout::contiguous(&[r, c]);
+                let row = Layout::contiguous(&[c]);
+                let col = Layout::contiguous(&[r, 1]);
+                let one_row = Layout::contiguous(&[1, c]);
+                let sh = [r, c];
+                // Row, column and outer broadcasts: vectors, the column operand splat per row.
+                assert_eq!(
+                    rows(&[op(&full, size), op(&row, size)], &sh, size, out),
+                    (true, 0, false, false, [[c as i64, 1], [0, 1], [0, 0]])
+                );
+                assert_eq!(
+                    rows(&[op(&full, size), op(&col, size)], &sh, size, out),
+                    (true, 0b10, false, false, [[c as i64, 1], [1, 0], [0, 0]])
+                );
+                assert_eq!(
+                    rows(&[op(&col, size), op(&one_row, size)], &sh, size, out),
+                    (true, 0b01, false, false, [[1, 0], [0, 1], [0, 0]])
+                );
+                // `where` with a column condition and row values.
+                let cond = Layout::contiguous(&[r, 1]);
+                let got = rows(&[op(&cond, 1), op(&row, size), op(&row, size)], &sh, size, out);
+                assert_eq!((got.0, got.1, got.2), (true, 0b001, false));
+                // A column slice of wider rows: vectors only when the row pitch is a whole vector.
+                for (pitch, ok) in [(c + vn, vn > 1), (c + 1, false)] {
+                    let mut slice = Layout::contiguous(&[r, pitch]);
+                    slice.shape[1] = c;
+                    assert_eq!(rows(&[op(&slice, size)], &sh, size, out).0, ok, "pitch {pitch}");
+                }
+                // A step on the outer axis (every other row).
+                let mut step = Layout::contiguous(&[2 * r, c]);
+                step.shape[0] = r;
+                step.strides[0] *= 2;
+                assert_eq!(rows(&[op(&step, size)], &sh, size, out).0, vn > 1);
+                // A transposed operand: elements, square tiles.
+                let t = Layout::contiguous(&[c, r]).permute(&[1, 0]);
+                assert_eq!(
+                    rows(&[op(&t, size)], &sh, size, out),
+                    (false, 0, false, true, [[1, r as i64], [0, 0], [0, 0]])
+                );
+                // A misaligned output or first element: elements.
+                if vn > 1 {
+                    assert!(!rows(&[op(&full, size), op(&row, size)], &sh, size, out + size as u64).0);
+                    let mut off = Layout::contiguous(&[r, 1]);
+                    off.offset = 1;
+                    // A column operand is read one element per row: its alignment does not matter.
+                    assert!(rows(&[op(&full, size), op(&off, size)], &sh, size, out).0);
+                    let mut off = Layout::contiguous(&[c]);
+                    off.offset = 1;
+                    assert!(!rows(&[op(&full, size), op(&off, size)], &sh, size, out).0);
+                }
+            }
+            // Columns not a multiple of the vector: elements, still narrow.
+            for c in [7usize, 1000003] {
+                let full = Layout::contiguous(&[5, c]);
+                let row = Layout::contiguous(&[c]);
+                let got = rows(&[op(&full, size), op(&row, size)], &[5, c], size, out);
+                assert_eq!((got.0, got.2, got.3), (vn == 1, false, false), "C {c}");
+            }
+            // A reversed row order is wide (negative stride); so is a count past 2^31.
+            let mut flip = Layout::contiguous(&[8, 64]);
+            flip.strides[0] = -64;
+            flip.offset = 7 * 64;
+            assert!(rows(&[op(&flip, size)], &[8, 64], size, out).2);
+            let big = Layout::contiguous(&[1 << 16, 1]);
+            assert!(rows(&[op(&big, size)], &[1 << 16, 1 << 15], size, out).2);
+            let fits = Layout::contiguous(&[1 << 15, 1]);
+            assert!(!rows(&[op(&fits, size)], &[1 << 15, 1 << 15], size, out).2);
+            // A transposed operand whose reach passes 2^31 (a stride of 2^31 columns) is wide.
+            let mut tall = Layout::contiguous(&[4, 2]);
+            tall.strides[1] = 1 << 31;
+            tall.strides[0] = 1;
+            assert!(rows(&[op(&tall, size)], &[4, 2], size, out).2);
+        }
+        // Three axes stay strided.
+        let a = Layout::contiguous(&[4, 1, 8]);
+        let b = Layout::contiguous(&[4, 6, 8]);
+        assert_eq!(plan(&[op(&a, 4), op(&b, 4)], &[4, 6, 8], 4, out).unwrap().variant(), Variant::Strided);
+    }
+
+    /// Simulates `k_rows`'s loops on the host: how often each (row, item) is visited.
+    fn rows_visits(r: usize, items: usize, (bx, by, lgc, gx, gy): (u32, u32, u32, u32, u32)) -> Vec<u32> {
+        let mut seen = vec![0u32; r * items];
+        let (uc, ur) = (1usize << lgc, VEC_UNROLL >> lgc);
+        let (rt, ct) = (by as usize * ur, bx as usize * uc);
+        for (bxi, byi) in (0..gx as usize).flat_map(|x| (0..gy as usize).map(move |y| (x, y))) {
+            for (tx, ty) in (0..bx as usize).flat_map(|x| (0..by as usize).map(move |y| (x, y))) {
+                let mut r0 = bxi * rt + ty;
+                while r0 < r {
+                    let mut c0 = byi * ct + tx;
+                    while c0 < items {
+                        for u in 0..VEC_UNROLL {
+                            let (rr, t) = (r0 + (u >> lgc) * by as usize, c0 + (u & (uc - 1)) * bx as usize);
+                            if rr < r && t < items {
+                                seen[rr * items + t] += 1;
+                            }
+                        }
+                        c0 += gy as usize * ct;
+                    }
+                    r0 += gx as usize * rt;
+                }
+            }
+        }
+        seen
+    }
+
+    /// `k_rows`'s launch shape: whole blocks of `BLOCK` threads, a warp reading whole short
+    /// rows, a grid within the device's limits, every item visited once (also when the
+    /// grid is smaller than the work and the kernel loops).
+    #[test]
+    fn rows_geometry_covers_every_item_once() {
+        assert_eq!(rows_geometry(1 << 26, 1, false), (1, 256, 0, 1 << 16, 1));
+        assert_eq!(rows_geometry(1 << 26, 2, false), (2, 128, 0, 1 << 17, 1));
+        assert_eq!(rows_geometry(2, 1 << 24, false), (256, 1, 2, 2, 1 << 14));
+        assert_eq!(rows_geometry(1 << 16, 4096, true), (32, 8, 0, 1 << 11, 128));
+        // A transposed view of few rows: the tile widens (2 rows of 512 items).
+        assert_eq!(rows_geometry(2, 1 << 20, true), (256, 1, 1, 1, 1 << 11));
+        assert_eq!(rows_geometry(8, 1 << 20, true), (128, 2, 0, 1, 1 << 13));
+        assert_eq!(rows_geometry(1 << 20, 4, true), (4, 64, 0, 1 << 12, 1));
+        assert_eq!(rows_geometry(1 << 20, 7, false), (8, 32, 0, 1 << 13, 1));
+        assert_eq!(rows_geometry(1 << 20, 512, false).2, 1);
+        let (_, _, _, gx, gy) = rows_geometry(1, usize::MAX >> 8, false);
+        assert_eq!((gx, gy), (1, 65535));
+        let (_, _, _, gx, _) = rows_geometry(usize::MAX >> 8, 1, false);
+        assert_eq!(gx as usize, MAX_BLOCKS);
+        for (r, items) in [(1usize, 1usize), (3, 7), (5, 300), (37, 33), (2, 2000), (300, 1), (9, 1025)] {
+            for tile in [false, true] {
+                let g = rows_geometry(r, items, tile);
+                assert_eq!(g.0 * g.1, BLOCK, "{g:?}");
+                assert!(rows_visits(r, items, g).iter().all(|&v| v == 1), "{r}x{items} {g:?}");
+                // A grid of one block (or two) loops over the rest.
+                for (gx, gy) in [(1, 1), (2, 1), (1, 2)] {
+                    let small = (g.0, g.1, g.2, gx, gy);
+                    assert!(rows_visits(r, items, small).iter().all(|&v| v == 1), "{r}x{items} {small:?}");
+                }
+            }
+        }
+    }
+
     /// The `fop` of each test map: (output C type, input C types, source).
     fn fops() -> Vec<(&'static str, Vec<&'static str>, String)> {
         use crate::dtype::ALL_DTYPES;
@@ -771,8 +1107,10 @@ mod tests {
         let mut v = vec![Variant::Strided];
         for wide in [false, true] {
             v.push(Variant::Contig { wide });
+            v.push(Variant::Rows { vec: false, scalar: 0, wide });
             for scalar in 0..(1u8 << k) {
                 v.push(Variant::Vec { scalar, wide });
+                v.push(Variant::Rows { vec: true, scalar, wide });
             }
         }
         v

@@ -15,7 +15,9 @@
 //! strides, strided rows of a full reduction) is copied with the reduced axes last.
 //!
 //! Sums and products accumulate in f32 for f16/bf16/f32 and f64 for f64, integers wrap in
-//! their own type; max/min propagate NaN. Every combine happens in an order fixed by the
+//! their own type; max/min propagate NaN. An f16/bf16 reduction may also store its f32
+//! accumulator unrounded ([`reduce_to`]): what `astype(f32)` then the f32 reduction gives
+//! (`mean`'s sum), without storing the cast. Every combine happens in an order fixed by the
 //! shape and the launch plan (no float atomics), so a result has the same bits every run.
 //! Three launch shapes for rows, chosen from rows/cols and the number of SMs:
 //! - short rows (`cols <= WARP_COLS`): `g` lanes of a warp per row (`k_warp`, `g` from the
@@ -124,6 +126,8 @@ pub(crate) fn launch_rows(
 struct ReduceSpec {
     /// Stored C type.
     t: &'static str,
+    /// Output C type (the stored type, or `float` for a widening f16/bf16 reduction).
+    o: &'static str,
     /// Accumulator C type.
     acc: &'static str,
     /// The type an accumulator is shuffled as (`int` for 1-byte accumulators).
@@ -151,6 +155,7 @@ fn reduce_spec(op: ReduceOp, d: DType) -> ReduceSpec {
         };
         return ReduceSpec {
             t,
+            o: t,
             acc: f,
             shfl: f,
             init,
@@ -175,11 +180,24 @@ fn reduce_spec(op: ReduceOp, d: DType) -> ReduceSpec {
         ReduceOp::Min => (hi.to_string(), "(a < b ? a : b)".to_string()),
     };
     let shfl = if d.size() < 4 { "int" } else { t };
-    ReduceSpec { t, acc: t, shfl, init, combine, ld: "v".to_string(), st: "a".to_string() }
+    ReduceSpec { t, o: t, acc: t, shfl, init, combine, ld: "v".to_string(), st: "a".to_string() }
+}
+
+/// The spec of `op` over `d` with output dtype `od`: `d`'s own, or f32 from f16/bf16 (the
+/// halves are read directly and accumulated in f32, and the f32 accumulator is stored
+/// unrounded: the values a cast to f32 followed by the f32 reduction combines).
+fn reduce_spec_to(op: ReduceOp, d: DType, od: DType) -> ReduceSpec {
+    let s = reduce_spec(op, d);
+    if widens(d, od) { ReduceSpec { o: "float", st: "a".to_string(), ..s } } else { s }
+}
+
+/// Whether a reduction of `d` into `od` reads halves into an f32 output.
+fn widens(d: DType, od: DType) -> bool {
+    matches!(d, DType::F16 | DType::BF16) && od == DType::F32
 }
 
 /// Elements of a 16-byte vector of `d`.
-fn vec_elems(d: DType) -> usize {
+pub(crate) fn vec_elems(d: DType) -> usize {
     (16 / d.size()).max(1)
 }
 
@@ -212,12 +230,12 @@ impl Elems<'_> {
 /// row `r` is read as `e` says: the kernels declare the row's state (`{row}`, with `r` in
 /// scope) and then read `ELEM(j)`, a value of the stored type `T`.
 ///
-/// Kernel parameters: `k_warp(T* out, DATA, i64 rows, i64 cols)` and
-/// `k_block(T* out, A* part, unsigned* count, DATA, i64 rows, i64 cols, i64 splits)`, where
+/// Kernel parameters: `k_warp(O* out, DATA, i64 rows, i64 cols)` and
+/// `k_block(O* out, A* part, unsigned* count, DATA, i64 rows, i64 cols, i64 splits)`, where
 /// `DATA` is `const T* x` for [`Elems::Array`] and [`RowRead::params`] for computed
 /// elements.
 fn reduce_source(s: &ReduceSpec, vn: usize, e: &Elems<'_>) -> String {
-    let ReduceSpec { t, acc, shfl, init, combine, ld, st } = s;
+    let ReduceSpec { t, o, acc, shfl, init, combine, ld, st } = s;
     let (params, row, elem) = e.parts();
     // The data parameters and the comma after them (none for a program without inputs).
     let data = if params.is_empty() { String::new() } else { format!("{params}, ") };
@@ -256,12 +274,13 @@ fn reduce_source(s: &ReduceSpec, vn: usize, e: &Elems<'_>) -> String {
 #define VN {vn}
 template <typename T, int N> struct alignas(sizeof(T) * N) V {{ T v[N]; }};
 typedef {t} T;
+typedef {o} O;
 typedef {acc} A;
 {decls}
 #define ELEM(j) ({elem})
 __device__ __forceinline__ A comb(A a, A b) {{ return {combine}; }}
 __device__ __forceinline__ A ldv(T v) {{ return (A)({ld}); }}
-__device__ __forceinline__ T st(A a) {{ return {st}; }}
+__device__ __forceinline__ O st(A a) {{ return {st}; }}
 __device__ __forceinline__ A warp_red(A a) {{
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) a = comb(a, (A)__shfl_down_sync(0xffffffffu, ({shfl})a, o));
@@ -335,7 +354,7 @@ __device__ __forceinline__ A chunk(const T* p, i64 cols, i64 c, i64 splits, i64 
 // partial in `part` and counted in `count[r]`; the block that counts a row's last chunk
 // combines the row's partials in index order (the same order whichever block is last),
 // stores the result and resets the counter for the stream's next launch.
-extern "C" __global__ void __launch_bounds__({bound}) k_block(T* __restrict__ out, A* __restrict__ part, unsigned int* __restrict__ count, {data}i64 rows, i64 cols, i64 splits) {{
+extern "C" __global__ void __launch_bounds__({bound}) k_block(O* __restrict__ out, A* __restrict__ part, unsigned int* __restrict__ count, {data}i64 rows, i64 cols, i64 splits) {{
     __shared__ A sh[32];
     __shared__ int last;
     i64 items = rows * splits;
@@ -372,7 +391,7 @@ extern "C" __global__ void __launch_bounds__({bound}) k_block(T* __restrict__ ou
 }}
 // `g` lanes (a power of two, at most 32) per row: a warp reduces `32 / g` consecutive
 // rows at a time. The row loop is warp-uniform, so the shuffles see all 32 lanes.
-extern "C" __global__ void k_warp(T* __restrict__ out, {data}i64 rows, i64 cols, int g) {{
+extern "C" __global__ void k_warp(O* __restrict__ out, {data}i64 rows, i64 cols, int g) {{
     int lane = threadIdx.x & 31, sub = lane & (g - 1);
     i64 per = 32 / g;
     i64 w = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
@@ -581,26 +600,27 @@ pub(crate) fn col_vec(f: &Form, px: u64, vn: usize) -> usize {
 /// The column module: `k_col1` (one column per thread), `k_colv` (`VN` consecutive columns
 /// per thread, 16-byte loads) and `k_colfin` (the in-order combine of grid-y partials).
 ///
-/// `k_col*(T* out, A* part, const T* x, i64 cols, i64 ni, i64 s1, i64 red, i64 sr)`,
+/// `k_col*(O* out, A* part, const T* x, i64 cols, i64 ni, i64 s1, i64 red, i64 sr)`,
 /// launched with a `(bx, by)` block (`by` a power of two) on a `(gx, gy)` grid; with
-/// `gy == 1` it writes `out`, else `part[y * cols + c]`. `k_colfin(T* out, const A* part,
+/// `gy == 1` it writes `out`, else `part[y * cols + c]`. `k_colfin(O* out, const A* part,
 /// i64 cols, i64 gy)`, one thread per column.
 fn col_source(s: &ReduceSpec, vn: usize) -> String {
-    let ReduceSpec { t, acc, init, combine, ld, st, .. } = s;
+    let ReduceSpec { t, o, acc, init, combine, ld, st, .. } = s;
     format!(
         r#"{PRELUDE}
 #define VN {vn}
 template <typename T, int N> struct alignas(sizeof(T) * N) V {{ T v[N]; }};
 typedef {t} T;
+typedef {o} O;
 typedef {acc} A;
 __device__ __forceinline__ A comb(A a, A b) {{ return {combine}; }}
 __device__ __forceinline__ A ldv(T v) {{ return (A)({ld}); }}
-__device__ __forceinline__ T st(A a) {{ return {st}; }}
+__device__ __forceinline__ O st(A a) {{ return {st}; }}
 // Columns `c0 .. c0 + VC` (one column group: `ni % VC == 0`) over rows `r0 + ty, + by, ..`
 // below `r1`, four rows in flight in four accumulators; then the block's `by` partials of
 // each column in a shared-memory tree (a fixed order).
 template <int VC>
-__device__ __forceinline__ void col(T* __restrict__ out, A* __restrict__ part, const T* __restrict__ x, i64 cols, i64 ni, i64 s1, i64 red, i64 sr, A* sh) {{
+__device__ __forceinline__ void col(O* __restrict__ out, A* __restrict__ part, const T* __restrict__ x, i64 cols, i64 ni, i64 s1, i64 red, i64 sr, A* sh) {{
     int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
     i64 c0 = ((i64)blockIdx.x * bx + tx) * VC;
     bool ok = c0 < cols;
@@ -661,16 +681,16 @@ __device__ __forceinline__ void col(T* __restrict__ out, A* __restrict__ part, c
         }}
     }}
 }}
-extern "C" __global__ void __launch_bounds__({CBLOCK}) k_col1(T* __restrict__ out, A* __restrict__ part, const T* __restrict__ x, i64 cols, i64 ni, i64 s1, i64 red, i64 sr) {{
+extern "C" __global__ void __launch_bounds__({CBLOCK}) k_col1(O* __restrict__ out, A* __restrict__ part, const T* __restrict__ x, i64 cols, i64 ni, i64 s1, i64 red, i64 sr) {{
     __shared__ A sh[{CBLOCK}];
     col<1>(out, part, x, cols, ni, s1, red, sr, sh);
 }}
-extern "C" __global__ void __launch_bounds__({CBLOCK}) k_colv(T* __restrict__ out, A* __restrict__ part, const T* __restrict__ x, i64 cols, i64 ni, i64 s1, i64 red, i64 sr) {{
+extern "C" __global__ void __launch_bounds__({CBLOCK}) k_colv(O* __restrict__ out, A* __restrict__ part, const T* __restrict__ x, i64 cols, i64 ni, i64 s1, i64 red, i64 sr) {{
     __shared__ A sh[{CBLOCK} * VN];
     col<VN>(out, part, x, cols, ni, s1, red, sr, sh);
 }}
 // Column `c`'s `gy` partials, combined in chunk order.
-extern "C" __global__ void k_colfin(T* __restrict__ out, const A* __restrict__ part, i64 cols, i64 gy) {{
+extern "C" __global__ void k_colfin(O* __restrict__ out, const A* __restrict__ part, i64 cols, i64 gy) {{
     for (i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += (i64)gridDim.x * blockDim.x) {{
         A a = (A)({init});
         for (i64 y = 0; y < gy; ++y) a = comb(a, part[y * cols + c]);
@@ -690,13 +710,13 @@ fn acc_size(d: DType) -> usize {
 }
 
 /// Enqueues the column reduction of `x` (read as `f`, [`Read::Cols`]) into `po`.
-fn launch_cols(cs: &GpuStream<'_>, op: ReduceOp, d: DType, po: u64, px: u64, f: &Form) -> Result<()> {
+fn launch_cols(cs: &GpuStream<'_>, op: ReduceOp, (d, od): (DType, DType), po: u64, px: u64, f: &Form) -> Result<()> {
     let cols = f.no * f.ni;
     let vn = vec_elems(d);
     let vc = col_vec(f, px, vn);
     let p = col_plan(cols, f.red, vc, cs.dev.sms as usize);
-    let key = format!("reduce_col:{op:?}:{}", d.name());
-    let src = || col_source(&reduce_spec(op, d), vn);
+    let key = format!("reduce_col:{op:?}:{}:{}", d.name(), od.name());
+    let src = || col_source(&reduce_spec_to(op, d, od), vn);
     let kernel = if vc > 1 { "k_colv" } else { "k_col1" };
     let fk = nvrtc::function(cs.driver(), &cs.dev, &key, kernel, src)?;
     let part = if p.gy > 1 { Some(CudaBuffer::alloc(cs, p.gy as usize * cols * acc_size(d))?) } else { None };
@@ -731,8 +751,25 @@ pub(crate) fn reduce(
     axes: &[usize],
     shape: &[usize],
 ) -> Result<Storage> {
+    reduce_to(cs, op, x, axes, shape, x.dtype)
+}
+
+/// The reduction of `x` into a new storage of dtype `od`: `x`'s own, or f32 for f16/bf16
+/// input read directly (what `astype(f32)` then the f32 reduction gives, without storing
+/// the cast: the kernels accumulate halves in f32 either way).
+pub(crate) fn reduce_to(
+    cs: &GpuStream<'_>,
+    op: ReduceOp,
+    x: &Storage,
+    axes: &[usize],
+    shape: &[usize],
+    od: DType,
+) -> Result<Storage> {
     let d = x.dtype;
-    let out = new_storage(cs, d, shape)?;
+    if od != d && !widens(d, od) {
+        return Err(super::unsupported("reduce", format!("{d} into {od}")));
+    }
+    let out = new_storage(cs, od, shape)?;
     let rows: usize = shape.iter().product();
     if rows == 0 {
         return Ok(out);
@@ -743,13 +780,17 @@ pub(crate) fn reduce(
         if x.layout.numel() == 0 { (x.clone(), Form::rows(rows, 0), Read::Rows) } else { in_place(cs, x, axes)? };
     let px = elem_ptr(&xs);
     if read == Read::Cols {
-        launch_cols(cs, op, d, po, px, &f)?;
+        launch_cols(cs, op, (d, od), po, px, &f)?;
         return Ok(out);
     }
     let vn = vec_elems(d);
-    let key = format!("reduce3:{op:?}:{}", d.name());
+    let key = if od == d {
+        format!("reduce3:{op:?}:{}", d.name())
+    } else {
+        format!("reduce3:{op:?}:{}:{}", d.name(), od.name())
+    };
     let dev = &cs.dev;
-    let mut src = Some(move || reduce_source(&reduce_spec(op, d), vn, &Elems::Array));
+    let mut src = Some(move || reduce_source(&reduce_spec_to(op, d, od), vn, &Elems::Array));
     let mut get =
         |name: &str| nvrtc::function(cs.driver(), dev, &key, name, || src.take().map(|f| f()).unwrap_or_default());
     let how = plan(rows, f.red, vn, dev.sms as usize, SPLIT_BLOCK);
@@ -956,7 +997,7 @@ extern "C" __global__ void __launch_bounds__(1024) k_reg(T* __restrict__ out, co
 
 /// Threads per block and vectors per thread of the register-cached softmax for rows of
 /// `cols` elements, or None when a row does not fit in registers.
-fn softmax_reg_plan(cols: usize, vn: usize) -> Option<(u32, usize)> {
+pub(crate) fn softmax_reg_plan(cols: usize, vn: usize) -> Option<(u32, usize)> {
     let nv_max = (SOFTMAX_REG_ELEMS / vn).clamp(1, 8);
     let vecs = cols.div_ceil(vn).max(1);
     let threads = vecs.div_ceil(4).next_power_of_two().clamp(32, 1024);
@@ -1083,6 +1124,18 @@ mod tests {
                 check_compiles(&format!("test:reduce_col:{op:?}:{}", d.name()), &src);
             }
         }
+        // f16/bf16 read into an f32 output (a fused `astype(f32)` before the reduction).
+        for d in [DType::F16, DType::BF16] {
+            for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
+                let spec = reduce_spec_to(op, d, DType::F32);
+                assert_eq!((spec.o, spec.st.as_str()), ("float", "a"));
+                let src = reduce_source(&spec, vec_elems(d), &Elems::Array);
+                check_compiles(&format!("test:reduce:{op:?}:{}:f32", d.name()), &src);
+                let src = col_source(&reduce_spec_to(op, d, DType::F32), vec_elems(d));
+                check_compiles(&format!("test:reduce_col:{op:?}:{}:f32", d.name()), &src);
+            }
+        }
+        assert!(widens(DType::BF16, DType::F32) && !widens(DType::F32, DType::F32) && !widens(DType::BF16, DType::F64));
     }
 
     #[test]

@@ -5,10 +5,12 @@
 //! reductions:
 //! - the axis has stride 1 (rows): `g` lanes of a warp per row up to [`WARP_COLS`]
 //!   elements (`k_awarp`), else a block per row (`k_ablock`), a row split over several
-//!   blocks when the rows cannot fill the GPU, their partials combined by `k_afin`;
-//! - the inner kept run has stride 1 (columns): each thread owns a column and walks the
-//!   axis with coalesced loads (`k_acol`, the same blocks and grid-y split as the column
-//!   reductions), the grid-y partials combined by `k_afin`.
+//!   blocks when the rows cannot fill the GPU, their partials combined by `k_afin`; the
+//!   16-byte aligned middle of each row (or chunk) is read as vectors;
+//! - the inner kept run has stride 1 (columns): each thread owns a column, or where the
+//!   rows of each column group are 16-byte aligned a vector of consecutive columns
+//!   (`k_acolv`), and walks the axis with coalesced loads (`k_acol`, the same blocks and
+//!   grid-y split as the column reductions), the grid-y partials combined by `k_afin`.
 //!
 //! Each thread walks its elements in increasing index order, keeping the first NaN or
 //! else the first strict maximum (minimum); partial results are combined with the index
@@ -34,7 +36,7 @@ use super::driver::GpuStream;
 use super::launch::Launch;
 use super::norm::elem_ptr;
 use super::nvrtc::{self, grid_for};
-use super::reduce::{Form, Read, col_plan, in_place};
+use super::reduce::{Form, Read, col_plan, col_vec, in_place, vec_elems};
 use super::source::{PRELUDE, ctype, ftype, load, store_float, utype};
 
 /// Rows up to this many elements are reduced by lanes of one warp each.
@@ -51,10 +53,11 @@ pub(crate) enum ArgPlan {
     Block { splits: usize },
 }
 
-/// The row plan of an arg-reduction on a GPU of `sms` SMs.
-pub(crate) fn arg_plan(rows: usize, cols: usize, sms: usize) -> ArgPlan {
+/// The row plan of an arg-reduction on a GPU of `sms` SMs, `vn` elements per vector read.
+pub(crate) fn arg_plan(rows: usize, cols: usize, vn: usize, sms: usize) -> ArgPlan {
     if cols <= WARP_COLS {
-        return ArgPlan::Warp { lanes: cols.next_power_of_two().clamp(1, 32) as u32 };
+        // About one vector per lane: short rows leave no lanes idle.
+        return ArgPlan::Warp { lanes: cols.div_ceil(vn).next_power_of_two().clamp(1, 32) as u32 };
     }
     if rows >= 2 * sms {
         return ArgPlan::Block { splits: 1 };
@@ -91,8 +94,11 @@ fn arg_source(op: ArgReduceOp, d: DType) -> String {
     let shfl = if d.is_float() || d.size() >= 4 { v } else { "int" };
     let ld = load(d, "q");
     let better = if op == ArgReduceOp::ArgMax { "bv > av" } else { "bv < av" };
+    let vn = vec_elems(d);
     format!(
         r#"{PRELUDE}
+#define VN {vn}
+template <typename E, int N> struct alignas(sizeof(E) * N) Vec {{ E v[N]; }};
 typedef {t} T;
 typedef {v} V;
 __device__ __forceinline__ V ldv(T q) {{ return (V)({ld}); }}
@@ -135,17 +141,34 @@ __device__ __forceinline__ void block_red(V& av, i64& ai, V* shv, i64* shi) {{
         group_red(av, ai, 32);
     }}
 }}
-// Elements `j0 + tid, + nt, ..` below `j1` of the row `p`, four in flight.
+// Elements `j0 .. j1` of the row `p` shared by thread `tid` of `nt`: the elements before
+// the first 16-byte boundary, then the aligned middle as 16-byte vectors (four in flight),
+// then the tail. Each thread meets its elements in increasing index order, as `step`
+// needs.
 __device__ __forceinline__ void span(V& av, i64& ai, const T* __restrict__ p, i64 j0, i64 j1, i64 tid, i64 nt) {{
-    i64 j = j0 + tid;
-    for (; j + 3 * nt < j1; j += 4 * nt) {{
-        T q0 = p[j], q1 = p[j + nt], q2 = p[j + 2 * nt], q3 = p[j + 3 * nt];
-        step(av, ai, ldv(q0), j);
-        step(av, ai, ldv(q1), j + nt);
-        step(av, ai, ldv(q2), j + 2 * nt);
-        step(av, ai, ldv(q3), j + 3 * nt);
+    i64 head = (i64)(((16u - ((u32)(u64)(p + j0) & 15u)) & 15u) / sizeof(T));
+    if (head > j1 - j0) head = j1 - j0;
+    i64 a0 = j0 + head;
+    i64 nvec = (j1 - a0) / VN;
+    i64 t0 = a0 + nvec * VN;
+    for (i64 j = j0 + tid; j < a0; j += nt) {{ T q0 = p[j]; step(av, ai, ldv(q0), j); }}
+    const Vec<T, VN>* pv = (const Vec<T, VN>*)(p + a0);
+    i64 k = tid;
+    for (; k + 3 * nt < nvec; k += 4 * nt) {{
+        Vec<T, VN> q[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) q[u] = pv[k + u * nt];
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int e = 0; e < VN; ++e) step(av, ai, ldv(q[u].v[e]), a0 + (k + u * nt) * VN + e);
     }}
-    for (; j < j1; j += nt) {{ T q0 = p[j]; step(av, ai, ldv(q0), j); }}
+    for (; k < nvec; k += nt) {{
+        Vec<T, VN> q0 = pv[k];
+#pragma unroll
+        for (int e = 0; e < VN; ++e) step(av, ai, ldv(q0.v[e]), a0 + k * VN + e);
+    }}
+    for (i64 j = t0 + tid; j < j1; j += nt) {{ T q0 = p[j]; step(av, ai, ldv(q0), j); }}
 }}
 // `g` lanes per row; a warp takes `32 / g` consecutive rows at a time (a warp-uniform loop).
 extern "C" __global__ void k_awarp(i64* __restrict__ out, const T* __restrict__ x, i64 ni, i64 s1, i64 s2, i64 rows, i64 cols, int g) {{
@@ -179,49 +202,74 @@ extern "C" __global__ void __launch_bounds__({ABLOCK}) k_ablock(i64* __restrict_
         __syncthreads(); // the shared slots are written again by the next item
     }}
 }}
-// Column `c` over rows `r0 + ty, + by, ..` below `r1` (in increasing order per thread),
-// then the block's `by` partials in a shared-memory tree.
-extern "C" __global__ void __launch_bounds__(256) k_acol(i64* __restrict__ out, V* __restrict__ pv, i64* __restrict__ pi, const T* __restrict__ x, i64 cols, i64 ni, i64 s1, i64 red, i64 sr) {{
-    __shared__ V shv[256];
-    __shared__ i64 shi[256];
+// Columns `c0 .. c0 + VC` (one column group: `ni % VC == 0`, every row of it 16-byte
+// aligned when VC > 1) over rows `r0 + ty, + by, ..` below `r1` (in increasing order per
+// thread, four rows in flight), then the block's `by` partials in a shared-memory tree.
+template <int VC>
+__device__ __forceinline__ void acol(i64* __restrict__ out, V* __restrict__ pv, i64* __restrict__ pi, const T* __restrict__ x, i64 cols, i64 ni, i64 s1, i64 red, i64 sr, V* shv, i64* shi) {{
     int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
-    i64 c = (i64)blockIdx.x * bx + tx;
-    bool ok = c < cols;
+    i64 c0 = ((i64)blockIdx.x * bx + tx) * VC;
+    bool ok = c0 < cols;
     i64 gy = gridDim.y;
     i64 r0 = red * blockIdx.y / gy, r1 = red * (blockIdx.y + 1) / gy;
-    V av = (V)0;
-    i64 ai = -1;
+    V av[VC];
+    i64 ai[VC];
+#pragma unroll
+    for (int k = 0; k < VC; ++k) {{ av[k] = (V)0; ai[k] = -1; }}
     if (ok) {{
-        const T* p = x + (c / ni) * s1 + (c % ni);
+        const T* p = x + (c0 / ni) * s1 + (c0 % ni);
         i64 r = r0 + ty;
         for (; r + 3 * by < r1; r += 4 * by) {{
-            T q0 = p[r * sr], q1 = p[(r + by) * sr], q2 = p[(r + 2 * by) * sr], q3 = p[(r + 3 * by) * sr];
-            step(av, ai, ldv(q0), r);
-            step(av, ai, ldv(q1), r + by);
-            step(av, ai, ldv(q2), r + 2 * by);
-            step(av, ai, ldv(q3), r + 3 * by);
+            Vec<T, VC> q[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) q[u] = *(const Vec<T, VC>*)(p + (r + u * by) * sr);
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+#pragma unroll
+                for (int k = 0; k < VC; ++k) step(av[k], ai[k], ldv(q[u].v[k]), r + u * by);
         }}
-        for (; r < r1; r += by) {{ T q0 = p[r * sr]; step(av, ai, ldv(q0), r); }}
+        for (; r < r1; r += by) {{
+            Vec<T, VC> q0 = *(const Vec<T, VC>*)(p + r * sr);
+#pragma unroll
+            for (int k = 0; k < VC; ++k) step(av[k], ai[k], ldv(q0.v[k]), r);
+        }}
     }}
     if (by > 1) {{
-        int me = ty * bx + tx;
-        shv[me] = av;
-        shi[me] = ai;
+        int me = (ty * bx + tx) * VC;
+#pragma unroll
+        for (int k = 0; k < VC; ++k) {{ shv[me + k] = av[k]; shi[me + k] = ai[k]; }}
         __syncthreads();
         for (int s = by >> 1; s > 0; s >>= 1) {{
             if (ty < s) {{
-                int you = (ty + s) * bx + tx;
-                comb(av, ai, shv[you], shi[you]);
-                shv[me] = av;
-                shi[me] = ai;
+                int you = ((ty + s) * bx + tx) * VC;
+#pragma unroll
+                for (int k = 0; k < VC; ++k) {{
+                    comb(av[k], ai[k], shv[you + k], shi[you + k]);
+                    shv[me + k] = av[k];
+                    shi[me + k] = ai[k];
+                }}
             }}
             __syncthreads();
         }}
     }}
     if (ty == 0 && ok) {{
-        if (gy == 1) out[c] = ai < 0 ? 0 : ai;
-        else {{ pv[blockIdx.y * cols + c] = av; pi[blockIdx.y * cols + c] = ai; }}
+#pragma unroll
+        for (int k = 0; k < VC; ++k) {{
+            i64 c = c0 + k;
+            if (gy == 1) out[c] = ai[k] < 0 ? 0 : ai[k];
+            else {{ pv[blockIdx.y * cols + c] = av[k]; pi[blockIdx.y * cols + c] = ai[k]; }}
+        }}
     }}
+}}
+extern "C" __global__ void __launch_bounds__(256) k_acol(i64* __restrict__ out, V* __restrict__ pv, i64* __restrict__ pi, const T* __restrict__ x, i64 cols, i64 ni, i64 s1, i64 red, i64 sr) {{
+    __shared__ V shv[256];
+    __shared__ i64 shi[256];
+    acol<1>(out, pv, pi, x, cols, ni, s1, red, sr, shv, shi);
+}}
+extern "C" __global__ void __launch_bounds__(256) k_acolv(i64* __restrict__ out, V* __restrict__ pv, i64* __restrict__ pi, const T* __restrict__ x, i64 cols, i64 ni, i64 s1, i64 red, i64 sr) {{
+    __shared__ V shv[256 * VN];
+    __shared__ i64 shi[256 * VN];
+    acol<VN>(out, pv, pi, x, cols, ni, s1, red, sr, shv, shi);
 }}
 extern "C" __global__ void k_afin(i64* __restrict__ out, const V* __restrict__ pv, const i64* __restrict__ pi, i64 n, i64 k, i64 so, i64 sk) {{
     for (i64 o = (i64)blockIdx.x * blockDim.x + threadIdx.x; o < n; o += (i64)gridDim.x * blockDim.x) {{
@@ -250,7 +298,7 @@ pub(crate) fn arg_reduce(
         return Ok(out);
     }
     let (xs, f, read) = in_place(cs, x, &[axis])?;
-    let key = format!("argreduce2:{op:?}:{}", d.name());
+    let key = format!("argreduce3:{op:?}:{}", d.name());
     let get = |name: &str| nvrtc::function(cs.driver(), &cs.dev, &key, name, || arg_source(op, d));
     let (po, px) = (elem_ptr(&out), elem_ptr(&xs));
     let sms = cs.dev.sms as usize;
@@ -275,8 +323,11 @@ pub(crate) fn arg_reduce(
     match read {
         Read::Cols => {
             let cols = n_out;
-            let p = col_plan(cols, f.red, 1, sms);
-            let fk = get("k_acol")?;
+            // Consecutive columns per thread, loaded as one 16-byte vector, where every
+            // row of every column group is aligned.
+            let vc = col_vec(&f, px, vec_elems(d));
+            let p = col_plan(cols, f.red, vc, sms);
+            let fk = get(if vc > 1 { "k_acolv" } else { "k_acol" })?;
             let part = if p.gy > 1 { Some(parts(cols, p.gy as usize)?) } else { None };
             let (pvp, pip) = part.as_ref().map(|(a, b)| (a.ptr(), b.ptr())).unwrap_or((0, 0));
             let c64 = cols as i64;
@@ -284,7 +335,8 @@ pub(crate) fn arg_reduce(
             b.arg(&po).arg(&pvp).arg(&pip).arg(&px).arg(&c64).arg(&ni).arg(&s1).arg(&red).arg(&sr);
             let cfg = LaunchConfig { grid_dim: (p.gx, p.gy, 1), block_dim: (p.bx, p.by, 1), shared_mem_bytes: 0 };
             // SAFETY: `x` addresses `(c / ni) * s1 + c % ni + r * sr` for c < cols, r < red
-            // (its layout's form); `out` holds cols indices, the partials gy*cols each.
+            // (its layout's form), 16-byte aligned for each group of `vc > 1` columns
+            // (`col_vec`); `out` holds cols indices, the partials gy*cols each.
             unsafe { b.launch(cs, cfg) }.map_err(launch_err)?;
             if let Some((pv, pi)) = part {
                 fin(&pv, &pi, cols, p.gy as usize, 1, cols)?;
@@ -293,7 +345,7 @@ pub(crate) fn arg_reduce(
         Read::Rows => {
             let rows = n_out;
             let (r64, c64) = (rows as i64, red);
-            match arg_plan(rows, f.red, sms) {
+            match arg_plan(rows, f.red, vec_elems(d), sms) {
                 ArgPlan::Warp { lanes } => {
                     let fk = get("k_awarp")?;
                     let g = lanes as i32;
@@ -408,22 +460,28 @@ mod tests {
         for sms in [1, 132] {
             for &rows in &sizes {
                 for &cols in &sizes {
-                    match arg_plan(rows, cols, sms) {
-                        ArgPlan::Warp { lanes } => {
-                            assert!(cols <= WARP_COLS && lanes.is_power_of_two() && lanes <= 32);
-                            assert!((lanes as usize) < 2 * cols);
-                        }
-                        ArgPlan::Block { splits } => {
-                            assert!(cols > WARP_COLS && splits >= 1);
-                            assert!(splits == 1 || (rows < 2 * sms && cols >= splits * ABLOCK as usize * 16));
+                    for vn in [1, 2, 4, 8, 16] {
+                        match arg_plan(rows, cols, vn, sms) {
+                            ArgPlan::Warp { lanes } => {
+                                assert!(cols <= WARP_COLS && lanes.is_power_of_two() && lanes <= 32);
+                                assert!((lanes as usize) < 2 * cols.div_ceil(vn));
+                            }
+                            ArgPlan::Block { splits } => {
+                                assert!(cols > WARP_COLS && splits >= 1);
+                                assert!(splits == 1 || (rows < 2 * sms && cols >= splits * ABLOCK as usize * 16));
+                            }
                         }
                     }
                 }
             }
         }
-        assert_eq!(arg_plan(1, 1 << 28, 132), ArgPlan::Block { splits: 1056 });
-        assert_eq!(arg_plan(1 << 16, 4096, 132), ArgPlan::Block { splits: 1 });
-        assert_eq!(arg_plan(100, 5000, 132), ArgPlan::Block { splits: 1 });
-        assert_eq!(arg_plan(1 << 20, 10, 132), ArgPlan::Warp { lanes: 16 });
+        assert_eq!(arg_plan(1, 1 << 28, 8, 132), ArgPlan::Block { splits: 1056 });
+        assert_eq!(arg_plan(1 << 16, 4096, 8, 132), ArgPlan::Block { splits: 1 });
+        assert_eq!(arg_plan(100, 5000, 8, 132), ArgPlan::Block { splits: 1 });
+        assert_eq!(arg_plan(1 << 20, 10, 1, 132), ArgPlan::Warp { lanes: 16 });
+        // bf16 rows of 10 take two lanes (a vector and a bit each), of 1024 all 32.
+        assert_eq!(arg_plan(1 << 20, 10, 8, 132), ArgPlan::Warp { lanes: 2 });
+        assert_eq!(arg_plan(1 << 10, 1024, 8, 132), ArgPlan::Warp { lanes: 32 });
+        assert_eq!(arg_plan(1 << 10, 100, 4, 132), ArgPlan::Warp { lanes: 32 });
     }
 }
