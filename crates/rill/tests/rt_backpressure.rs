@@ -110,4 +110,21 @@ fn queue_and_memory_bounds() {
         assert_eq!(y.to_vec::<f32>().unwrap()[MB - 1], 2.0 * i as f32);
     }
     runtime::set_memory_limit(prev);
+
+    // ---- a batch frees each intermediate once its last reader ran, not at its end ----
+    let s = Stream::new(&Device::cpu()).unwrap();
+    let _g = s.enter();
+    let x = Array::from_slice(&vec![1.0f32; MB], &[MB]).unwrap();
+    x.eval().unwrap();
+    let base = runtime::active_memory();
+    runtime::reset_peak_memory();
+    // 64 unfused ops of 4 MiB each: one batch, of which only the last is held.
+    let mut y = x.clone();
+    for _ in 0..64 {
+        y = y.mul(1.5).unwrap();
+    }
+    y.eval().unwrap();
+    let peak = runtime::peak_memory() - base;
+    assert!(peak <= 4 * 4 * MB, "a chain of 64 ops held {} MiB at its peak", peak / MB);
+    assert_eq!(y.to_vec::<f32>().unwrap()[MB - 1], (0..64).fold(1.0f32, |v, _| v * 1.5));
 }

@@ -28,8 +28,11 @@ use crate::runtime::stream::Stream;
 use crate::runtime::{lifecycle, stats};
 use crate::sync::atomic::Ordering::SeqCst;
 
-/// Runs one batch of `stream`'s nodes in order and completes every one of them.
-pub(crate) fn run_batch(stream: &Stream, nodes: &[Array]) {
+/// Runs one batch of `stream`'s nodes in order and completes every one of them. A backend
+/// that makes each result final lets go of each node as soon as it is complete (`nodes`
+/// is emptied), so an intermediate's memory is freed once its last reader ran rather than
+/// at the end of the batch; a deferring backend keeps `nodes` until the batch is sealed.
+pub(crate) fn run_batch(stream: &Stream, nodes: &mut Vec<Array>) {
     let backend = &stream.inner.backend;
     // A batch that calls a backend library runs inside the backend gate: shutdown waits
     // for it to finish before the process may tear the library down.
@@ -48,7 +51,7 @@ pub(crate) fn run_batch(stream: &Stream, nodes: &[Array]) {
     if run.defers_completion() {
         run_deferred(run, nodes);
     } else {
-        for a in nodes {
+        for a in std::mem::take(nodes) {
             let node = &a.node;
             let result = match input_storages(node) {
                 Err(e) => Err(e),

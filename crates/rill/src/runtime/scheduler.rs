@@ -411,10 +411,11 @@ fn run_stream(mut stream: Stream, runner: Runner<'_>) {
         if !on_pool {
             stats::INLINE_BATCHES.fetch_add(1, SeqCst);
         }
-        crate::runtime::execute::run_batch(&stream, &batch.nodes);
         let gpu = stream.device().is_gpu();
         // The last node, for its fence should the job linger (read only then).
         let mut last = if gpu && on_pool { batch.nodes.last().cloned() } else { None };
+        let mut batch = batch;
+        crate::runtime::execute::run_batch(&stream, &mut batch.nodes);
         drop(batch);
         notify_completion();
         let mut q = stream.inner.queue.lock();
