@@ -1,6 +1,7 @@
 //! Automatic differentiation: [`vjp`] (reverse mode), [`jvp`] (forward mode), [`grad`] and
-//! [`value_and_grad`] (reverse mode of a scalar function, as a callable), and
-//! [`stop_gradient`]. See `docs/AUTODIFF.md`.
+//! [`value_and_grad`] (reverse mode of a scalar function, as a callable),
+//! [`stop_gradient`] and [`checkpoint`] (recompute instead of keep). See
+//! `docs/AUTODIFF.md`.
 //!
 //! **How.** A transform traces the function once on placeholders with `compile`'s tracer
 //! (evaluated nodes drop their inputs, so the graph of arrays the caller holds cannot be
@@ -26,7 +27,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::{on_device, target_stream};
 use crate::primitives::Primitive;
-use crate::primitives::grad::{Jvp, Vjp};
+use crate::primitives::grad::{Jvp, Vjp, record};
 use crate::runtime::scope::with_stream;
 use crate::runtime::stream::Stream;
 
@@ -462,4 +463,107 @@ pub fn stop_gradient(x: &Array) -> Result<Array> {
     let stream = target_stream(&[x])?;
     let input = on_device(x, &stream);
     Ok(Array::from_op(Primitive::StopGradient, vec![input], x.shape().to_vec(), x.dtype(), stream))
+}
+
+/// A function whose intermediate values the backward pass recomputes instead of keeping,
+/// made by [`checkpoint`]. Cheap to clone; `Send + Sync`; callable from any thread or task
+/// at once.
+#[derive(Clone)]
+pub struct Checkpoint {
+    f: Arc<Box<Func<'static>>>,
+}
+
+impl std::fmt::Debug for Checkpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Checkpoint({:p})", Arc::as_ptr(&self.f))
+    }
+}
+
+/// `f` as a checkpointed function: called inside a function that [`vjp`], [`grad`] or
+/// [`value_and_grad`] differentiates, its outputs are computed as usual, but the reverse
+/// pass keeps none of its intermediate values. It keeps the inputs and recomputes `f` from
+/// them when the cotangent of an output reaches it: memory traded for a second forward
+/// pass over `f`. The recomputation waits for that cotangent, so it does not run
+/// alongside the forward pass. Outside the transforms, `call` is `f` (each float output
+/// is passed through a zero-copy view). Forward mode ([`jvp`]) keeps no intermediate
+/// values anyway and does not recompute.
+///
+/// Each float output recomputes `f` on its own when its cotangent arrives; a function
+/// with several outputs that all get cotangents is run once per output in the backward
+/// pass. Integer and bool outputs pass through unchanged. `f` must be a pure function of
+/// its inputs (the same inputs give the same outputs), as with [`compile`](crate::compile()).
+pub fn checkpoint<F>(f: F) -> Checkpoint
+where
+    F: Fn(&[Array]) -> Result<Vec<Array>> + Send + Sync + 'static,
+{
+    Checkpoint { f: Arc::new(Box::new(f)) }
+}
+
+impl Checkpoint {
+    /// `f(inputs)`, marked so that the reverse pass recomputes `f` instead of keeping its
+    /// intermediate values. Errors: those of `f`.
+    pub fn call(&self, inputs: &[Array]) -> Result<Vec<Array>> {
+        let outs = (self.f)(inputs)?;
+        outs.into_iter()
+            .enumerate()
+            .map(|(k, o)| {
+                if !o.dtype().is_float() {
+                    return Ok(o);
+                }
+                let mut ins = inputs.to_vec();
+                let (shape, dtype) = (o.shape().to_vec(), o.dtype());
+                ins.push(o);
+                record(Primitive::Checkpoint { body: self.clone(), output: k }, ins, &shape, dtype)
+            })
+            .collect()
+    }
+
+    /// Whether two checkpoints wrap the same function (one `checkpoint` call and its clones).
+    pub(crate) fn same_function(&self, other: &Checkpoint) -> bool {
+        Arc::ptr_eq(&self.f, &other.f)
+    }
+}
+
+/// The reverse rules of `Depend` (the cotangent goes to input 0 only) and `Checkpoint`:
+/// the function recomputed from its inputs, each made to wait for the cotangent, and
+/// differentiated there; the forward pass's value of the output gets no cotangent, so
+/// nothing of the forward graph inside the checkpoint is read by the reverse pass.
+pub(crate) fn checkpoint_vjp(p: &Primitive, g: &Vjp<'_>) -> Result<Vec<Option<Array>>> {
+    let ct = g.cotangent;
+    match p {
+        Primitive::Depend => {
+            let mut out = vec![None; g.inputs.len()];
+            out[0] = Some(ct.clone());
+            Ok(out)
+        }
+        Primitive::Checkpoint { body, output } => {
+            let n = g.inputs.len() - 1;
+            let gated = g.inputs[..n]
+                .iter()
+                .map(|x| record(Primitive::Depend, vec![x.clone(), ct.clone()], x.shape(), x.dtype()))
+                .collect::<Result<Vec<_>>>()?;
+            let (body, k) = (body.clone(), *output);
+            let one = move |x: &[Array]| -> Result<Vec<Array>> {
+                let o = (body.f)(x)?.into_iter().nth(k).ok_or_else(|| {
+                    Error::invalid("checkpoint", format!("the recomputed function has no output {k}"))
+                })?;
+                Ok(vec![o])
+            };
+            let mut cts = vjp_of(&one, &gated, ct)?;
+            cts.push(None);
+            Ok(cts)
+        }
+        other => Err(crate::primitives::grad::no_rule(other.name(), "vjp")),
+    }
+}
+
+/// The forward rules of `Depend` and `Checkpoint`: the tangent of input 0, and of the
+/// forward pass's output (its graph is in the traced function, so forward mode already
+/// carried a tangent through it).
+pub(crate) fn checkpoint_jvp(p: &Primitive, g: &Jvp<'_>) -> Result<Option<Array>> {
+    match p {
+        Primitive::Depend => Ok(g.tangents[0].clone()),
+        Primitive::Checkpoint { .. } => Ok(g.tangents.last().cloned().flatten()),
+        other => Err(crate::primitives::grad::no_rule(other.name(), "jvp")),
+    }
 }

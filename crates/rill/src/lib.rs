@@ -32,7 +32,7 @@ pub mod shape;
 mod sync;
 
 pub use array::Array;
-pub use autodiff::{Grad, ValueAndGrad, grad, jvp, stop_gradient, value_and_grad, vjp};
+pub use autodiff::{Checkpoint, Grad, ValueAndGrad, checkpoint, grad, jvp, stop_gradient, value_and_grad, vjp};
 #[cfg(feature = "cuda")]
 pub use backend::cuda::set_allow_tf32;
 pub use dtype::{DType, Element, Scalar};

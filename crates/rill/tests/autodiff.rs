@@ -1,4 +1,5 @@
-//! The autodiff transforms (`rill::{vjp, jvp, grad, value_and_grad, stop_gradient}`):
+//! The autodiff transforms (`rill::{vjp, jvp, grad, value_and_grad, stop_gradient,
+//! checkpoint}`):
 //! every rule against central finite differences in float64 on the CPU, on seeded random
 //! shapes (broadcasting, keepdims, negative axes, non-contiguous inputs, size-1 and empty
 //! axes); forward against reverse mode (`<u, J v>` both ways); second order; `compile`
@@ -671,5 +672,157 @@ fn bad_input_gives_errors() {
         ),
         "f evaluates",
         |_| true,
+    );
+}
+
+/// The body a checkpoint wraps in these tests: a product and several elementwise ops,
+/// bounded, so that chains of it stay finite.
+fn segment(x: &Array, w: &Array) -> Result<Array> {
+    x.matmul(w)?.tanh()?.mul(&x.sin()?)?.add(x)?.tanh()
+}
+
+/// `checkpoint` against finite differences: one with two outputs, checkpoints nested and
+/// chained (the same function called twice), and one with an integer input.
+#[test]
+fn checkpoint_rules_match_finite_differences() {
+    let mut rng = Rng::new(21);
+    let ck = rill::checkpoint(|x: &[Array]| Ok(vec![segment(&x[0], &x[1])?, x[0].cos()?.mul(&x[1].sum_all()?)?]));
+    let c = ck.clone();
+    let ins = |rng: &mut Rng| vec![rand_input(rng, &[2, 3], -1.0, 1.0), rand_input(rng, &[3, 3], -1.0, 1.0)];
+    check("checkpoint with two outputs", fun(move |x| c.call(x)), ins(&mut rng), &mut rng);
+    let c = ck.clone();
+    let chained = fun(move |x| {
+        let h = c.call(x)?.remove(0);
+        let [a, b] = <[Array; 2]>::try_from(c.call(&[h, x[1].clone()])?).unwrap();
+        Ok(vec![a.mul(&b)?.sum_all()?])
+    });
+    check("checkpoints chained", chained, ins(&mut rng), &mut rng);
+    let c = ck.clone();
+    let outer = rill::checkpoint(move |x: &[Array]| {
+        let h = c.call(x)?;
+        Ok(vec![h[0].exp()?.add(&h[1])?])
+    });
+    check("checkpoints nested", fun(move |x| outer.call(x)), ins(&mut rng), &mut rng);
+    let gather = rill::checkpoint(|x: &[Array]| Ok(vec![x[0].take(&x[1], 0)?.sin()?.square()?, x[1].clone()]));
+    let with_indices = fun(move |x| {
+        let idx = Array::from_slice(&[2i32, 0, 2, 1], &[4])?;
+        let out = gather.call(&[x[0].clone(), idx])?;
+        assert_eq!(out[1].dtype(), DType::I32, "an integer output passes through");
+        Ok(vec![out[0].clone()])
+    });
+    check("checkpoint with an integer input", with_indices, vec![rand_input(&mut rng, &[3, 2], -1.0, 1.0)], &mut rng);
+}
+
+/// A checkpointed function's gradients equal the plain ones (the recomputation runs the
+/// same ops), eager, under `compile` in both orders, and to second order.
+#[test]
+fn checkpoint_gradients_equal_the_plain_ones() {
+    let mut rng = Rng::new(22);
+    let layers = |f: Fun| {
+        fun(move |x: &[Array]| {
+            let mut h = x[0].clone();
+            for _ in 0..3 {
+                h = f(&[h, x[1].clone()])?.remove(0);
+            }
+            Ok(vec![h.square()?.mean(&[], false)?])
+        })
+    };
+    let plain = layers(fun(|x| Ok(vec![segment(&x[0], &x[1])?])));
+    let ck = rill::checkpoint(|x: &[Array]| Ok(vec![segment(&x[0], &x[1])?]));
+    let with = layers(fun(move |x| ck.call(x)));
+    let (p, w) = (plain.clone(), with.clone());
+    let g_plain = rill::grad(move |x| p(x), &[0, 1]);
+    let g_with = rill::grad(move |x| w(x), &[0, 1]);
+    let g = g_with.clone();
+    let compiled_grad = rill::compile(move |x| g.call(x));
+    let w = with.clone();
+    let c = rill::compile(move |x| w(x));
+    let grad_of_compiled = rill::grad(move |x| c.call(x), &[0, 1]);
+    for dtype in [DType::F32, DType::F64] {
+        for _ in 0..2 {
+            let x = Array::from_slice(&rng.vec(4 * 5, -1.0, 1.0), &[4, 5]).unwrap().astype(dtype).unwrap();
+            let m = Array::from_slice(&rng.vec(25, -0.5, 0.5), &[5, 5]).unwrap().astype(dtype).unwrap();
+            let ins = [x, m];
+            let want = values(&g_plain.call(&ins).unwrap());
+            let got = values(&g_with.call(&ins).unwrap());
+            assert_eq!(got, want, "{dtype}: checkpointed gradients differ from the plain ones");
+            for (what, got) in [
+                ("compile(grad)", compiled_grad.call(&ins).unwrap()),
+                ("grad(compile)", grad_of_compiled.call(&ins).unwrap()),
+            ] {
+                for (g, w) in values(&got).iter().zip(&want) {
+                    assert!(common::same_values(g, w), "{dtype} {what}: {g:?} vs {w:?}");
+                }
+            }
+        }
+    }
+    // Second order through the recomputation.
+    let g = rill::grad(move |x| with(x), &[0]);
+    let ins = vec![rand_input(&mut rng, &[2, 3], -1.0, 1.0), rand_input(&mut rng, &[3, 3], -0.5, 0.5)];
+    check("grad of a checkpointed function", fun(move |x| g.call(x)), ins, &mut rng);
+}
+
+const CHILD: &str = "RILL_AUTODIFF_TEST_CHILD";
+
+/// The reverse pass of a checkpointed chain holds less memory at its peak than the plain
+/// one: it keeps each segment's input, not the values inside the segments. Peak memory is
+/// process-wide, so this runs alone in a child process.
+#[test]
+fn checkpoint_lowers_peak_memory() {
+    const NAME: &str = "checkpoint_lowers_peak_memory";
+    if std::env::var(CHILD).as_deref() != Ok(NAME) {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([NAME, "--exact", "--test-threads=1", "--nocapture"])
+            .env(CHILD, NAME)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        eprint!("{}", String::from_utf8_lossy(&out.stderr));
+        print!("{stdout}");
+        assert!(out.status.success() && stdout.contains("1 passed"), "the child failed: {}", out.status);
+        return;
+    }
+    // On the CPU, whose batches free each value once its last reader ran (a GPU batch
+    // keeps its values until it is sealed, which blurs the measure).
+    let cpu = rill::Stream::new(&rill::Device::cpu()).unwrap();
+    let _on_cpu = cpu.enter();
+    // Elementwise ops on 4 MiB arrays: each keeps its inputs for the reverse pass.
+    let seg = |x: &Array| -> Result<Array> { x.sin()?.mul(x)?.add(x)?.tanh()?.mul(&x.cos()?)?.tanh() };
+    let chain = |f: Fun| {
+        fun(move |x: &[Array]| {
+            let mut h = x[0].clone();
+            for _ in 0..6 {
+                h = f(&[h])?.remove(0);
+            }
+            Ok(vec![h.sum_all()?])
+        })
+    };
+    let plain = chain(fun(move |x| Ok(vec![seg(&x[0])?])));
+    let ck = rill::checkpoint(move |x: &[Array]| Ok(vec![seg(&x[0])?]));
+    let with = chain(fun(move |x| ck.call(x)));
+    let n = 1 << 20;
+    let mut rng = Rng::new(23);
+    let x = Array::from_slice(&rng.vec(n, -1.0, 1.0).iter().map(|&v| v as f32).collect::<Vec<_>>(), &[n]).unwrap();
+    x.eval().unwrap();
+    let mut peaks = Vec::new();
+    let mut grads = Vec::new();
+    for f in [plain, with] {
+        let base = rill::runtime::active_memory();
+        rill::runtime::reset_peak_memory();
+        let (v, g) = rill::value_and_grad(move |x| f(x), &[0]).call(std::slice::from_ref(&x)).unwrap();
+        rill::eval(&[v.clone(), g[0].clone()]).unwrap();
+        peaks.push(rill::runtime::peak_memory() - base);
+        grads.push(g[0].to_vec::<f32>().unwrap());
+    }
+    println!("peak above the input: plain {} MiB, checkpointed {} MiB", peaks[0] >> 20, peaks[1] >> 20);
+    assert_eq!(grads[0], grads[1], "the checkpointed gradient differs");
+    // Checkpointed: the six segments' outputs, and one segment recomputed at a time with
+    // its cotangents (a recomputation run before its cotangent exists pushes it past).
+    let mib = 1usize << 20;
+    assert!(
+        peaks[1] <= (6 + 5) * 4 * mib && (peaks[1] as f64) < 0.6 * peaks[0] as f64,
+        "checkpointing should lower the peak: plain {} bytes, checkpointed {} bytes",
+        peaks[0],
+        peaks[1]
     );
 }

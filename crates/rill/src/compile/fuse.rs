@@ -231,6 +231,8 @@ fn build_group(
                 | Primitive::Slice { .. }
                 | Primitive::Contiguous
                 | Primitive::StopGradient
+                | Primitive::Depend
+                | Primitive::Checkpoint { .. }
                 | Primitive::Take { .. }
                 | Primitive::Concatenate { .. }
                 | Primitive::Pad { .. }
@@ -303,6 +305,8 @@ fn build_group(
             | Primitive::Slice { .. }
             | Primitive::Contiguous
             | Primitive::StopGradient
+            | Primitive::Depend
+            | Primitive::Checkpoint { .. }
             | Primitive::Take { .. }
             | Primitive::Concatenate { .. }
             | Primitive::Pad { .. }

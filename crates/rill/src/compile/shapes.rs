@@ -44,7 +44,8 @@ fn derive(node: &TapeNode, ins: &[&[usize]], read: &dyn Fn(&ShapeOf) -> Vec<usiz
     Some(match prim {
         Full { .. } if node.shape.is_empty() => Ok(Vec::new()),
         Constant => Ok(node.shape.clone()),
-        Cast | Unary(_) | Contiguous | ToDevice | StopGradient => Ok(first()),
+        Cast | Unary(_) | Contiguous | ToDevice | StopGradient | Depend => Ok(first()),
+        Checkpoint { .. } => Ok(ins.last().map(|s| s.to_vec()).unwrap_or_default()),
         Softmax { axis, .. } => nn::softmax(prim.name(), &first(), *axis as isize).map(|(_, s)| s),
         Cumsum { axis, .. } => reduce::cumsum(&first(), *axis as isize).map(|(_, s)| s),
         Sort(spec) => sort::shape(spec, &first()),
@@ -238,6 +239,8 @@ fn count(tape: &Tape, inputs: &[Vec<usize>], shapes: &[Vec<usize>], rule: &Rule)
         | Primitive::Slice { .. }
         | Primitive::Contiguous
         | Primitive::StopGradient
+        | Primitive::Depend
+        | Primitive::Checkpoint { .. }
         | Primitive::Take { .. }
         | Primitive::Concatenate { .. }
         | Primitive::Pad { .. }

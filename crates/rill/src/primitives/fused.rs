@@ -279,6 +279,8 @@ pub(crate) fn fusable(prim: &crate::primitives::Primitive, ins: &[DType], out: D
         | Slice { .. }
         | Contiguous
         | StopGradient
+        | Depend
+        | Checkpoint { .. }
         | Take { .. }
         | Concatenate { .. }
         | Pad { .. }

@@ -144,6 +144,8 @@ enum Owner {
     Fused,
     /// `stop_gradient`: the identity, with no derivative.
     Stop,
+    /// `Depend` and `Checkpoint`, whose rules live beside `checkpoint` (`autodiff.rs`).
+    Checkpoint,
 }
 
 impl Primitive {
@@ -173,6 +175,7 @@ impl Primitive {
             Placeholder { .. } => Owner::Placeholder,
             Fused(_) | FusedReduce { .. } | Block(_) => Owner::Fused,
             StopGradient => Owner::Stop,
+            Depend | Checkpoint { .. } => Owner::Checkpoint,
         }
     }
 
@@ -195,6 +198,7 @@ impl Primitive {
             Owner::Placeholder => Ok(Vec::new()),
             Owner::Fused => fused::vjp(self, g),
             Owner::Stop => Ok(vec![None]),
+            Owner::Checkpoint => crate::autodiff::checkpoint_vjp(self, g),
         }
     }
 
@@ -217,6 +221,7 @@ impl Primitive {
             Owner::Placeholder => Ok(None),
             Owner::Fused => fused::jvp(self, g),
             Owner::Stop => Ok(None),
+            Owner::Checkpoint => crate::autodiff::checkpoint_jvp(self, g),
         }
     }
 }

@@ -282,6 +282,19 @@ pub enum Primitive {
     /// The identity that the autodiff transforms treat as a constant
     /// ([`crate::stop_gradient`]).
     StopGradient,
+    /// Input 0 unchanged (a zero-copy view), computed only after the other inputs:
+    /// orders the recomputation of a [`checkpoint`](crate::checkpoint) after the
+    /// cotangent that needs it.
+    Depend,
+    /// Output `output` of a [`checkpoint`](crate::checkpoint)ed function: a zero-copy view
+    /// of the last input (the output as the forward pass computed it); the other inputs are
+    /// the function's inputs, from which the backward pass recomputes it.
+    Checkpoint {
+        /// The function.
+        body: crate::autodiff::Checkpoint,
+        /// Which of its outputs.
+        output: usize,
+    },
 
     // ---- copies ----
     /// A row-major copy.
@@ -381,6 +394,8 @@ impl Primitive {
             BroadcastTo => "broadcast_to",
             Slice { .. } => "slice",
             StopGradient => "stop_gradient",
+            Depend => "depend",
+            Checkpoint { .. } => "checkpoint",
             Contiguous => "contiguous",
             Take { .. } => "take",
             Concatenate { .. } => "concatenate",
@@ -406,7 +421,9 @@ impl Primitive {
             }
             Matmul | Attention { .. } | QuantMatmul { .. } | Dequantize { .. } | Rope { .. } => Family::LinearAlgebra,
             Sort(_) => Family::Reduction,
-            Reshape | Permute(_) | BroadcastTo | Slice { .. } | StopGradient => Family::View,
+            Reshape | Permute(_) | BroadcastTo | Slice { .. } | StopGradient | Depend | Checkpoint { .. } => {
+                Family::View
+            }
             Contiguous
             | Take { .. }
             | Concatenate { .. }

@@ -64,7 +64,11 @@ pub(crate) fn eval(prim: &Primitive, shape: &[usize], dtype: DType, inputs: &[&S
         BroadcastTo => Ok(inputs[0].with_layout(inputs[0].layout.broadcast_to(shape))),
         Slice { start, step } => Ok(movement::slice_view(inputs[0], start, step, shape)),
         Contiguous => movement::make_contiguous(inputs[0]),
-        StopGradient => Ok(inputs[0].with_layout(inputs[0].layout.clone())),
+        StopGradient | Depend => Ok(inputs[0].with_layout(inputs[0].layout.clone())),
+        Checkpoint { .. } => match inputs.last() {
+            Some(x) => Ok(x.with_layout(x.layout.clone())),
+            None => Err(Error::invalid("checkpoint", "a checkpoint node has no inputs")),
+        },
         Take { axis } => movement::take(inputs[0], inputs[1], *axis, shape),
         Concatenate { axis } => movement::concatenate(inputs, *axis, shape),
         Pad { widths, value } => movement::pad(inputs[0], widths, *value, shape),

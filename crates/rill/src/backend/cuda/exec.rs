@@ -265,7 +265,11 @@ fn eval(
         BroadcastTo => Ok(x().with_layout(x().layout.broadcast_to(shape))),
         Slice { start, step } => Ok(crate::backend::cpu::movement::slice_view(x(), start, step, shape)),
         Contiguous => copy::make_contiguous(cs, x()),
-        StopGradient => Ok(x().with_layout(x().layout.clone())),
+        StopGradient | Depend => Ok(x().with_layout(x().layout.clone())),
+        Checkpoint { .. } => match inputs.last() {
+            Some(x) => Ok(x.with_layout(x.layout.clone())),
+            None => Err(Error::invalid("checkpoint", "a checkpoint node has no inputs")),
+        },
         Take { axis } => take::take(cs, x(), inputs[1], *axis, shape, checks),
         Concatenate { axis } => copy::concatenate(cs, &owned(), *axis, shape),
         Pad { widths, value } => copy::pad(cs, x(), widths, *value, shape),
