@@ -826,3 +826,51 @@ fn checkpoint_lowers_peak_memory() {
         peaks[1]
     );
 }
+
+/// `rope` and `slice_update` against finite differences: both layouts, partial rotation,
+/// 0-d and per-row positions; starts 0-d and per row, in range and clamped (negative, past
+/// the end), along inner and outer axes, on strided inputs.
+#[test]
+fn decode_rules_match_finite_differences() {
+    use rill::{RopeLayout, RopeOptions};
+    let mut rng = Rng::new(24);
+    for (case, layout) in [RopeLayout::Interleaved, RopeLayout::Halves].into_iter().enumerate() {
+        for per_row in [false, true] {
+            let (b, h, t, d) = (2usize, 2usize, 3usize, 6usize);
+            let dims = if case == 0 { 6 } else { 4 };
+            let opts = RopeOptions { dims, base: 100.0, scale: 0.5 + case as f64, layout };
+            let off: Vec<i32> = if per_row { vec![3, 11] } else { vec![7] };
+            let f = fun(move |x| {
+                let o = if per_row { Array::from_slice(&off, &[2])? } else { Array::from_slice(&off, &[])? };
+                Ok(vec![x[0].rope(&o, opts)?])
+            });
+            let name = format!("rope {layout:?} dims {dims} per_row {per_row}");
+            check(&name, f, vec![rand_input(&mut rng, &[b, h, t, d], -1.0, 1.0)], &mut rng);
+        }
+    }
+    // (x shape, update length, axis, starts): 0-d or one per leading row, some clamped.
+    let cases: [(&[usize], usize, isize, &[i64]); 6] = [
+        (&[5, 3], 2, 0, &[1]),
+        (&[5, 3], 2, 0, &[9]),
+        (&[2, 3, 6, 2], 3, 2, &[-4]),
+        (&[2, 3, 6, 2], 3, 2, &[0, 5]),
+        (&[3, 4, 2], 2, -2, &[2, 1, -1]),
+        (&[2, 5], 1, 1, &[4, 0]),
+    ];
+    for (shape, len, axis, starts) in cases {
+        let mut ushape = shape.to_vec();
+        let ax = if axis < 0 { (shape.len() as isize + axis) as usize } else { axis as usize };
+        ushape[ax] = len;
+        let starts = starts.to_vec();
+        let f = fun(move |x| {
+            let s = if starts.len() == 1 {
+                Array::from_slice(&starts, &[])?
+            } else {
+                Array::from_slice(&starts, &[starts.len()])?
+            };
+            Ok(vec![x[0].slice_update(&x[1], &s, axis)?.sin()?])
+        });
+        let ins = vec![rand_input(&mut rng, shape, -1.0, 1.0), rand_input(&mut rng, &ushape, -1.0, 1.0)];
+        check(&format!("slice_update {shape:?} axis {axis}"), f, ins, &mut rng);
+    }
+}

@@ -6,7 +6,11 @@
 //! `ops/decode.rs` when it records the node and by `compile/shapes.rs` when a shapeless
 //! replay re-derives it.
 
+use crate::array::Array;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::primitives::Primitive;
+use crate::primitives::grad::{Jvp, Vjp, no_rule, record};
 use crate::shape::normalize_axis;
 
 /// How the rotated pairs of a head's features are laid out.
@@ -72,4 +76,90 @@ pub(crate) fn slice_update(
         ));
     }
     Ok((ax, x.to_vec()))
+}
+
+/// Reverse rules. `Rope` is a rotation of each feature pair by an angle proportional to
+/// the position's scale, so its transpose is the same rotation with the scale negated
+/// (the angles negate exactly). `SliceUpdate`: `x` gets the cotangent with the written
+/// window zeroed, `update` the window of the cotangent (read with `take`, at the start
+/// the kernel used: clamped so the update fits). Positions and starts get none.
+pub(crate) fn vjp(p: &Primitive, g: &Vjp<'_>) -> Result<Vec<Option<Array>>> {
+    let ct = g.cotangent;
+    match p {
+        Primitive::Rope { dims, base, scale, layout } => {
+            let back = Primitive::Rope { dims: *dims, base: *base, scale: -*scale, layout: *layout };
+            let cx = record(back, vec![ct.clone(), g.inputs[1].clone()], ct.shape(), ct.dtype())?;
+            Ok(vec![Some(cx), None])
+        }
+        Primitive::SliceUpdate { axis } => {
+            let (update, start) = (&g.inputs[1], &g.inputs[2]);
+            let zeros = Array::zeros(update.shape(), ct.dtype())?;
+            let cx = ct.slice_update(&zeros, start, *axis as isize)?;
+            let cu = window(ct, update.shape()[*axis], start, *axis)?;
+            Ok(vec![Some(cx), Some(cu), None])
+        }
+        other => Err(no_rule(other.name(), "vjp")),
+    }
+}
+
+/// Forward rules: both primitives are linear in their float inputs.
+pub(crate) fn jvp(p: &Primitive, g: &Jvp<'_>) -> Result<Option<Array>> {
+    let y = g.output;
+    match p {
+        Primitive::Rope { .. } => match &g.tangents[0] {
+            Some(t) => record(p.clone(), vec![t.clone(), g.inputs[1].clone()], y.shape(), y.dtype()).map(Some),
+            None => Ok(None),
+        },
+        Primitive::SliceUpdate { axis } => {
+            let (tx, tu) = (&g.tangents[0], &g.tangents[1]);
+            if tx.is_none() && tu.is_none() {
+                return Ok(None);
+            }
+            let tx = match tx {
+                Some(t) => t.clone(),
+                None => Array::zeros(y.shape(), y.dtype())?,
+            };
+            let tu = match tu {
+                Some(t) => t.clone(),
+                None => Array::zeros(g.inputs[1].shape(), y.dtype())?,
+            };
+            Ok(Some(tx.slice_update(&tu, &g.inputs[2], *axis as isize)?))
+        }
+        other => Err(no_rule(other.name(), "jvp")),
+    }
+}
+
+/// `len` entries of `x` along `axis` from `start` (0-d, or one per leading row), clamped
+/// as `SliceUpdate`'s kernels clamp it: the window a slice update of that length wrote.
+fn window(x: &Array, len: usize, start: &Array, axis: usize) -> Result<Array> {
+    let n = x.shape()[axis];
+    let s = start.astype(DType::I64)?.maximum(&Array::zeros(&[], DType::I64)?)?.minimum(&Array::full(
+        &[],
+        (n - len) as f64,
+        DType::I64,
+    )?)?;
+    let steps = Array::arange(0, len as i64, 1, DType::I64)?;
+    if start.ndim() == 0 {
+        return x.take(&s.add(&steps)?, axis as isize);
+    }
+    // One start per leading row: bring `axis` next to the rows, gather rows of the
+    // flattened [B * n, rest] at b * n + s[b] + j, and put the axes back.
+    let b = x.shape()[0];
+    let r = x.ndim();
+    let mut perm: Vec<usize> = vec![0, axis];
+    perm.extend((1..r).filter(|&a| a != axis));
+    let moved = x.transpose(&perm)?;
+    let rest: Vec<usize> = moved.shape()[2..].to_vec();
+    let mut flat = vec![(b * n) as isize];
+    flat.extend(rest.iter().map(|&d| d as isize));
+    let rows = Array::arange(0, (b * n) as i64, n as i64, DType::I64)?.add(&s)?;
+    let idx = rows.reshape(&[b as isize, 1])?.add(&steps.reshape(&[1, len as isize])?)?.reshape(&[-1])?;
+    let mut back = vec![b as isize, len as isize];
+    back.extend(rest.iter().map(|&d| d as isize));
+    let got = moved.reshape(&flat)?.take(&idx, 0)?.reshape(&back)?;
+    let mut inv = vec![0; r];
+    for (i, &q) in perm.iter().enumerate() {
+        inv[q] = i;
+    }
+    got.transpose(&inv)
 }

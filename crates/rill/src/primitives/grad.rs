@@ -1,6 +1,6 @@
 //! The gradient slot of every primitive: [`Primitive::vjp`] and [`Primitive::jvp`]
 //! dispatch to the rule in the primitive's family file (`unary.rs`, `binary.rs`,
-//! `reduce.rs`, `nn.rs`, `linalg.rs`, `attention.rs`, `movement.rs`, `creation.rs`, `fused.rs`), so each
+//! `reduce.rs`, `nn.rs`, `linalg.rs`, `attention.rs`, `decode.rs`, `movement.rs`, `creation.rs`, `fused.rs`), so each
 //! primitive's gradient sits beside its shape rule and its kernels' formulas. A rule sees
 //! the node's inputs and output as arrays of a traced graph and builds its result with
 //! ops. A primitive without a rule returns `Error::Unsupported` naming it (never a zero).
@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::ops::elementwise::where_;
 use crate::ops::{on_device, target_stream};
 
-use super::{BinaryOp, Primitive, UnaryOp, attention, creation, fused, linalg, movement, nn, reduce, sort};
+use super::{BinaryOp, Primitive, UnaryOp, attention, creation, decode, fused, linalg, movement, nn, reduce, sort};
 
 /// What a reverse-mode rule is given: the node's inputs, its output, and the cotangent of
 /// the output (same shape and dtype as `output`).
@@ -133,8 +133,10 @@ enum Owner {
     Nn,
     Linalg,
     Attention,
-    /// No rule written yet (`QuantMatmul`, `Dequantize`, `Rope`, `SliceUpdate`): both
-    /// modes return `Unsupported` naming the primitive.
+    /// `Rope` and `SliceUpdate` (`decode.rs`).
+    Decode,
+    /// No rule written yet (`QuantMatmul`, `Dequantize`): both modes return
+    /// `Unsupported` naming the primitive.
     Unwritten,
     Movement,
     /// A host callback: no derivative.
@@ -161,7 +163,8 @@ impl Primitive {
             Softmax { .. } | LayerNorm { .. } | RmsNorm { .. } => Owner::Nn,
             Matmul => Owner::Linalg,
             Attention { .. } => Owner::Attention,
-            QuantMatmul { .. } | Dequantize { .. } | Rope { .. } | SliceUpdate { .. } => Owner::Unwritten,
+            QuantMatmul { .. } | Dequantize { .. } => Owner::Unwritten,
+            Rope { .. } | SliceUpdate { .. } => Owner::Decode,
             Reshape
             | Permute(_)
             | BroadcastTo
@@ -192,6 +195,7 @@ impl Primitive {
             Owner::Nn => nn::vjp(self, g),
             Owner::Linalg => linalg::vjp(self, g),
             Owner::Attention => attention::vjp(self, g),
+            Owner::Decode => decode::vjp(self, g),
             Owner::Unwritten => Err(no_rule(self.name(), "vjp")),
             Owner::Movement => movement::vjp(self, g),
             Owner::Host(name) => Err(no_derivative(name)),
@@ -215,6 +219,7 @@ impl Primitive {
             Owner::Nn => nn::jvp(self, g),
             Owner::Linalg => linalg::jvp(self, g),
             Owner::Attention => attention::jvp(self, g),
+            Owner::Decode => decode::jvp(self, g),
             Owner::Unwritten => Err(no_rule(self.name(), "jvp")),
             Owner::Movement => movement::jvp(self, g),
             Owner::Host(name) => Err(no_derivative(name)),
