@@ -232,6 +232,9 @@ fn build_group(
                 | Primitive::Contiguous
                 | Primitive::StopGradient
                 | Primitive::Take { .. }
+                | Primitive::ScatterAdd { .. }
+                | Primitive::TakeAlongAxis { .. }
+                | Primitive::PutAlongAxis { .. }
                 | Primitive::Concatenate { .. }
                 | Primitive::Pad { .. }
                 | Primitive::ToDevice
@@ -304,6 +307,9 @@ fn build_group(
             | Primitive::Contiguous
             | Primitive::StopGradient
             | Primitive::Take { .. }
+            | Primitive::ScatterAdd { .. }
+            | Primitive::TakeAlongAxis { .. }
+            | Primitive::PutAlongAxis { .. }
             | Primitive::Concatenate { .. }
             | Primitive::Pad { .. }
             | Primitive::ToDevice

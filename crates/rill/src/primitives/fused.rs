@@ -280,6 +280,9 @@ pub(crate) fn fusable(prim: &crate::primitives::Primitive, ins: &[DType], out: D
         | Contiguous
         | StopGradient
         | Take { .. }
+        | ScatterAdd { .. }
+        | TakeAlongAxis { .. }
+        | PutAlongAxis { .. }
         | Concatenate { .. }
         | Pad { .. }
         | ToDevice

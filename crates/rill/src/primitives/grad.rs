@@ -1,6 +1,6 @@
 //! The gradient slot of every primitive: [`Primitive::vjp`] and [`Primitive::jvp`]
 //! dispatch to the rule in the primitive's family file (`unary.rs`, `binary.rs`,
-//! `reduce.rs`, `nn.rs`, `linalg.rs`, `attention.rs`, `movement.rs`, `creation.rs`, `fused.rs`), so each
+//! `reduce.rs`, `nn.rs`, `linalg.rs`, `attention.rs`, `movement.rs`, `scatter.rs`, `creation.rs`, `fused.rs`), so each
 //! primitive's gradient sits beside its shape rule and its kernels' formulas. A rule sees
 //! the node's inputs and output as arrays of a traced graph and builds its result with
 //! ops. A primitive without a rule returns `Error::Unsupported` naming it (never a zero).
@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::ops::elementwise::where_;
 use crate::ops::{on_device, target_stream};
 
-use super::{BinaryOp, Primitive, UnaryOp, attention, creation, fused, linalg, movement, nn, reduce, sort};
+use super::{BinaryOp, Primitive, UnaryOp, attention, creation, fused, linalg, movement, nn, reduce, scatter, sort};
 
 /// What a reverse-mode rule is given: the node's inputs, its output, and the cotangent of
 /// the output (same shape and dtype as `output`).
@@ -137,6 +137,8 @@ enum Owner {
     /// modes return `Unsupported` naming the primitive.
     Unwritten,
     Movement,
+    /// `ScatterAdd`, `TakeAlongAxis`, `PutAlongAxis`.
+    Scatter,
     /// A host callback: no derivative.
     Host(&'static str),
     /// A traced input: no inputs of its own, and a given tangent.
@@ -169,6 +171,7 @@ impl Primitive {
             | Concatenate { .. }
             | Pad { .. }
             | ToDevice => Owner::Movement,
+            ScatterAdd { .. } | TakeAlongAxis { .. } | PutAlongAxis { .. } => Owner::Scatter,
             Host { name, .. } => Owner::Host(name),
             Placeholder { .. } => Owner::Placeholder,
             Fused(_) | FusedReduce { .. } | Block(_) => Owner::Fused,
@@ -191,6 +194,7 @@ impl Primitive {
             Owner::Attention => attention::vjp(self, g),
             Owner::Unwritten => Err(no_rule(self.name(), "vjp")),
             Owner::Movement => movement::vjp(self, g),
+            Owner::Scatter => scatter::vjp(self, g),
             Owner::Host(name) => Err(no_derivative(name)),
             Owner::Placeholder => Ok(Vec::new()),
             Owner::Fused => fused::vjp(self, g),
@@ -213,6 +217,7 @@ impl Primitive {
             Owner::Attention => attention::jvp(self, g),
             Owner::Unwritten => Err(no_rule(self.name(), "jvp")),
             Owner::Movement => movement::jvp(self, g),
+            Owner::Scatter => scatter::jvp(self, g),
             Owner::Host(name) => Err(no_derivative(name)),
             Owner::Placeholder => Ok(None),
             Owner::Fused => fused::jvp(self, g),
