@@ -41,6 +41,7 @@ pub use ops::attention::{AttentionMask, scaled_dot_product_attention};
 pub use ops::custom::custom;
 pub use ops::decode::{RopeOptions, rope, slice_update};
 pub use ops::elementwise::where_;
+pub use ops::scatter::{put_along_axis, scatter_add, scatter_add_along_axis, take_along_axis};
 pub use ops::{IntoOperand, Operand};
 pub use primitives::RopeLayout;
 pub use runtime::clear_cache;

@@ -449,6 +449,86 @@ fn movement_rules_match_finite_differences() {
     }
 }
 
+/// `scatter_add`, `take_along_axis`, `put_along_axis` and `scatter_add_along_axis` with
+/// repeated and negative indices (a put's overwritten values get no gradient), and `take`
+/// of an embedding-like table whose vjp is a scatter-add, not a matrix product.
+#[test]
+fn scatter_rules_match_finite_differences() {
+    let mut rng = Rng::new(12);
+    for case in 0..12 {
+        let s = shape(&mut rng, 1, 3, false);
+        let nd = s.len();
+        let ax = (rng.next_u64() % nd as u64) as usize;
+        let axi = if case % 2 == 0 { ax as isize } else { ax as isize - nd as isize };
+        let d = s[ax] as i64;
+        // Indices from a range smaller than the axis now and then: repeats are certain.
+        let span = if case % 3 == 0 { 1 } else { d };
+        let mut pick = |n: usize| -> Vec<i64> {
+            (0..n)
+                .map(|_| (rng.next_u64() % span as u64) as i64 - if rng.next_u64() % 2 == 0 { d } else { 0 })
+                .collect()
+        };
+        let flat = pick(4);
+        let ia = Array::from_slice(&flat, &[2, 2]).unwrap();
+        let mut gs = s[..ax].to_vec();
+        gs.extend([2, 2]);
+        gs.extend(&s[ax + 1..]);
+        let mut is = s.clone();
+        is[ax] = 1 + (case % 4);
+        let along = pick(is.iter().product());
+        let ib = Array::from_slice(&along, &is).unwrap();
+        let x = rand_input(&mut rng, &s, -1.0, 1.0);
+        let u = rand_input(&mut rng, &gs, -1.0, 1.0);
+        let v = rand_input(&mut rng, &is, -1.0, 1.0);
+        let (ia2, ib2, ib3, ib4) = (ia.clone(), ib.clone(), ib.clone(), ib.clone());
+        check(
+            &format!("scatter_add {s:?} axis {axi} {flat:?}"),
+            fun(move |x| Ok(vec![x[0].scatter_add(&ia2, &x[1].sin()?, axi)?.square()?])),
+            vec![x.clone(), u],
+            &mut rng,
+        );
+        check(
+            &format!("take_along_axis {s:?} axis {axi} {along:?}"),
+            fun(move |x| Ok(vec![x[0].take_along_axis(&ib2, axi)?.mul(&x[1])?])),
+            vec![x.clone(), v.clone()],
+            &mut rng,
+        );
+        check(
+            &format!("put_along_axis {s:?} axis {axi} {along:?}"),
+            fun(move |x| Ok(vec![x[0].put_along_axis(&ib3, &x[1].exp()?, axi)?.mul(&x[0])?])),
+            vec![x.clone(), v.clone()],
+            &mut rng,
+        );
+        // Values broadcast from one element, and the adjoint pair's second order.
+        let one = rand_input(&mut rng, &[1], -1.0, 1.0);
+        check(
+            &format!("scatter_add_along_axis {s:?} axis {axi} {along:?}"),
+            fun(move |x| {
+                let y = x[0].scatter_add_along_axis(&ib4, &x[1], axi)?;
+                Ok(vec![y.square()?, y.take_along_axis(&ib4, axi)?])
+            }),
+            vec![x, one],
+            &mut rng,
+        );
+    }
+    // An embedding table: many repeated ids, negative ones too.
+    let (vocab, dim) = (7, 3);
+    let ids: Vec<i64> = (0..10).map(|_| (rng.next_u64() % 3) as i64 * 2 - (rng.next_u64() % 2) as i64 * 7).collect();
+    let idx = Array::from_slice(&ids, &[2, 5]).unwrap();
+    let table = rand_input(&mut rng, &[vocab, dim], -1.0, 1.0);
+    let i2 = idx.clone();
+    let lookup = fun(move |x| Ok(vec![x[0].take(&i2, 0)?.tanh()?]));
+    check(&format!("embedding take {ids:?}"), lookup, vec![table.clone()], &mut rng);
+    let i3 = idx.clone();
+    let loss = move |x: &[Array]| Ok(vec![x[0].take(&i3, 0)?.square()?.sum_all()?]);
+    let g = rill::grad(loss, &[0]);
+    let c = rill::compile(move |x| g.call(x));
+    let t = Array::from_slice(&table.vals, &[vocab, dim]).unwrap();
+    let counts = c.primitive_counts(&[t]).unwrap();
+    assert!(counts.contains_key("scatter_add"), "take's gradient scatters: {counts:?}");
+    assert!(!counts.contains_key("matmul"), "take's gradient has no one-hot product: {counts:?}");
+}
+
 #[test]
 fn attention_rule_matches_finite_differences() {
     let mut rng = Rng::new(8);

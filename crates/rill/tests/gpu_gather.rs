@@ -380,3 +380,242 @@ fn transposed_and_permuted_copies_of_odd_shapes_in_every_dtype() {
         }
     }
 }
+
+// ---- scatter_add, take_along_axis, put_along_axis, scatter_add_along_axis ----
+
+/// Every dtype: the scatters add with a different instruction for each.
+const ALL_DTYPES: [DType; 9] =
+    [DType::Bool, DType::U8, DType::U32, DType::I32, DType::I64, DType::F16, DType::BF16, DType::F32, DType::F64];
+
+/// Values 0..4 (0/1 for bool): sums of up to 60 of them are exact in every dtype.
+fn tiny(rng: &mut Rng, n: usize, dt: DType) -> Vec<f64> {
+    let m = if dt == DType::Bool { 2 } else { 4 };
+    (0..n).map(|_| (rng.next_u64() % m) as f64).collect()
+}
+
+/// `a + b` in `dt` for values that stay exact (bool: logical or).
+fn plus(dt: DType, a: f64, b: f64) -> f64 {
+    if dt == DType::Bool { ((a != 0.0) || (b != 0.0)) as u8 as f64 } else { a + b }
+}
+
+fn wrapped(j: i64, size: usize) -> usize {
+    (if j < 0 { j + size as i64 } else { j }) as usize
+}
+
+/// `scatter_add(x, idx, upd, axis)` over row-major values: `upd` is `[outer, nidx, inner]`.
+fn scatter_add_ref(x: &[f64], xs: &[usize], idx: &[i64], upd: &[f64], axis: usize, dt: DType) -> Vec<f64> {
+    let (outer, size, inner) =
+        (xs[..axis].iter().product::<usize>(), xs[axis], xs[axis + 1..].iter().product::<usize>());
+    let mut out = x.to_vec();
+    for o in 0..outer {
+        for (k, &j) in idx.iter().enumerate() {
+            for c in 0..inner {
+                let t = (o * size + wrapped(j, size)) * inner + c;
+                out[t] = plus(dt, out[t], upd[(o * idx.len() + k) * inner + c]);
+            }
+        }
+    }
+    out
+}
+
+/// The target of position `i` of an index array of shape `is` along `axis` in an array of
+/// shape `xs` (equal but along `axis`), row-major.
+fn along_target(xs: &[usize], is: &[usize], axis: usize, i: usize, j: i64) -> usize {
+    let inner: usize = xs[axis + 1..].iter().product();
+    let (c, o) = (i % inner, i / inner / is[axis]);
+    (o * xs[axis] + wrapped(j, xs[axis])) * inner + c
+}
+
+#[test]
+fn scatters_and_along_axis_ops_match_f64_on_every_dtype_and_view() {
+    for dev in devices() {
+        let mut rng = Rng::new(15);
+        for case in 0..180u64 {
+            let rank = 1 + (case % 3) as usize;
+            let dt = ALL_DTYPES[(case % 9) as usize];
+            let it = INDEX_DTYPES[(case / 9 % 4) as usize];
+            let xs = shape(&mut rng, rank);
+            let n: usize = xs.iter().product();
+            let vals = tiny(&mut rng, n, dt);
+            common::on(dev, || {
+                let base = Array::from_slice(&vals, &xs).unwrap().astype(dt).unwrap();
+                let (x, xv, vs) = view_of(&base, &vals, &xs, case / 36);
+                for axis in 0..rank {
+                    let size = vs[axis];
+                    if size == 0 {
+                        continue;
+                    }
+                    let what = format!("{dev:?} {dt} {it} x{vs:?} axis {axis}");
+                    // scatter_add with up to 40 indices (many repeats), updates strided now and then.
+                    let ni = (rng.next_u64() % 41) as usize;
+                    let iv = indices(&mut rng, ni, size, it);
+                    let idx = index_array(&iv, &[ni], it);
+                    let mut us = vs[..axis].to_vec();
+                    us.push(ni);
+                    us.extend_from_slice(&vs[axis + 1..]);
+                    let uv = tiny(&mut rng, us.iter().product(), dt);
+                    let up = Array::from_slice(&uv, &us).unwrap().astype(dt).unwrap();
+                    let up = if rank >= 2 && case % 2 == 0 {
+                        let p: Vec<usize> = (0..rank).rev().collect();
+                        up.transpose(&p).unwrap().contiguous().unwrap().transpose(&p).unwrap()
+                    } else {
+                        up
+                    };
+                    let got = x.scatter_add(&idx, &up, axis as isize).unwrap();
+                    let want = scatter_add_ref(&xv, &vs, &iv, &uv, axis, dt);
+                    assert_close(&got.to_f64_vec().unwrap(), &want, 0.0, &format!("scatter_add {what} {iv:?}"));
+                    // The along-axis ops with up to 6 indices per row.
+                    let mut is = vs.clone();
+                    is[axis] = (rng.next_u64() % 7) as usize;
+                    let ni: usize = is.iter().product();
+                    let iv = indices(&mut rng, ni, size, it);
+                    let idx = index_array(&iv, &is, it);
+                    let got = x.take_along_axis(&idx, axis as isize).unwrap();
+                    let want: Vec<f64> =
+                        iv.iter().enumerate().map(|(i, &j)| xv[along_target(&vs, &is, axis, i, j)]).collect();
+                    assert_close(&got.to_f64_vec().unwrap(), &want, 0.0, &format!("take_along_axis {what} {iv:?}"));
+                    let pv = tiny(&mut rng, ni, dt);
+                    let pa = Array::from_slice(&pv, &is).unwrap().astype(dt).unwrap();
+                    let (mut put, mut add) = (xv.clone(), xv.clone());
+                    for (i, &j) in iv.iter().enumerate() {
+                        let t = along_target(&vs, &is, axis, i, j);
+                        put[t] = pv[i];
+                        add[t] = plus(dt, add[t], pv[i]);
+                    }
+                    let got = x.put_along_axis(&idx, &pa, axis as isize).unwrap();
+                    assert_close(&got.to_f64_vec().unwrap(), &put, 0.0, &format!("put_along_axis {what} {iv:?}"));
+                    let got = x.scatter_add_along_axis(&idx, &pa, axis as isize).unwrap();
+                    assert_close(&got.to_f64_vec().unwrap(), &add, 0.0, &format!("scatter_add_along_axis {what}"));
+                }
+            });
+        }
+    }
+}
+
+/// Thousands of updates on a few rows: every atomic add lands (exact counts in every
+/// dtype), float sums of random values match float64, and a put keeps the last write.
+#[test]
+fn scatters_with_heavy_contention() {
+    for dev in devices() {
+        let mut rng = Rng::new(16);
+        common::on(dev, || {
+            let n = 2000usize;
+            // 250 updates per row of 8: within the exact integers of bf16 and u8.
+            let iv: Vec<i64> = (0..n as i64).map(|k| (k * 5) % 8 - (k % 2) * 8).collect();
+            let idx = Array::from_slice(&iv, &[n]).unwrap();
+            for dt in ALL_DTYPES {
+                let x = Array::zeros(&[8, 33], dt).unwrap();
+                let ones = Array::ones(&[n, 33], dt).unwrap();
+                let got = x.scatter_add(&idx, &ones, 0).unwrap().to_f64_vec().unwrap();
+                let per = if dt == DType::Bool { 1.0 } else { 250.0 };
+                assert_close(&got, &vec![per; 8 * 33], 0.0, &format!("{dev:?} scatter_add counts {dt}"));
+                // Along the last axis: rows of 2000 indices into 8 columns.
+                let x = Array::zeros(&[3, 8], dt).unwrap();
+                let ia = idx.reshape(&[1, n as isize]).unwrap().broadcast_to(&[3, n]).unwrap();
+                let got = x.scatter_add_along_axis(&ia, &Array::ones(&[], dt).unwrap(), 1).unwrap();
+                assert_close(&got.to_f64_vec().unwrap(), &[per; 24], 0.0, &format!("{dev:?} along counts {dt}"));
+            }
+            for dt in [DType::F32, DType::F64] {
+                let table = [7usize, 1000];
+                let ni = 5000;
+                let iv: Vec<i64> = (0..ni).map(|_| (rng.next_u64() % table[0] as u64) as i64).collect();
+                let uv = rng.vec(ni * table[1], -1.0, 1.0);
+                let (up, uv) = common::array_of(&uv, &[ni, table[1]], dt);
+                let idx = Array::from_slice(&iv, &[ni]).unwrap();
+                let got = Array::zeros(&table, dt).unwrap().scatter_add(&idx, &up, 0).unwrap();
+                let want = scatter_add_ref(&vec![0.0; 7000], &table, &iv, &uv, 0, dt);
+                let tol = if dt == DType::F32 { 1e-4 } else { 1e-12 };
+                assert_close(&got.to_f64_vec().unwrap(), &want, tol, &format!("{dev:?} scatter_add sums {dt}"));
+            }
+            // A put of 3 x 5000 positions onto 8 columns: each keeps its last position.
+            let iv: Vec<i64> = (0..15000).map(|_| (rng.next_u64() % 8) as i64).collect();
+            let idx = Array::from_slice(&iv, &[3, 5000]).unwrap();
+            let pos = Array::arange(0i64, 15000i64, 1i64, DType::I64).unwrap().reshape(&[3, 5000]).unwrap();
+            let got = Array::full(&[3, 8], -1i64, DType::I64).unwrap().put_along_axis(&idx, &pos, 1).unwrap();
+            let mut want = vec![-1.0; 24];
+            for (i, &j) in iv.iter().enumerate() {
+                want[(i / 5000) * 8 + j as usize] = i as f64;
+            }
+            assert_eq!(got.to_f64_vec().unwrap(), want, "{dev:?} put keeps the last write");
+        });
+    }
+}
+
+/// The error of a bad index of `op`.
+fn is_index_err_of(r: rill::Result<impl Sized>, op: &str, index: i64, size: usize, what: &str) {
+    match r {
+        Err(Error::Index { op: o, index: i, size: s, .. }) => assert_eq!((o, i, s), (op, index, size), "{what}"),
+        Err(e) => panic!("{what}: wrong error {e:?}"),
+        Ok(_) => panic!("{what}: no error"),
+    }
+}
+
+#[test]
+fn bad_indices_fail_the_scatters_and_their_readers_only() {
+    for dev in devices() {
+        let mut rng = Rng::new(17);
+        for case in 0..24u64 {
+            let it = INDEX_DTYPES[(case % 4) as usize];
+            let size = [1usize, 5, 37][(case / 4 % 3) as usize];
+            let ni = 1 + (rng.next_u64() % 3000) as usize;
+            let mut iv = indices(&mut rng, ni, size, it);
+            let p = (rng.next_u64() % ni as u64) as usize;
+            let bad = if it == DType::U8 { size as i64 + 3 } else { -(size as i64) - 1 - (case % 3) as i64 };
+            iv[p] = if it.is_signed_int() || it == DType::U8 { bad } else { size as i64 + 100 };
+            if p + 1 < ni {
+                iv[ni - 1] = if it.is_signed_int() { size as i64 } else { size as i64 + 1 };
+            }
+            let what = format!("{dev:?} {it} size {size} bad {} at {p} of {ni}", iv[p]);
+            common::on(dev, || {
+                let x = Array::ones(&[2, size, 3], DType::F32).unwrap();
+                let fine = x.mul(2.0).unwrap().sum_all().unwrap();
+                let idx = index_array(&iv, &[ni], it);
+                let s = x.scatter_add(&idx, &Array::ones(&[2, ni, 3], DType::F32).unwrap(), 1).unwrap();
+                let ia = idx.reshape(&[1, ni as isize, 1]).unwrap().broadcast_to(&[2, ni, 3]).unwrap();
+                let t = x.take_along_axis(&ia, 1).unwrap();
+                let u = x.put_along_axis(&ia, &Array::zeros(&[], DType::F32).unwrap(), 1).unwrap();
+                let a = x.scatter_add_along_axis(&ia, &Array::ones(&[], DType::F32).unwrap(), 1).unwrap();
+                let readers: Vec<Array> =
+                    [&s, &t, &u, &a].iter().map(|r| r.exp().unwrap().sum_all().unwrap()).collect();
+                let mut all = vec![fine.clone(), s.clone(), t.clone(), u.clone(), a.clone()];
+                all.extend(readers.iter().cloned());
+                assert!(rill::eval(&all).is_err());
+                let ops = ["scatter_add", "take_along_axis", "put_along_axis", "scatter_add_along_axis"];
+                for ((arr, reader), op) in [&s, &t, &u, &a].iter().zip(&readers).zip(ops) {
+                    is_index_err_of(arr.to_f64_vec(), op, iv[p], size, &what);
+                    is_index_err_of(reader.to_f64_vec(), op, iv[p], size, &what);
+                }
+                assert_eq!(fine.to_f64_vec().unwrap(), vec![12.0 * size as f64], "{what}");
+            });
+        }
+    }
+}
+
+/// The gradient of an embedding lookup (`take` of rows with repeated ids) is the sum of
+/// each row's cotangents: a scatter-add, linear in the ids, on every device.
+#[test]
+fn embedding_gradient_scatters_repeated_rows() {
+    for dev in devices() {
+        let mut rng = Rng::new(18);
+        let (vocab, dim, ni) = (3000usize, 64usize, 4096usize);
+        let ids: Vec<i64> =
+            (0..ni).map(|_| (rng.next_u64() % 50) as i64 * 7 - (rng.next_u64() % 2) as i64 * 5).collect();
+        let w = rng.vec(ni * dim, -1.0, 1.0);
+        let tv = rng.vec(vocab * dim, -1.0, 1.0);
+        let mut want = vec![0.0; vocab * dim];
+        for (k, &j) in ids.iter().enumerate() {
+            let r = wrapped(j, vocab);
+            for c in 0..dim {
+                want[r * dim + c] += w[k * dim + c];
+            }
+        }
+        common::on(dev, || {
+            let (table, _) = common::array_of(&tv, &[vocab, dim], DType::F32);
+            let (wa, _) = common::array_of(&w, &[ni, dim], DType::F32);
+            let idx = Array::from_slice(&ids, &[ni]).unwrap();
+            let f = move |x: &[Array]| Ok(vec![x[0].take(&idx, 0)?.mul(&wa)?.sum_all()?]);
+            let g = rill::grad(f, &[0]).call(&[table]).unwrap();
+            assert_close(&g[0].to_f64_vec().unwrap(), &want, 1e-4, &format!("{dev:?} embedding gradient"));
+        });
+    }
+}

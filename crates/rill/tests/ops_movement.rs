@@ -581,3 +581,273 @@ fn pad_constant() {
         });
     }
 }
+
+// ---- scatter_add, take_along_axis, put_along_axis, scatter_add_along_axis ----
+
+const INDEX_DTYPES: [DType; 4] = [DType::U8, DType::U32, DType::I32, DType::I64];
+
+/// `a + b` as `add` computes it in `dtype` (integers wrap; bool is logical or), for the
+/// small values these tests use (exact in every float dtype).
+fn add_in(dtype: DType, a: f64, b: f64) -> f64 {
+    match dtype {
+        DType::Bool => ((a != 0.0) || (b != 0.0)) as u8 as f64,
+        DType::U8 => (a + b).rem_euclid(256.0),
+        DType::U32 => (a + b).rem_euclid(4294967296.0),
+        DType::I32 => ((a + b) as i64 as i32) as f64,
+        _ => a + b,
+    }
+}
+
+impl Nd {
+    /// The element at `i`, reading index 0 on this array's axes of size 1 (broadcast).
+    fn get_b(&self, i: &[usize]) -> f64 {
+        let off = i.len() - self.shape.len();
+        self.get(&(0..self.shape.len()).map(|k| if self.shape[k] == 1 { 0 } else { i[off + k] }).collect::<Vec<_>>())
+    }
+    fn set(&mut self, i: &[usize], v: f64) {
+        let flat = i.iter().zip(&self.shape).fold(0, |f, (&j, &d)| f * d + j);
+        self.data[flat] = v;
+    }
+}
+
+fn wrap(j: f64, size: usize) -> usize {
+    (if j < 0.0 { j + size as f64 } else { j }) as usize
+}
+
+/// `scatter_add(x, idx, upd, axis)` by loops over the updates (`upd` broadcasts to the
+/// gathered shape), in row-major order.
+fn scatter_add_ref(x: &Nd, idx: &Nd, upd: &Nd, axis: usize, dtype: DType) -> Nd {
+    let mut gshape = x.shape[..axis].to_vec();
+    gshape.extend(&idx.shape);
+    gshape.extend(&x.shape[axis + 1..]);
+    let k = idx.shape.len();
+    let mut out = x.clone();
+    for i in indices(&gshape) {
+        let mut t = i[..axis].to_vec();
+        t.push(wrap(idx.get(&i[axis..axis + k]), x.shape[axis]));
+        t.extend(&i[axis + k..]);
+        let v = add_in(dtype, out.get(&t), upd.get_b(&i));
+        out.set(&t, v);
+    }
+    out
+}
+
+/// `take_along_axis(x, idx, axis)` by loops: both broadcast except along `axis`.
+fn take_along_ref(x: &Nd, idx: &Nd, axis: usize) -> Nd {
+    let shape: Vec<usize> =
+        (0..x.shape.len()).map(|d| if d == axis || x.shape[d] == 1 { idx.shape[d] } else { x.shape[d] }).collect();
+    Nd::from_fn(&shape, |i| {
+        let mut src = i.to_vec();
+        src[axis] = wrap(idx.get_b(i), x.shape[axis]);
+        let src: Vec<usize> = src.iter().enumerate().map(|(d, &j)| if x.shape[d] == 1 { 0 } else { j }).collect();
+        x.get(&src)
+    })
+}
+
+/// `put_along_axis` (or, with `acc`, `scatter_add_along_axis`) by loops in row-major
+/// order of the broadcast indices: the last write wins.
+fn put_along_ref(x: &Nd, idx: &Nd, vals: &Nd, axis: usize, acc: bool, dtype: DType) -> Nd {
+    let mut ishape = x.shape.clone();
+    ishape[axis] = idx.shape[axis];
+    let mut out = x.clone();
+    for i in indices(&ishape) {
+        let mut t = i.clone();
+        t[axis] = wrap(idx.get_b(&i), x.shape[axis]);
+        let v = if acc { add_in(dtype, out.get(&t), vals.get_b(&i)) } else { vals.get_b(&i) };
+        out.set(&t, v);
+    }
+    out
+}
+
+/// Small integer values (0..8; 0/1 for bool), so that sums are exact in every dtype.
+fn small(rng: &mut Rng, shape: &[usize], dtype: DType) -> (Array, Nd) {
+    let m = if dtype == DType::Bool { 2.0 } else { 8.0 };
+    let n = shape.iter().product();
+    let v: Vec<f64> = (0..n).map(|_| rng.uniform(0.0, m).floor()).collect();
+    let (a, exact) = array_of(&v, shape, dtype);
+    (a, Nd { shape: shape.to_vec(), data: exact })
+}
+
+/// Index values for an axis of `size` (negative ones for signed dtypes), as an array of
+/// `shape` (given as a transposed view now and then) and its reference.
+fn index_input(rng: &mut Rng, shape: &[usize], size: usize, dt: DType) -> (Array, Nd) {
+    let lo = if dt.is_signed_int() { -(size as f64) } else { 0.0 };
+    let n = shape.iter().product();
+    let v: Vec<f64> = (0..n).map(|_| rng.uniform(lo, size as f64).floor()).collect();
+    let r = Nd { shape: shape.to_vec(), data: v.clone() };
+    if shape.len() >= 2 && rng.next_u64() % 2 == 0 {
+        let rev: Vec<usize> = shape.iter().rev().copied().collect();
+        let t = Nd { shape: rev.clone(), data: r.transpose(&(0..shape.len()).rev().collect::<Vec<_>>()).data };
+        let (a, _) = array_of(&t.data, &rev, dt);
+        return (a.t().unwrap(), r);
+    }
+    (array_of(&v, shape, dt).0, r)
+}
+
+/// `shape` with some axes other than `keep` set to 1 (stretched by broadcasting).
+fn ones_at(rng: &mut Rng, shape: &[usize], keep: usize) -> Vec<usize> {
+    shape.iter().enumerate().map(|(d, &n)| if d != keep && rng.next_u64() % 3 == 0 { 1 } else { n }).collect()
+}
+
+#[test]
+fn scatter_add_sums_duplicates_into_the_gathered_rows() {
+    let mut rng = Rng::new(21);
+    for dev in devices() {
+        on(dev, || {
+            for (case, dtype) in DTYPES.iter().copied().cycle().take(54).enumerate() {
+                let shape = [&[5usize][..], &[4, 3], &[3, 2, 4]][case % 3];
+                let it = INDEX_DTYPES[case / 3 % 4];
+                for (how, x, r) in variants(&mut rng, shape, dtype) {
+                    let axis = (rng.next_u64() % shape.len() as u64) as usize;
+                    let ishape = [&[][..], &[0], &[7], &[2, 3]][(rng.next_u64() % 4) as usize];
+                    let (idx, iref) = index_input(&mut rng, ishape, shape[axis], it);
+                    let mut gshape = shape[..axis].to_vec();
+                    gshape.extend(ishape);
+                    gshape.extend(&shape[axis + 1..]);
+                    // Updates of the gathered shape, broadcast from size-1 axes, or strided.
+                    let ushape = if case % 2 == 0 { ones_at(&mut rng, &gshape, usize::MAX) } else { gshape.clone() };
+                    let (upd, uref) = small(&mut rng, &ushape, dtype);
+                    let upd = if ushape.len() >= 2 && case % 4 == 1 {
+                        let p: Vec<usize> = (0..ushape.len()).rev().collect();
+                        upd.transpose(&p).unwrap().contiguous().unwrap().transpose(&p).unwrap()
+                    } else {
+                        upd
+                    };
+                    let what =
+                        format!("{dev:?} scatter_add {dtype} {shape:?} {how} axis {axis} {it} {ishape:?} {iref:?}");
+                    let want = scatter_add_ref(&r, &iref, &uref, axis, dtype);
+                    check(&x.scatter_add(&idx, &upd, axis as isize).unwrap(), &want, &what);
+                    let neg = rill::scatter_add(&x, &idx, &upd, axis as isize - shape.len() as isize).unwrap();
+                    check(&neg, &want, &what);
+                }
+            }
+            // Each add is rounded to the dtype, as `add` rounds: 256 + 1 + 1 in bf16 stays
+            // 256 (257 is a tie that rounds to even), and u8 and i32 wrap.
+            let one = |v: f64, d: DType| Array::from_slice(&[v, v], &[2]).unwrap().astype(d).unwrap();
+            let at = Array::from_slice(&[0i32, 0], &[2]).unwrap();
+            for (d, start, step, want) in [
+                (DType::BF16, 256.0, 1.0, 256.0),
+                (DType::U8, 250.0, 5.0, 4.0),
+                (DType::I32, 2147483647.0, 1.0, -2147483647.0),
+                (DType::Bool, 0.0, 1.0, 1.0),
+            ] {
+                let x = Array::full(&[1], start, d).unwrap();
+                let got = x.scatter_add(&at, &one(step, d), 0).unwrap().to_f64_vec().unwrap();
+                assert_eq!(got, vec![want], "{dev:?} {d} {start} + {step} + {step}");
+            }
+        });
+    }
+}
+
+#[test]
+fn take_and_put_along_axis_with_broadcasting_and_duplicates() {
+    let mut rng = Rng::new(22);
+    for dev in devices() {
+        on(dev, || {
+            for (case, dtype) in DTYPES.iter().copied().cycle().take(54).enumerate() {
+                let shape = [&[6usize][..], &[4, 3], &[3, 2, 4], &[2, 0, 3]][case % 4];
+                let it = INDEX_DTYPES[case / 4 % 4];
+                for (how, x, r) in variants(&mut rng, shape, dtype) {
+                    let axis = (rng.next_u64() % shape.len() as u64) as usize;
+                    let size = shape[axis];
+                    let m = (rng.next_u64() % 5) as usize * (size > 0) as usize;
+                    let mut ishape = shape.to_vec();
+                    ishape[axis] = m;
+                    let ax = if case % 2 == 0 { axis as isize } else { axis as isize - shape.len() as isize };
+                    let what = format!("{dev:?} {dtype} {shape:?} {how} axis {ax} {it}");
+                    // take_along_axis: indices stretched on some axes.
+                    let ts = ones_at(&mut rng, &ishape, axis);
+                    let (idx, iref) = index_input(&mut rng, &ts, size, it);
+                    let got = x.take_along_axis(&idx, ax).unwrap();
+                    check(&got, &take_along_ref(&r, &iref, axis), &format!("take_along_axis {what} idx {ts:?}"));
+                    // put_along_axis and scatter_add_along_axis: values broadcast to the
+                    // indices' shape.
+                    let ps = ones_at(&mut rng, &ishape, axis);
+                    let (idx, iref) = index_input(&mut rng, &ps, size, it);
+                    let vs = ones_at(&mut rng, &ishape, usize::MAX);
+                    let (vals, vref) = small(&mut rng, &vs, dtype);
+                    let w = format!("{what} idx {ps:?} {iref:?} values {vs:?}");
+                    let want = put_along_ref(&r, &iref, &vref, axis, false, dtype);
+                    check(&rill::put_along_axis(&x, &idx, &vals, ax).unwrap(), &want, &format!("put {w}"));
+                    let want = put_along_ref(&r, &iref, &vref, axis, true, dtype);
+                    check(&x.scatter_add_along_axis(&idx, &vals, ax).unwrap(), &want, &format!("add {w}"));
+                }
+            }
+            // x stretched too: [1, 5] along axis 1 with indices [3, 2].
+            let x = Array::from_slice(&[10.0f32, 11.0, 12.0, 13.0, 14.0], &[1, 5]).unwrap();
+            let idx = Array::from_slice(&[4i64, 0, -1, 2, 1, 1], &[3, 2]).unwrap();
+            let got = rill::take_along_axis(&x, &idx, 1).unwrap();
+            assert_eq!(got.shape(), &[3, 2]);
+            assert_eq!(got.to_vec::<f32>().unwrap(), vec![14.0, 10.0, 14.0, 12.0, 11.0, 11.0]);
+            // The last write wins: positions 0, 2 and 3 all name element 1.
+            let x = Array::zeros(&[3], DType::I32).unwrap();
+            let idx = Array::from_slice(&[1u8, 2, 1, 1], &[4]).unwrap();
+            let vals = Array::from_slice(&[5i32, 6, 7, 8], &[4]).unwrap();
+            assert_eq!(x.put_along_axis(&idx, &vals, 0).unwrap().to_vec::<i32>().unwrap(), vec![0, 8, 6]);
+            assert_eq!(x.scatter_add_along_axis(&idx, &vals, 0).unwrap().to_vec::<i32>().unwrap(), vec![0, 20, 6]);
+        });
+    }
+}
+
+#[test]
+fn scatter_ops_reject_bad_input() {
+    let x = Array::zeros(&[3, 4], DType::F32).unwrap();
+    let i = Array::from_slice(&[0i32, 2], &[2]).unwrap();
+    let i2 = Array::from_slice(&[0i32, 2, 1], &[3, 1]).unwrap();
+    let f = Array::from_slice(&[0.0f32, 2.0], &[2]).unwrap();
+    let u = Array::ones(&[3, 2], DType::F32).unwrap();
+    let is = |r: rill::Result<Array>, what: &str, ok: fn(&rill::Error) -> bool| match r {
+        Err(e) => assert!(ok(&e), "{what}: {e:?}"),
+        Ok(_) => panic!("{what}: no error"),
+    };
+    let axis = |e: &rill::Error| matches!(e, rill::Error::Axis { .. });
+    let dtype = |e: &rill::Error| matches!(e, rill::Error::DType { .. });
+    let shape = |e: &rill::Error| matches!(e, rill::Error::Shape { .. });
+    is(x.scatter_add(&i, &u, 2), "scatter_add axis", axis);
+    is(x.scatter_add(&i, &u, -3), "scatter_add negative axis", axis);
+    is(x.scatter_add(&f, &u, 1), "scatter_add float indices", dtype);
+    is(x.scatter_add(&i, &Array::ones(&[3, 3], DType::F32).unwrap(), 1), "scatter_add updates", shape);
+    is(x.scatter_add(&i, &Array::ones(&[2, 3, 2], DType::F32).unwrap(), 1), "scatter_add rank", shape);
+    is(Array::scalar(1.0f32).unwrap().scatter_add(&i, &u, 0), "scatter_add 0-d", axis);
+    is(x.take_along_axis(&i2, 2), "take_along_axis axis", axis);
+    is(x.take_along_axis(&i, 1), "take_along_axis rank", shape);
+    is(x.take_along_axis(&Array::zeros(&[2, 1], DType::I64).unwrap(), 1), "take_along_axis broadcast", shape);
+    is(x.take_along_axis(&f.reshape(&[1, 2]).unwrap(), 1), "take_along_axis float indices", dtype);
+    is(x.take_along_axis(&i2.astype(DType::Bool).unwrap(), 1), "take_along_axis bool indices", dtype);
+    is(x.put_along_axis(&i2, &u, 5), "put_along_axis axis", axis);
+    is(x.put_along_axis(&i, &u, 1), "put_along_axis rank", shape);
+    is(x.put_along_axis(&i2, &Array::ones(&[3, 2], DType::F32).unwrap(), 1), "put_along_axis values", shape);
+    is(x.put_along_axis(&Array::zeros(&[3, 4, 1], DType::I32).unwrap(), &u, 1), "put_along_axis idx rank", shape);
+    // x is the output of a put: it cannot be stretched to the indices.
+    let row = Array::zeros(&[1, 4], DType::F32).unwrap();
+    is(row.put_along_axis(&i2, &Array::ones(&[], DType::F32).unwrap(), 1), "put_along_axis stretch x", shape);
+    is(x.scatter_add_along_axis(&i2.astype(DType::F16).unwrap(), &u, 1), "scatter_add_along_axis float", dtype);
+    // Out-of-range indices fail at evaluation with the op's name, the first bad index in
+    // row-major order, the axis and its size; dependants report the same error.
+    for dev in devices() {
+        on(dev, || {
+            let x = Array::zeros(&[3, 4], DType::F32).unwrap();
+            let bad = Array::from_slice(&[1i64, -5, 4, 0], &[4]).unwrap();
+            let bad2 = bad.reshape(&[1, 4]).unwrap();
+            let ones4 = Array::ones(&[1, 4], DType::F32).unwrap();
+            for (r, op, index, size) in [
+                (x.scatter_add(&bad, &Array::ones(&[3, 4], DType::F32).unwrap(), 1), "scatter_add", -5, 4),
+                (x.scatter_add(&bad, &Array::ones(&[4, 4], DType::F32).unwrap(), 0), "scatter_add", -5, 3),
+                (x.take_along_axis(&bad2, 1), "take_along_axis", -5, 4),
+                (x.put_along_axis(&bad2.t().unwrap(), &ones4.t().unwrap(), 0), "put_along_axis", -5, 3),
+                (x.put_along_axis(&Array::from_slice(&[2u32, 3], &[2, 1]).unwrap(), &ones4, 0), "put_along_axis", 3, 3),
+                (x.scatter_add_along_axis(&bad2, &ones4, 1), "scatter_add_along_axis", -5, 4),
+            ] {
+                let a = r.unwrap();
+                let e = a.to_f64_vec().unwrap_err();
+                match &e {
+                    rill::Error::Index { op: o, index: i, size: s, .. } => {
+                        assert_eq!((*o, *i, *s), (op, index, size), "{dev:?} {e}")
+                    }
+                    other => panic!("{dev:?} {op}: {other:?}"),
+                }
+                assert_eq!(a.add(1.0).unwrap().sum_all().unwrap().eval().unwrap_err().to_string(), e.to_string());
+            }
+        });
+    }
+}

@@ -234,6 +234,9 @@ fn build_group(
                 | Primitive::Depend
                 | Primitive::Checkpoint { .. }
                 | Primitive::Take { .. }
+                | Primitive::ScatterAdd { .. }
+                | Primitive::TakeAlongAxis { .. }
+                | Primitive::PutAlongAxis { .. }
                 | Primitive::Concatenate { .. }
                 | Primitive::Pad { .. }
                 | Primitive::ToDevice
@@ -308,6 +311,9 @@ fn build_group(
             | Primitive::Depend
             | Primitive::Checkpoint { .. }
             | Primitive::Take { .. }
+            | Primitive::ScatterAdd { .. }
+            | Primitive::TakeAlongAxis { .. }
+            | Primitive::PutAlongAxis { .. }
             | Primitive::Concatenate { .. }
             | Primitive::Pad { .. }
             | Primitive::ToDevice

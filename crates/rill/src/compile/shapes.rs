@@ -22,7 +22,7 @@
 use crate::compile::rules::{Rule, ShapeOf};
 use crate::compile::trace::{Ref, Tape, TapeNode};
 use crate::error::{Error, Result};
-use crate::primitives::{Primitive, attention, decode, linalg, movement, nn, quant, reduce, sort};
+use crate::primitives::{Primitive, attention, decode, linalg, movement, nn, quant, reduce, scatter, sort};
 use crate::shape::{broadcast_all, checked_size};
 
 /// Every node's shape, and the value of each count fill, for one set of input shapes.
@@ -97,6 +97,28 @@ fn derive(node: &TapeNode, ins: &[&[usize]], read: &dyn Fn(&ShapeOf) -> Vec<usiz
         SliceUpdate { axis } => {
             let [x, update, start] = ins else { return None };
             decode::slice_update(prim.name(), x, update, start, *axis as isize).map(|(_, s)| s)
+        }
+        ScatterAdd { axis } => {
+            let [x, idx, updates] = ins else { return None };
+            scatter::scatter_add(x, idx, updates, *axis)
+        }
+        // The ops broadcast x and the indices with views this tape would lack for shapes
+        // that need them: those shapes trace again.
+        TakeAlongAxis { axis } => {
+            let [x, idx] = ins else { return None };
+            match scatter::along(prim.name(), x, idx, *axis, true) {
+                Ok((xs, is)) if xs != *x || is != *idx => return None,
+                Ok(_) => scatter::take_along_axis(x, idx, *axis, node.dtype),
+                Err(e) => Err(e),
+            }
+        }
+        PutAlongAxis { axis, .. } => {
+            let [x, idx, values] = ins else { return None };
+            match scatter::along(prim.name(), x, idx, *axis, false) {
+                Ok((_, is)) if is != *idx || values != idx => return None,
+                Ok(_) => scatter::put_along_axis(prim.name(), x, idx, values, *axis),
+                Err(e) => Err(e),
+            }
         }
         // Shapes the trace fixed: fills other than 0-d, ranges, eyes, random draws,
         // reshapes and broadcasts without a rule; and shapes made with traced parameters
@@ -242,6 +264,9 @@ fn count(tape: &Tape, inputs: &[Vec<usize>], shapes: &[Vec<usize>], rule: &Rule)
         | Primitive::Depend
         | Primitive::Checkpoint { .. }
         | Primitive::Take { .. }
+        | Primitive::ScatterAdd { .. }
+        | Primitive::TakeAlongAxis { .. }
+        | Primitive::PutAlongAxis { .. }
         | Primitive::Concatenate { .. }
         | Primitive::Pad { .. }
         | Primitive::ToDevice

@@ -66,6 +66,11 @@ pub fn same_op(a: &Primitive, b: &Primitive) -> bool {
         Permute(p) => matches!(b, Permute(q) if p == q),
         Slice { start: s1, step: t1 } => matches!(b, Slice { start: s2, step: t2 } if s1 == s2 && t1 == t2),
         Take { axis: a1 } => matches!(b, Take { axis: a2 } if a1 == a2),
+        ScatterAdd { axis: a1 } => matches!(b, ScatterAdd { axis: a2 } if a1 == a2),
+        TakeAlongAxis { axis: a1 } => matches!(b, TakeAlongAxis { axis: a2 } if a1 == a2),
+        PutAlongAxis { axis: a1, accumulate: c1 } => {
+            matches!(b, PutAlongAxis { axis: a2, accumulate: c2 } if a1 == a2 && c1 == c2)
+        }
         Concatenate { axis: a1 } => matches!(b, Concatenate { axis: a2 } if a1 == a2),
         Pad { widths: w1, value: v1 } => {
             matches!(b, Pad { widths: w2, value: v2 } if w1 == w2 && v1.to_bits() == v2.to_bits())

@@ -15,6 +15,7 @@ pub(crate) mod movement;
 pub(crate) mod nn;
 pub(crate) mod quant;
 pub(crate) mod reduce;
+pub(crate) mod scatter;
 pub(crate) mod sort;
 
 use crate::array::Array;

@@ -282,6 +282,9 @@ pub(crate) fn fusable(prim: &crate::primitives::Primitive, ins: &[DType], out: D
         | Depend
         | Checkpoint { .. }
         | Take { .. }
+        | ScatterAdd { .. }
+        | TakeAlongAxis { .. }
+        | PutAlongAxis { .. }
         | Concatenate { .. }
         | Pad { .. }
         | ToDevice

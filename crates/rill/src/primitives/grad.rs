@@ -1,6 +1,7 @@
 //! The gradient slot of every primitive: [`Primitive::vjp`] and [`Primitive::jvp`]
 //! dispatch to the rule in the primitive's family file (`unary.rs`, `binary.rs`,
-//! `reduce.rs`, `nn.rs`, `linalg.rs`, `attention.rs`, `decode.rs`, `movement.rs`, `creation.rs`, `fused.rs`), so each
+//! `reduce.rs`, `nn.rs`, `linalg.rs`, `attention.rs`, `decode.rs`, `movement.rs`, `scatter.rs`, `creation.rs`,
+//! `fused.rs`), so each
 //! primitive's gradient sits beside its shape rule and its kernels' formulas. A rule sees
 //! the node's inputs and output as arrays of a traced graph and builds its result with
 //! ops. A primitive without a rule returns `Error::Unsupported` naming it (never a zero).
@@ -17,7 +18,9 @@ use crate::error::{Error, Result};
 use crate::ops::elementwise::where_;
 use crate::ops::{on_device, target_stream};
 
-use super::{BinaryOp, Primitive, UnaryOp, attention, creation, decode, fused, linalg, movement, nn, reduce, sort};
+use super::{
+    BinaryOp, Primitive, UnaryOp, attention, creation, decode, fused, linalg, movement, nn, reduce, scatter, sort,
+};
 
 /// What a reverse-mode rule is given: the node's inputs, its output, and the cotangent of
 /// the output (same shape and dtype as `output`).
@@ -139,6 +142,8 @@ enum Owner {
     /// `Unsupported` naming the primitive.
     Unwritten,
     Movement,
+    /// `ScatterAdd`, `TakeAlongAxis`, `PutAlongAxis`.
+    Scatter,
     /// A host callback: no derivative.
     Host(&'static str),
     /// A traced input: no inputs of its own, and a given tangent.
@@ -174,6 +179,7 @@ impl Primitive {
             | Concatenate { .. }
             | Pad { .. }
             | ToDevice => Owner::Movement,
+            ScatterAdd { .. } | TakeAlongAxis { .. } | PutAlongAxis { .. } => Owner::Scatter,
             Host { name, .. } => Owner::Host(name),
             Placeholder { .. } => Owner::Placeholder,
             Fused(_) | FusedReduce { .. } | Block(_) => Owner::Fused,
@@ -198,6 +204,7 @@ impl Primitive {
             Owner::Decode => decode::vjp(self, g),
             Owner::Unwritten => Err(no_rule(self.name(), "vjp")),
             Owner::Movement => movement::vjp(self, g),
+            Owner::Scatter => scatter::vjp(self, g),
             Owner::Host(name) => Err(no_derivative(name)),
             Owner::Placeholder => Ok(Vec::new()),
             Owner::Fused => fused::vjp(self, g),
@@ -222,6 +229,7 @@ impl Primitive {
             Owner::Decode => decode::jvp(self, g),
             Owner::Unwritten => Err(no_rule(self.name(), "jvp")),
             Owner::Movement => movement::jvp(self, g),
+            Owner::Scatter => scatter::jvp(self, g),
             Owner::Host(name) => Err(no_derivative(name)),
             Owner::Placeholder => Ok(None),
             Owner::Fused => fused::jvp(self, g),

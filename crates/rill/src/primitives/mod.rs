@@ -14,7 +14,7 @@
 //!
 //! The other families' shape and dtype rules have one home each, as pure functions over
 //! shapes and parameters: `reduce.rs`, `movement.rs`, `linalg.rs`, `nn.rs`, `attention.rs`,
-//! `quant.rs`, `decode.rs`, `creation.rs`, `sort.rs`.
+//! `quant.rs`, `decode.rs`, `creation.rs`, `sort.rs`, `scatter.rs`.
 //! The op that records a node and shapeless replay (`compile/shapes.rs`) both call them,
 //! so a replay derives the shape, or the error, the op would give.
 
@@ -80,6 +80,7 @@ pub(crate) mod nn;
 pub(crate) mod quant;
 pub(crate) mod reduce;
 pub(crate) mod scalar;
+pub(crate) mod scatter;
 pub(crate) mod sort;
 mod unary;
 pub(crate) mod vexp;
@@ -310,6 +311,26 @@ pub enum Primitive {
         /// The axis.
         axis: usize,
     },
+    /// `x` with `updates` summed into the rows `indices` names along `axis`, `Take`'s
+    /// adjoint (inputs `x, indices, updates`; `primitives/scatter.rs`).
+    ScatterAdd {
+        /// The axis.
+        axis: usize,
+    },
+    /// Gathers along `axis` with one index per output element (inputs `x, indices` of
+    /// one rank, equal on every other axis; `primitives/scatter.rs`).
+    TakeAlongAxis {
+        /// The axis.
+        axis: usize,
+    },
+    /// `x` with `values` written (or, with `accumulate`, summed) at one index per value
+    /// along `axis` (inputs `x, indices, values`; `primitives/scatter.rs`).
+    PutAlongAxis {
+        /// The axis.
+        axis: usize,
+        /// Sum the values in instead of assigning them (`TakeAlongAxis`'s adjoint).
+        accumulate: bool,
+    },
     /// Joins the inputs along `axis`.
     Concatenate {
         /// The axis.
@@ -398,6 +419,10 @@ impl Primitive {
             Checkpoint { .. } => "checkpoint",
             Contiguous => "contiguous",
             Take { .. } => "take",
+            ScatterAdd { .. } => "scatter_add",
+            TakeAlongAxis { .. } => "take_along_axis",
+            PutAlongAxis { accumulate: false, .. } => "put_along_axis",
+            PutAlongAxis { accumulate: true, .. } => "scatter_add_along_axis",
             Concatenate { .. } => "concatenate",
             Pad { .. } => "pad",
             ToDevice => "to_device",
@@ -426,6 +451,9 @@ impl Primitive {
             }
             Contiguous
             | Take { .. }
+            | ScatterAdd { .. }
+            | TakeAlongAxis { .. }
+            | PutAlongAxis { .. }
             | Concatenate { .. }
             | Pad { .. }
             | SliceUpdate { .. }

@@ -286,7 +286,6 @@ pub(crate) fn pad(x: &[usize], widths: &[(usize, usize)], dtype: DType) -> Resul
 use super::Primitive;
 use super::grad::{Jvp, Vjp, no_rule, record, unbroadcast};
 use crate::array::Array;
-use crate::ops::elementwise::where_;
 use crate::ops::on_device;
 
 /// `shape` as the signed dimensions `reshape` takes.
@@ -339,26 +338,10 @@ fn unslice(ct: &Array, x: &[usize], start: &[usize], step: &[isize]) -> Result<A
     Ok(g)
 }
 
-/// The cotangent of `Take { axis }` of `x` with `indices`: the cotangent of each gathered
-/// element summed into the row it came from, as a one-hot matrix product
-/// `onehot(indices)ᵀ @ ct` (exact; its work is `rows * indices * other elements`, a
-/// product, not a scatter).
-fn untake(ct: &Array, x: &Array, indices: &Array, axis: usize) -> Result<Array> {
-    let n = x.shape()[axis];
-    let pre: usize = x.shape()[..axis].iter().product();
-    let post: usize = x.shape()[axis + 1..].iter().product();
-    let j = indices.size();
-    let idx = indices.astype(crate::DType::I64)?;
-    let idx = where_(&idx.lt(0)?, &idx.add(n as i64)?, &idx)?.reshape(&[j as isize, 1])?;
-    let rows = Array::arange(0i64, n as i64, 1i64, crate::DType::I64)?.reshape(&[1, n as isize])?;
-    let onehot = idx.eq(&rows)?.astype(ct.dtype())?;
-    let c = ct.reshape(&[pre as isize, j as isize, post as isize])?;
-    onehot.t()?.matmul(&c)?.reshape(&spec(x.shape()))
-}
-
 /// The rules of the movement ops: each moves the cotangent back (reshape back, inverse
 /// permutation, sum over broadcast axes, unslice, the interior of a pad, the parts of a
-/// concatenation, the one-hot product of a gather, a copy back to the input's device).
+/// concatenation, a gather's cotangent scattered back with `scatter_add` (duplicate
+/// indices summing; linear in the gathered size), a copy back to the input's device).
 pub(crate) fn vjp(p: &Primitive, g: &Vjp<'_>) -> Result<Vec<Option<Array>>> {
     let (x, ct) = (&g.inputs[0], g.cotangent);
     Ok(match p {
@@ -373,7 +356,10 @@ pub(crate) fn vjp(p: &Primitive, g: &Vjp<'_>) -> Result<Vec<Option<Array>>> {
         Primitive::BroadcastTo => vec![Some(unbroadcast(ct, x.shape())?)],
         Primitive::Slice { start, step } => vec![Some(unslice(ct, x.shape(), start, step)?)],
         Primitive::Contiguous => vec![Some(ct.clone())],
-        Primitive::Take { axis } => vec![Some(untake(ct, x, &g.inputs[1], *axis)?), None],
+        Primitive::Take { axis } => {
+            let zeros = Array::zeros(x.shape(), ct.dtype())?;
+            vec![Some(crate::ops::scatter::scatter_add(&zeros, &g.inputs[1], ct, *axis as isize)?), None]
+        }
         Primitive::Concatenate { axis } => {
             let mut off = 0;
             let mut out = Vec::with_capacity(g.inputs.len());

@@ -20,6 +20,7 @@ pub(crate) mod par;
 pub(crate) mod quant;
 pub(crate) mod random;
 pub(crate) mod reduce;
+pub(crate) mod scatter;
 pub(crate) mod sort;
 pub(crate) mod strided;
 
@@ -70,6 +71,9 @@ pub(crate) fn eval(prim: &Primitive, shape: &[usize], dtype: DType, inputs: &[&S
             None => Err(Error::invalid("checkpoint", "a checkpoint node has no inputs")),
         },
         Take { axis } => movement::take(inputs[0], inputs[1], *axis, shape),
+        ScatterAdd { axis } => scatter::scatter_add(inputs, *axis),
+        TakeAlongAxis { axis } => scatter::take_along_axis(inputs[0], inputs[1], *axis, shape),
+        PutAlongAxis { axis, accumulate } => scatter::put_along_axis(inputs, *axis, *accumulate),
         Concatenate { axis } => movement::concatenate(inputs, *axis, shape),
         Pad { widths, value } => movement::pad(inputs[0], widths, *value, shape),
         ToDevice => to_host(inputs[0]),

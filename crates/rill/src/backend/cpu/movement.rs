@@ -71,8 +71,26 @@ fn copy_block<T: Copy>(src: &[T], layout: &Layout, dst: &mut [T]) {
 }
 
 /// Rows of at least this many elements are each one parallel task; shorter rows are grouped.
-fn min_rows(row: usize) -> usize {
+pub(crate) fn min_rows(row: usize) -> usize {
     (PAR_CHUNK / row.max(1)).max(1)
+}
+
+/// The values of the index array `idx` (any integer dtype, any layout) in row-major
+/// order, negative ones counted from the end of an axis of `size`: `Error::Index` naming
+/// `op` for the first one outside `[-size, size)`.
+pub(crate) fn wrapped_indices(op: &'static str, idx: &Storage, axis: usize, size: usize) -> Result<Vec<usize>> {
+    let raw: Vec<i64> = crate::with_dtype!(idx.dtype, I => {
+        strided::contiguous::<I>(idx).iter().map(|v| v.to_i64()).collect()
+    });
+    let mut pos = Vec::with_capacity(raw.len());
+    for &i in &raw {
+        let j = if i < 0 { i + size as i64 } else { i };
+        if j < 0 || j >= size as i64 {
+            return Err(Error::Index { op, index: i, axis, size });
+        }
+        pos.push(j as usize);
+    }
+    Ok(pos)
 }
 
 /// Gathers along `axis`: the output is `x.shape[..axis] + idx.shape + x.shape[axis + 1..]`.
@@ -81,17 +99,7 @@ fn min_rows(row: usize) -> usize {
 /// `Error::Index` (negative indices count from the end).
 pub(crate) fn take(x: &Storage, idx: &Storage, axis: usize, shape: &[usize]) -> Result<Storage> {
     let size = x.layout.shape[axis];
-    let raw: Vec<i64> = crate::with_dtype!(idx.dtype, I => {
-        strided::contiguous::<I>(idx).iter().map(|v| v.to_i64()).collect()
-    });
-    let mut pos = Vec::with_capacity(raw.len());
-    for &i in &raw {
-        let j = if i < 0 { i + size as i64 } else { i };
-        if j < 0 || j >= size as i64 {
-            return Err(Error::Index { op: "take", index: i, axis, size });
-        }
-        pos.push(j as isize);
-    }
+    let pos = wrapped_indices("take", idx, axis, size)?;
     let dtype = x.dtype;
     let n = numel(shape);
     let mut buf = CpuBuffer::alloc(dtype, n)?;
@@ -108,7 +116,7 @@ pub(crate) fn take(x: &Storage, idx: &Storage, axis: usize, shape: &[usize]) -> 
         crate::with_dtype!(dtype, T => {
             let src = strided::buffer::<T>(x);
             par::chunks_min(buf.typed_mut::<T>(), inner, min_rows(inner), |r, o| {
-                let base = bases[r / nidx] as isize + pos[r % nidx] * stride;
+                let base = bases[r / nidx] as isize + pos[r % nidx] as isize * stride;
                 copy_block(src, &sub(base as usize), o);
             });
         });

@@ -1,6 +1,7 @@
-//! Index checks that need no host wait: a `take` kernel checks its own indices and
-//! leaves the first bad position (and its value) in host-mapped memory; the batch's
-//! completion reads it and fails the take's storage, and everything computed from it,
+//! Index checks that need no host wait: a kernel reading an index array (`take`, the
+//! scatters and `take_along_axis`) checks its own indices and leaves the first bad
+//! position (and its value) in host-mapped memory ([`report_source`]); the batch's
+//! completion reads it and fails the node's storage, and everything computed from it,
 //! with `Error::Index`.
 //!
 //! - Each device has a slab of [`SLOTS`] check slots, made once and kept for the
@@ -8,15 +9,15 @@
 //!   `atomicMax` keeps the first one, and a count of finished blocks; both zero between
 //!   uses: the kernel's last block resets them) and two host-mapped words (position,
 //!   value) the last block writes only when an index was bad.
-//! - A take's storage gets its own fence (a *check fence*), signalled from the batch
-//!   fence's completion with the slot's verdict. A node reading a storage that carries
+//! - A checked node's storage gets its own fence (a *check fence*), signalled from the
+//!   batch fence's completion with the slot's verdict. A node reading a storage that carries
 //!   pending checks (made earlier in the batch, or a check fence still open from an
 //!   earlier batch on any stream) gets a fence that waits for the batch and every one of
 //!   those checks and takes the first error among them; a check fence already failed
 //!   fails the node at once. Nodes that read nothing checked keep the plain batch fence.
 //! - A check fence is marked as one (`Fence::new_check`), so a reader asks its input's
 //!   fence, without a lock, whether it is a check still open; a count of open check
-//!   fences lets nodes skip even that while no take is pending anywhere.
+//!   fences lets nodes skip even that while no check is pending anywhere.
 //!
 //! Nothing here calls the driver after the slab is made: the completions only read host
 //! memory and signal fences, on the completion worker's thread.
@@ -32,8 +33,8 @@ use crate::sync::{Arc, Mutex};
 
 use super::driver::GpuStream;
 
-/// Check slots per device: takes whose checks are pending at once, beyond which a take
-/// checks with a host wait (`take.rs`).
+/// Check slots per device: index checks pending at once, beyond which a kernel's indices
+/// are checked with a host wait first (`take::check_now`).
 pub(crate) const SLOTS: usize = 4096;
 
 /// "No bad index" in a slot's position word.
@@ -68,7 +69,8 @@ fn finish(f: &Arc<Fence>, r: Result<()>) {
 }
 
 /// The device's slab, made on first use (`None`: the device has no unified addressing,
-/// so host-mapped memory has no common address; takes then check with a host wait).
+/// so host-mapped memory has no common address; indices are then checked with a host
+/// wait).
 fn slab(cs: &GpuStream<'_>) -> Result<Option<Arc<Slab>>> {
     let mut g = SLABS.lock();
     let o = cs.dev.ordinal;
@@ -104,7 +106,7 @@ fn slab(cs: &GpuStream<'_>) -> Result<Option<Arc<Slab>>> {
     Ok(Some(s))
 }
 
-/// One take's check slot, held until its verdict is read.
+/// One node's check slot, held until its verdict is read.
 pub(crate) struct Slot {
     slab: Arc<Slab>,
     i: u32,
@@ -156,7 +158,7 @@ pub(crate) struct Batch {
     /// Buffers made in this batch that carry pending checks (by address: the batch's
     /// results keep them alive until it is sealed, so no address is reused meanwhile).
     tainted: Vec<(usize, Conds)>,
-    /// The check fences of this batch's takes.
+    /// The check fences of this batch's index-checking nodes.
     local: Vec<Arc<Fence>>,
     /// Fences combining several checks, made while sealing (one per distinct set).
     joined: Vec<(Conds, Arc<Fence>)>,
@@ -222,21 +224,22 @@ impl Batch {
         }
     }
 
-    /// Registers the check of a take whose result is `out`: its verdict is read from
-    /// `slot` when the batch's work is complete, as `Error::Index` of `axis` and `size`.
-    pub(crate) fn take(&mut self, out: &Storage, slot: Slot, axis: usize, size: usize) {
+    /// Registers the index check of the node `op` whose result is `out`: its verdict is
+    /// read from `slot` when the batch's work is complete, as `Error::Index` of `axis` and
+    /// `size`.
+    pub(crate) fn watch(&mut self, out: &Storage, slot: Slot, op: &'static str, axis: usize, size: usize) {
         let cf = open();
         let (batch, mine, abandoned) = (self.fence.clone(), cf.clone(), self.abandoned.clone());
         self.fence.on_done(Box::new(move || {
             let r = match batch.result() {
                 // The kernel may not have run to its end: the slot is not reused.
                 Err(e) => Err(e),
-                Ok(()) if abandoned.load(SeqCst) => Err(Error::backend("take", "the batch recorded no event")),
+                Ok(()) if abandoned.load(SeqCst) => Err(Error::backend(op, "the batch recorded no event")),
                 Ok(()) => {
                     let bad = slot.read();
                     slot.release();
                     match bad {
-                        Some(index) => Err(Error::Index { op: "take", index, axis, size }),
+                        Some(index) => Err(Error::Index { op, index, axis, size }),
                         None => Ok(()),
                     }
                 }
@@ -254,7 +257,7 @@ impl Batch {
     pub(crate) fn fence_for(&mut self, s: &Storage) -> Arc<Fence> {
         let k = buf_key(s);
         let Some((_, c)) = self.tainted.iter().find(|(b, _)| *b == k) else { return self.fence.clone() };
-        // A take's own check is signalled after the batch fence: it stands for both.
+        // A node's own check is signalled after the batch fence: it stands for both.
         if c.len() == 1 && self.local.iter().any(|f| Arc::ptr_eq(f, &c[0])) {
             return c[0].clone();
         }
@@ -274,6 +277,41 @@ impl Batch {
     pub(crate) fn abandon(&self) {
         self.abandoned.store(true, SeqCst);
     }
+}
+
+/// CUDA C of `rill_report(bad, words, host, idx)`, for a kernel whose indices (of C type
+/// `it`) are checked through a slot: `words` and `host` are the slot's (both null: no
+/// report). Every thread of every block calls it last with `bad`, the lowest bad index
+/// position it saw (all ones: none). The first bad position of the grid survives in the
+/// device word as the largest `NONE - position`; the grid's last block
+/// (threadFenceReduction's pattern) publishes it and its index value to the host words
+/// and leaves both device words zero for the slot's next use.
+pub(crate) fn report_source(it: &str) -> String {
+    format!(
+        r#"
+__device__ __forceinline__ void rill_report(u64 bad, u64* words, u64* host, const {it}* idx) {{
+    const u64 NONE = 0xffffffffffffffffull;
+    if (words == 0) return;
+    if (bad != NONE) atomicMax(words, NONE - bad);
+    __threadfence();
+    __syncthreads();
+    __shared__ int last;
+    if (threadIdx.x == 0) last = atomicAdd(words + 1, 1ull) == (u64)gridDim.x - 1;
+    __syncthreads();
+    if (last && threadIdx.x == 0) {{
+        u64 w = atomicAdd(words, 0ull);
+        if (w != 0) {{
+            u64 p = NONE - w;
+            host[1] = (u64)(i64)idx[p];
+            host[0] = p;
+            __threadfence_system();
+        }}
+        words[0] = 0;
+        words[1] = 0;
+    }}
+}}
+"#
+    )
 }
 
 fn same(a: &Conds, b: &Conds) -> bool {

@@ -26,7 +26,7 @@ use super::driver::{Driver, GpuStream};
 use super::handles::{CudaStreamHandle, Ev};
 use super::{
     attention, blocks, check, copy, decode, elementwise as ew, fused, launch, matmul, norm, quant, random, reduce,
-    scan, sort, take,
+    scan, scatter, sort, take,
 };
 use smallvec::SmallVec;
 
@@ -271,6 +271,9 @@ fn eval(
             None => Err(Error::invalid("checkpoint", "a checkpoint node has no inputs")),
         },
         Take { axis } => take::take(cs, x(), inputs[1], *axis, shape, checks),
+        ScatterAdd { axis } => scatter::scatter_add(cs, inputs, *axis, checks),
+        TakeAlongAxis { axis } => scatter::take_along_axis(cs, x(), inputs[1], *axis, shape, checks),
+        PutAlongAxis { axis, accumulate } => scatter::put_along_axis(cs, inputs, *axis, *accumulate, checks),
         Concatenate { axis } => copy::concatenate(cs, &owned(), *axis, shape),
         Pad { widths, value } => copy::pad(cs, x(), widths, *value, shape),
         Placeholder { .. } => Err(Error::invalid("placeholder", "a compile placeholder cannot be evaluated")),

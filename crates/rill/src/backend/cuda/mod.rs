@@ -18,6 +18,7 @@
 //! | layer/RMS norm | `norm.rs` | nothing |
 //! | argmax/argmin, cumsum | `scan.rs` | nothing |
 //! | take: one gather kernel that checks its own indices | `take.rs` | nothing |
+//! | scatter_add, take_along_axis, put_along_axis (atomic adds, a two-pass put), indices checked as take's | `scatter.rs` | nothing |
 //! | index checks reported at batch completion (no host wait): check slots, check fences | `check.rs` | one slab of check slots per device (device and host-mapped memory, kept for the process) |
 //! | concatenate (one kernel per 16 inputs), pad, tiled transposes making views contiguous | `copy.rs` | nothing |
 //! | threefry random arrays (the CPU's values) | `random.rs` | nothing |
@@ -66,6 +67,7 @@ mod quant;
 mod random;
 mod reduce;
 mod scan;
+mod scatter;
 mod sort;
 mod source;
 mod take;

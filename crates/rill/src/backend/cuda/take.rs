@@ -38,8 +38,9 @@ pub(crate) fn vec_type(v: usize) -> &'static str {
 pub(crate) fn take_source(v: usize, it: &str, wide: bool) -> String {
     let vt = vec_type(v);
     let ix = if wide { "u64" } else { "u32" };
+    let report = check::report_source(it);
     format!(
-        r#"{PRELUDE}
+        r#"{PRELUDE}{report}
 struct __attribute__((aligned(16))) v16 {{ u64 a, b; }};
 typedef {ix} ix;
 // out[o][k][c] = x[o][idx[k]][c] over vectors; `words` (two device words, zero on entry
@@ -71,34 +72,16 @@ extern "C" __global__ void __launch_bounds__({BLOCK}) k_take({vt}* out, const {v
             out[i] = val;
         }}
     }}
-    if (words == 0) return;
-    // The first bad position survives as the largest NONE - k. The grid's last block
-    // (threadFenceReduction's pattern) publishes it and leaves both words zero.
-    if (bad != NONE) atomicMax(words, NONE - bad);
-    __threadfence();
-    __syncthreads();
-    __shared__ int last;
-    if (threadIdx.x == 0) last = atomicAdd(words + 1, 1ull) == (u64)gridDim.x - 1;
-    __syncthreads();
-    if (last && threadIdx.x == 0) {{
-        u64 w = atomicAdd(words, 0ull);
-        if (w != 0) {{
-            u64 p = NONE - w;
-            host[1] = (u64)(i64)idx[p];
-            host[0] = p;
-            __threadfence_system();
-        }}
-        words[0] = 0;
-        words[1] = 0;
-    }}
+    rill_report(bad, words, host, idx);
 }}
 "#
     )
 }
 
 /// The synchronous index check used when no check slot is free: a kernel records the
-/// first bad position, the host waits for the stream and reads it back.
-fn check_now(cs: &GpuStream<'_>, idx: &Storage, axis: usize, size: usize) -> Result<()> {
+/// first bad position of `idx` (contiguous) for an axis of `size`, the host waits for the
+/// stream and reads it back, as `Error::Index` of `op`.
+pub(crate) fn check_now(cs: &GpuStream<'_>, idx: &Storage, op: &'static str, axis: usize, size: usize) -> Result<()> {
     let nidx = idx.layout.numel();
     let it = ctype(idx.dtype);
     let launch_err = |e| super::backend_err("launch", e);
@@ -134,7 +117,7 @@ fn check_now(cs: &GpuStream<'_>, idx: &Storage, axis: usize, size: usize) -> Res
         DType::U32 => u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as i64,
         _ => bytes[0] as i64,
     };
-    Err(Error::Index { op: "take", index, axis, size })
+    Err(Error::Index { op, index, axis, size })
 }
 
 pub(crate) fn check_source(it: &str) -> String {
@@ -151,7 +134,8 @@ extern "C" __global__ void k_check(u64* flag, const {it}* idx, i64 n, i64 size) 
     )
 }
 
-fn contiguous(cs: &GpuStream<'_>, s: &Storage) -> Result<Storage> {
+/// `s` as a contiguous device storage (itself when it already is).
+pub(crate) fn contiguous(cs: &GpuStream<'_>, s: &Storage) -> Result<Storage> {
     if s.layout.is_contiguous() { Ok(s.clone()) } else { super::elementwise::copy(cs, s) }
 }
 
@@ -185,7 +169,7 @@ pub(crate) fn take(
     let idx = contiguous(cs, idx)?;
     let slot = Slot::get(cs)?;
     if slot.is_none() {
-        check_now(cs, &idx, axis, size)?;
+        check_now(cs, &idx, "take", axis, size)?;
     }
     let xs = if n > 0 { contiguous(cs, x)? } else { x.clone() };
     let es = x.dtype.size();
@@ -221,7 +205,7 @@ pub(crate) fn take(
     // this take's alone until its verdict is read.
     unsafe { lb.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))?;
     if let Some(s) = slot {
-        checks.take(&out, s, axis, size);
+        checks.watch(&out, s, "take", axis, size);
     }
     Ok(out)
 }
