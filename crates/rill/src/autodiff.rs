@@ -470,7 +470,7 @@ pub fn stop_gradient(x: &Array) -> Result<Array> {
 /// at once.
 #[derive(Clone)]
 pub struct Checkpoint {
-    f: Arc<Box<Func<'static>>>,
+    f: Arc<Func<'static>>,
 }
 
 impl std::fmt::Debug for Checkpoint {
@@ -496,7 +496,7 @@ pub fn checkpoint<F>(f: F) -> Checkpoint
 where
     F: Fn(&[Array]) -> Result<Vec<Array>> + Send + Sync + 'static,
 {
-    Checkpoint { f: Arc::new(Box::new(f)) }
+    Checkpoint { f: Arc::new(f) }
 }
 
 impl Checkpoint {

@@ -133,33 +133,14 @@ pub(crate) fn jvp(p: &Primitive, g: &Jvp<'_>) -> Result<Option<Array>> {
 /// as `SliceUpdate`'s kernels clamp it: the window a slice update of that length wrote.
 fn window(x: &Array, len: usize, start: &Array, axis: usize) -> Result<Array> {
     let n = x.shape()[axis];
-    let s = start.astype(DType::I64)?.maximum(&Array::zeros(&[], DType::I64)?)?.minimum(&Array::full(
-        &[],
-        (n - len) as f64,
-        DType::I64,
-    )?)?;
-    let steps = Array::arange(0, len as i64, 1, DType::I64)?;
-    if start.ndim() == 0 {
-        return x.take(&s.add(&steps)?, axis as isize);
-    }
-    // One start per leading row: bring `axis` next to the rows, gather rows of the
-    // flattened [B * n, rest] at b * n + s[b] + j, and put the axes back.
-    let b = x.shape()[0];
-    let r = x.ndim();
-    let mut perm: Vec<usize> = vec![0, axis];
-    perm.extend((1..r).filter(|&a| a != axis));
-    let moved = x.transpose(&perm)?;
-    let rest: Vec<usize> = moved.shape()[2..].to_vec();
-    let mut flat = vec![(b * n) as isize];
-    flat.extend(rest.iter().map(|&d| d as isize));
-    let rows = Array::arange(0, (b * n) as i64, n as i64, DType::I64)?.add(&s)?;
-    let idx = rows.reshape(&[b as isize, 1])?.add(&steps.reshape(&[1, len as isize])?)?.reshape(&[-1])?;
-    let mut back = vec![b as isize, len as isize];
-    back.extend(rest.iter().map(|&d| d as isize));
-    let got = moved.reshape(&flat)?.take(&idx, 0)?.reshape(&back)?;
-    let mut inv = vec![0; r];
-    for (i, &q) in perm.iter().enumerate() {
-        inv[q] = i;
-    }
-    got.transpose(&inv)
+    let lo = Array::zeros(&[], DType::I64)?;
+    let hi = Array::full(&[], (n - len) as f64, DType::I64)?;
+    let s = start.astype(DType::I64)?.maximum(&lo)?.minimum(&hi)?;
+    // Indices [rows or 1, 1, .., len (at axis), .., 1]: start plus step, one per row.
+    let mut at_rows = vec![1isize; x.ndim()];
+    at_rows[0] = s.size() as isize;
+    let mut at_axis = vec![1isize; x.ndim()];
+    at_axis[axis] = len as isize;
+    let steps = Array::arange(0, len as i64, 1, DType::I64)?.reshape(&at_axis)?;
+    x.take_along_axis(&s.reshape(&at_rows)?.add(&steps)?, axis as isize)
 }

@@ -407,14 +407,13 @@ fn run_stream(mut stream: Stream, runner: Runner<'_>) {
     let on_pool = matches!(runner, Runner::Pool);
     let mut ran = 0usize;
     loop {
-        let Some(batch) = take_batch(&stream) else { return };
+        let Some(mut batch) = take_batch(&stream) else { return };
         if !on_pool {
             stats::INLINE_BATCHES.fetch_add(1, SeqCst);
         }
         let gpu = stream.device().is_gpu();
         // The last node, for its fence should the job linger (read only then).
         let mut last = if gpu && on_pool { batch.nodes.last().cloned() } else { None };
-        let mut batch = batch;
         crate::runtime::execute::run_batch(&stream, &mut batch.nodes);
         drop(batch);
         notify_completion();
