@@ -144,9 +144,13 @@ impl Launch {
         // thread-local's destructor evaluating GPU work): no batch can be recording then
         // (`Recording::begin` fails the same way), so the launch goes out directly.
         let _ = REC.try_with(|r| {
+            // The launch is taken out of `p` only once a recorder is there to keep or
+            // give it back: without one it must stay in `p` and go out directly below.
             if let Ok(mut g) = r.try_borrow_mut() {
-                if let (Some(rec), Some(pending)) = (g.as_mut(), p.take()) {
-                    p = rec.push(cs.id, pending);
+                if let Some(rec) = g.as_mut() {
+                    if let Some(pending) = p.take() {
+                        p = rec.push(cs.id, pending);
+                    }
                 }
             }
         });
