@@ -90,8 +90,9 @@ fn floats(v: &Value) -> Vec<f64> {
 }
 
 /// Logits of every prompt position (one decode step each) and of the prefill; greedy
-/// tokens. Returns the largest logit difference.
-fn check(m: &Llama, tol: f64, greedy: usize, what: &str) -> f64 {
+/// tokens. Returns the largest logit difference. Position 0 (the first token alone)
+/// allows `first_tol`.
+fn check(m: &Llama, tol: f64, first_tol: f64, greedy: usize, what: &str) -> f64 {
     let f = fixture();
     let prompt = ints(&f["prompt_ids"]);
     let probes: Vec<usize> = ints(&f["probe_ids"]).into_iter().map(|x| x as usize).collect();
@@ -102,6 +103,7 @@ fn check(m: &Llama, tol: f64, greedy: usize, what: &str) -> f64 {
         let want = floats(&f["probe_logits"][t]);
         for (&i, &w) in probes.iter().zip(&want) {
             let d = (row[i] as f64 - w).abs();
+            let tol = if t == 0 { first_tol } else { tol };
             assert!(d <= tol, "{what}: position {t}, id {i}: {} vs {w}", row[i]);
             worst = worst.max(d);
         }
@@ -132,12 +134,15 @@ fn gpu_logits_and_greedy_tokens_match_transformers() {
     let Some(g) = gpu() else { return };
     let Some(path) = model_path() else { return };
     let m = Llama::load(&path, g, LoadOptions::default()).unwrap();
-    check(&m, 2e-3, 64, "gpu f32");
+    check(&m, 2e-3, 2e-3, 64, "gpu f32");
     assert!(m.traced_shapes() <= 3, "{} traces", m.traced_shapes());
     let before = rill::runtime::stats();
     // bf16 weights and activations: logits within bf16's rounding of 30 layers (the
-    // CPU's bf16 differs by about 0.2, tests/model_llama.rs).
+    // CPU's bf16 differs by 0.1 to 0.4). The first position alone is ill-conditioned in
+    // bf16: valid roundings land 0.3 to 1.4 from float32
+    // (`first_position_bf16_is_ill_conditioned` in tests/model_llama.rs, whose
+    // BF16_FIRST_TOL this is).
     let b = Llama::load(&path, g, LoadOptions { dtype: DType::BF16, ..LoadOptions::default() }).unwrap();
-    check(&b, 1.0, 0, "gpu bf16");
+    check(&b, 1.0, 2.0, 0, "gpu bf16");
     assert_eq!(rill::runtime::stats().streams_created, before.streams_created);
 }

@@ -371,3 +371,69 @@ fn bf16_logits_stay_close() {
     let best = (0..row.len()).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap();
     assert_eq!(best, f.top_ids[0], "the most likely next token");
 }
+
+/// The first token's logits from an eager forward written with rill's public ops (at
+/// position 0 attention returns each head's value row, so q, k and rope drop out),
+/// independent of the model's compiled step. With `perturb`, every feature of the
+/// token's embedding first moves by -1, 0 or +1 bf16 rounding steps (seeded).
+fn first_token_logits(dtype: DType, id: u32, perturb: Option<u64>) -> Vec<f32> {
+    use rill::io::gguf::Gguf;
+    use rill::models::llama::LlamaConfig;
+    use rill::quant::{QMatrix, qmatmul};
+    let g = Gguf::open(rill::io::cache::default_llm().unwrap()).unwrap();
+    let c = LlamaConfig::from_gguf(&g).unwrap();
+    let s = Device::cpu().default_stream().unwrap();
+    let dense = |n: &str| g.get_on(n, &s).unwrap().astype(dtype).unwrap();
+    let lin = |x: &Array, n: &str| qmatmul(x, &QMatrix::from_gguf(&g, n, &s).unwrap()).unwrap();
+    let mut h = dense("token_embd.weight").take(&Array::from_slice(&[id as i32], &[1]).unwrap(), 0).unwrap();
+    if let Some(seed) = perturb {
+        let mut rng = Rng::new(seed);
+        let v: Vec<f64> = h.astype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+        let v: Vec<f64> = v.iter().map(|&x| x + ((rng.next_u64() % 3) as f64 - 1.0) * x.abs() / 256.0).collect();
+        h = Array::from_slice(&v, &[1, c.hidden]).unwrap().astype(dtype).unwrap();
+    }
+    let (kv, group, hd) = (c.kv_heads, c.heads / c.kv_heads, c.head_dim);
+    for i in 0..c.layers {
+        let b = format!("blk.{i}");
+        let a = h.rms_norm(Some(&dense(&format!("{b}.attn_norm.weight"))), c.rms_eps).unwrap();
+        let v = lin(&a, &format!("{b}.attn_v.weight")).reshape(&[kv as isize, 1, hd as isize]).unwrap();
+        let o = v.broadcast_to(&[kv, group, hd]).unwrap().reshape(&[1, (kv * group * hd) as isize]).unwrap();
+        h = h.add(&lin(&o, &format!("{b}.attn_output.weight"))).unwrap();
+        let f = h.rms_norm(Some(&dense(&format!("{b}.ffn_norm.weight"))), c.rms_eps).unwrap();
+        let gate = lin(&f, &format!("{b}.ffn_gate.weight")).silu().unwrap();
+        let gu = gate.mul(&lin(&f, &format!("{b}.ffn_up.weight"))).unwrap();
+        h = h.add(&lin(&gu, &format!("{b}.ffn_down.weight"))).unwrap();
+    }
+    let h = h.rms_norm(Some(&dense("output_norm.weight")), c.rms_eps).unwrap();
+    lin(&h, "token_embd.weight").astype(DType::F32).unwrap().to_vec::<f32>().unwrap()
+}
+
+/// Largest bf16 logit difference from transformers' float32 ones at the first position
+/// that tests on any device accept (tests/gpu_llama.rs). The first token carries this
+/// model's outsized activations (features past 20,000 from layer 11, cancelled at layer
+/// 28): in bf16 their rounding decides several tenths of a logit, so equally valid orders
+/// of rounding land anywhere in about 0.3 to 1.4 (`first_position_bf16_is_ill_conditioned`).
+const BF16_FIRST_TOL: f64 = 2.0;
+
+/// The premise of [`BF16_FIRST_TOL`]: perturbations of the first token's embedding within
+/// one bf16 rounding step move its float32 logits by hundredths but its bf16 logits by
+/// up to more than 1.0. The eager forward itself matches the fixture in float32.
+#[test]
+fn first_position_bf16_is_ill_conditioned() {
+    if model().is_none() {
+        return;
+    }
+    let f = fixture();
+    let (id, want) = (f.prompt_ids[0], &f.probe_logits[0]);
+    let diff = |row: &[f32]| max_diff(row, &f.probe_ids, want);
+    assert!(diff(&first_token_logits(DType::F32, id, None)) <= LOGIT_TOL, "the eager float32 forward");
+    let (mut f32_worst, mut bf16_worst) = (0.0f64, 0.0f64);
+    for seed in 1..=10 {
+        f32_worst = f32_worst.max(diff(&first_token_logits(DType::F32, id, Some(seed))));
+        bf16_worst = bf16_worst.max(diff(&first_token_logits(DType::BF16, id, Some(seed))));
+    }
+    eprintln!("first position under perturbations: f32 {f32_worst:.3}, bf16 {bf16_worst:.3}");
+    assert!(f32_worst <= 0.1, "float32 moves by {f32_worst}: the perturbation is not small");
+    assert!(bf16_worst > 1.0, "bf16 moves by only {bf16_worst}: BF16_FIRST_TOL could be tightened");
+    assert!(bf16_worst <= BF16_FIRST_TOL, "bf16 moves by {bf16_worst} > {BF16_FIRST_TOL}");
+}
