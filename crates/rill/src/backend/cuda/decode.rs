@@ -5,7 +5,8 @@
 //! Rope computes each pair's angle, sine, cosine and rotation in double and rounds once
 //! on the store, as the CPU does (`backend/cpu/decode.rs`). SliceUpdate writes every
 //! element of a new buffer, from the update inside the written range and from `x`
-//! elsewhere (one kernel, no separate copy); starts are clamped as on the CPU.
+//! elsewhere (one kernel, no separate copy; a thread per 16 bytes when the run after the
+//! axis is whole 16-byte vectors, as a head's keys are); starts are clamped as on the CPU.
 
 use crate::backend::Storage;
 use crate::dtype::DType;
@@ -143,19 +144,24 @@ pub(crate) fn slice_update(cs: &GpuStream<'_>, inputs: &[&Storage], axis: usize)
     let xs = contiguous(cs, x)?;
     let us = contiguous(cs, update)?;
     let ss = contiguous(cs, start)?;
-    let (v, sd) = (d.size(), start.dtype);
+    let (po, px, pu, ps) = (elem_ptr(&out), elem_ptr(&xs), elem_ptr(&us), elem_ptr(&ss));
+    // The run after the axis moves whole: when it is a whole number of 16-byte vectors
+    // (and every address is aligned to them) a thread copies a vector, not an element.
+    let size = d.size();
+    let wide = (inner * size) % 16 == 0 && [po, px, pu].iter().all(|p| p % 16 == 0);
+    let (v, unit) = if wide { (16, 16 / size) } else { (size, 1) };
+    let sd = start.dtype;
     let key = format!("slice_update:{v}:{}", sd.name());
     let func = nvrtc::function(cs.driver(), &cs.dev, &key, "k_slice_update", move || slice_update_source(v, sd))?;
-    let (po, px, pu, ps) = (elem_ptr(&out), elem_ptr(&xs), elem_ptr(&us), elem_ptr(&ss));
     let (n64, dim64, len64, in64, per64, ns64) =
-        (n as i64, dim as i64, len as i64, inner as i64, per.max(1) as i64, nstart as i64);
+        ((n / unit) as i64, dim as i64, len as i64, (inner / unit) as i64, per.max(1) as i64, nstart as i64);
     let _ = cs.bind();
     let mut lb = Launch::new(&func);
     lb.arg(&po).arg(&px).arg(&pu).arg(&ps).arg(&n64).arg(&dim64).arg(&len64).arg(&in64).arg(&per64).arg(&ns64);
-    // SAFETY: `x` and `out` hold `n` contiguous elements of `v` bytes, `update`
-    // `outer * len * inner` (read only inside the clamped range), `start` `nstart`; the
-    // arguments match the kernel's signature.
-    unsafe { lb.launch(cs, grid_for(n)) }.map_err(|e| super::backend_err("launch", e))?;
+    // SAFETY: `x` and `out` hold `n` contiguous elements (`n / unit` units of `v` bytes,
+    // aligned to them), `update` `outer * len * inner` (read only inside the clamped
+    // range), `start` `nstart`; the arguments match the kernel's signature.
+    unsafe { lb.launch(cs, grid_for(n / unit)) }.map_err(|e| super::backend_err("launch", e))?;
     Ok(out)
 }
 
@@ -176,7 +182,7 @@ mod tests {
                 }
             }
         }
-        for v in [1, 2, 4, 8] {
+        for v in [1, 2, 4, 8, 16] {
             for sd in [DType::I32, DType::I64, DType::U32, DType::U8] {
                 if !check_compiles(&format!("test:slice_update:{v}:{}", sd.name()), &slice_update_source(v, sd)) {
                     return;

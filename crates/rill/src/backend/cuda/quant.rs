@@ -4,7 +4,7 @@
 //!
 //! | rows of `x` | kernel |
 //! |---|---|
-//! | 1 to [`MV_MAX_ROWS`] (decode) | `k_qmv`: a warp per weight row, 4 warps a block; each lane takes a quarter of a block (8 values: 4 code bytes of a 4-bit format, 8 of Q8_0), 8 consecutive blocks per warp step, so a warp's loads cover one contiguous run of the row; the codes dot the `x` rows in registers (`d · Σ q·x` plus the block's offset times `Σ x`) and the lanes' sums meet through shuffles |
+//! | 1 to [`MV_CHUNKED_ROWS`] (decode, batched decode) | `k_qmv`: a warp per weight row, 4 warps a block, a grid row per chunk of up to [`MV_MAX_ROWS`] rows of `x`; each lane takes a quarter of a block (8 values: 4 code bytes of a 4-bit format, 8 of Q8_0), 8 consecutive blocks per warp step, so a warp's loads cover one contiguous run of the row; the codes dot the `x` rows in registers (`d · Σ q·x` plus the block's offset times `Σ x`) and the lanes' sums meet through shuffles |
 //! | more (prefill) | `k_qmm`: 64 x 64 output tiles, 256 threads of 4 x 4 outputs; per block of K, the 64 weight rows' blocks are dequantized into shared memory as f32 (a quarter block per thread) beside the `x` tile, then 32 rank-1 updates in f32 |
 //!
 //! Blocks are 18, 20 or 34 bytes: a row starts 2-byte aligned (4 for Q4_1) when the
@@ -26,8 +26,13 @@ use super::norm::elem_ptr;
 use super::nvrtc;
 use super::source::{PRELUDE, ctype, load, store_float};
 
-/// Most rows of `x` the matrix-vector kernel takes; more go to the tiled kernel.
+/// Rows of `x` one block of the matrix-vector kernel takes.
 pub(crate) const MV_MAX_ROWS: usize = 8;
+/// Most rows of `x` the matrix-vector kernel takes (in chunks of [`MV_MAX_ROWS`], a grid
+/// row each, every chunk reading the weight again, from L2); more go to the tiled kernel.
+/// Up to here the chunks' many blocks beat the tiled kernel's few (64 rows of `x` make
+/// one row of 64 x 64 tiles: 9 blocks for a 576-wide output).
+pub(crate) const MV_CHUNKED_ROWS: usize = 64;
 /// Weight rows per block of the matrix-vector kernel (a warp each).
 const MV_WARPS: u32 = 4;
 /// Output tile of the tiled kernel (rows of `x` and of `w`).
@@ -114,8 +119,13 @@ fn head(f: QuantFormat, d: DType) -> String {
 fn qmv_source(f: QuantFormat, d: DType, mr: usize) -> String {
     let body = r#"
 #define MR $MR
-extern "C" __global__ void __launch_bounds__(128) k_qmv(XT* out, const XT* x, const u8* w, i64 n, i64 k) {
+extern "C" __global__ void __launch_bounds__(128) k_qmv(XT* out, const XT* x, const u8* w, i64 n, i64 k, i64 m) {
     const int lane = threadIdx.x & 31, p = lane & 3;
+    // Block row y takes rows MR*y.. of x (fewer in the last chunk).
+    const i64 r0 = (i64)blockIdx.y * MR;
+    const int rows = (int)(m - r0 < MR ? m - r0 : MR);
+    x += r0 * k;
+    out += r0 * n;
     const i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= n) return;
     const i64 nb = k >> 5;
@@ -130,6 +140,7 @@ extern "C" __global__ void __launch_bounds__(128) k_qmv(XT* out, const XT* x, co
         part_codes(blk, p, q);
         #pragma unroll
         for (int r = 0; r < MR; r++) {
+            if (r >= rows) break;
             const XT* xr = x + r * k + b * 32;
             float s = 0.f, sx = 0.f;
             #pragma unroll
@@ -151,6 +162,7 @@ extern "C" __global__ void __launch_bounds__(128) k_qmv(XT* out, const XT* x, co
     }
     #pragma unroll
     for (int r = 0; r < MR; r++) {
+        if (r >= rows) break;
         float v = acc[r];
         for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
         if (lane == 0) out[r * n + row] = STO(v);
@@ -295,16 +307,21 @@ pub(crate) fn qmatmul(
     let (n64, k64) = (n as i64, k as i64);
     let name = crate::quant::QuantFormat::name(format);
     let _ = cs.bind();
-    if m <= MV_MAX_ROWS {
-        let key = format!("qmv:{name}:{}:{m}", dtype.name());
-        let func = nvrtc::function(cs.driver(), &cs.dev, &key, "k_qmv", move || qmv_source(format, dtype, m))?;
+    if m <= MV_CHUNKED_ROWS {
+        // One kernel per exact row count up to a chunk, then one for chunks of 8.
+        let mr = m.min(MV_MAX_ROWS);
+        let key = format!("qmv:{name}:{}:{mr}", dtype.name());
+        let func = nvrtc::function(cs.driver(), &cs.dev, &key, "k_qmv", move || qmv_source(format, dtype, mr))?;
         let grid = n.div_ceil(MV_WARPS as usize).clamp(1, 1 << 30) as u32;
-        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (32 * MV_WARPS, 1, 1), shared_mem_bytes: 0 };
+        let chunks = m.div_ceil(mr) as u32;
+        let cfg = LaunchConfig { grid_dim: (grid, chunks, 1), block_dim: (32 * MV_WARPS, 1, 1), shared_mem_bytes: 0 };
+        let m64 = m as i64;
         let mut lb = Launch::new(&func);
-        lb.arg(&po).arg(&px).arg(&pw).arg(&n64).arg(&k64);
+        lb.arg(&po).arg(&px).arg(&pw).arg(&n64).arg(&k64).arg(&m64);
         // SAFETY: `x` holds m*k contiguous elements of `dtype`, `w` n rows of k/32 blocks
         // from a 4-byte aligned first byte, `out` m*n elements; the grid covers the n rows
-        // (a warp each, the rest return) and the arguments match `k_qmv`'s signature.
+        // (a warp each, the rest return) and the m rows in chunks of `mr` (the last one's
+        // missing rows skipped); the arguments match `k_qmv`'s signature.
         unsafe { lb.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))?;
     } else {
         let key = format!("qmm:{name}:{}", dtype.name());
