@@ -51,13 +51,13 @@ fn gpu_kernels_launched_directly_match_cpu() {
         let y = || Array::from_slice(&yv, &s).unwrap().astype(dt).unwrap();
         let what = |op: &str| format!("case {case}: {op} {dt:?} {s:?}");
         check(what("exp"), both(g, || x().exp().unwrap()), tol);
-        check(what("tanh+mul"), both(g, || x().tanh().unwrap().mul(&y()).unwrap()), tol);
+        check(what("tanh+mul"), both(g, || x().tanh().unwrap().mul(y()).unwrap()), tol);
         check(
             what("row broadcast add"),
-            both(g, || x().add(&y().slice_axis(0, Some(0), Some(1), 1).unwrap()).unwrap()),
+            both(g, || x().add(y().slice_axis(0, Some(0), Some(1), 1).unwrap()).unwrap()),
             tol,
         );
-        check(what("where"), both(g, || rill::where_(&x().gt(&y()).unwrap(), &x(), &y()).unwrap()), tol);
+        check(what("where"), both(g, || rill::where_(&x().gt(y()).unwrap(), x(), y()).unwrap()), tol);
         check(what("cast to i32"), both(g, || x().mul(3.0).unwrap().astype(DType::I32).unwrap()), 0.0);
         let axis = (case % rank) as isize;
         check(what("sum over an axis"), both(g, || x().sum(&[axis], false).unwrap()), tol * 4.0);

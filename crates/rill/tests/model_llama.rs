@@ -398,11 +398,11 @@ fn first_token_logits(dtype: DType, id: u32, perturb: Option<u64>) -> Vec<f32> {
         let a = h.rms_norm(Some(&dense(&format!("{b}.attn_norm.weight"))), c.rms_eps).unwrap();
         let v = lin(&a, &format!("{b}.attn_v.weight")).reshape(&[kv as isize, 1, hd as isize]).unwrap();
         let o = v.broadcast_to(&[kv, group, hd]).unwrap().reshape(&[1, (kv * group * hd) as isize]).unwrap();
-        h = h.add(&lin(&o, &format!("{b}.attn_output.weight"))).unwrap();
+        h = h.add(lin(&o, &format!("{b}.attn_output.weight"))).unwrap();
         let f = h.rms_norm(Some(&dense(&format!("{b}.ffn_norm.weight"))), c.rms_eps).unwrap();
         let gate = lin(&f, &format!("{b}.ffn_gate.weight")).silu().unwrap();
-        let gu = gate.mul(&lin(&f, &format!("{b}.ffn_up.weight"))).unwrap();
-        h = h.add(&lin(&gu, &format!("{b}.ffn_down.weight"))).unwrap();
+        let gu = gate.mul(lin(&f, &format!("{b}.ffn_up.weight"))).unwrap();
+        h = h.add(lin(&gu, &format!("{b}.ffn_down.weight"))).unwrap();
     }
     let h = h.rms_norm(Some(&dense("output_norm.weight")), c.rms_eps).unwrap();
     lin(&h, "token_embd.weight").astype(DType::F32).unwrap().to_vec::<f32>().unwrap()
