@@ -1,9 +1,10 @@
-//! `rill::quant` on the GPU: the matrix-vector kernel (1 to 8 rows of x) and the tiled
-//! kernel (more rows, partial tiles) against dequantize-then-matmul in float64 for every
-//! format on generated shapes (odd N, K = 32 · odd, batch axes, f32/bf16/f16 and strided
-//! x); the `Dequantize` kernel bit for bit against the host; compile; a weight on another
-//! stream; the device mismatch error; the default language model's Q4_1 weight and Q8_0
-//! embedding. Skipped without a GPU; `RILL_REQUIRE_GPU=1` makes a missing GPU a failure.
+//! `rill::quant` on the GPU: the matrix-vector kernel (1 to 64 rows of x, in chunks of 8)
+//! and the tiled kernel (more rows, partial tiles) against dequantize-then-matmul in
+//! float64 for every format on generated shapes (odd N, K = 32 · odd, batch axes,
+//! f32/bf16/f16 and strided x); the `Dequantize` kernel bit for bit against the host;
+//! compile; a weight on another stream; the device mismatch error; the default language
+//! model's Q4_1 weight and Q8_0 embedding. Skipped without a GPU; `RILL_REQUIRE_GPU=1`
+//! makes a missing GPU a failure.
 
 mod common;
 mod quant_ref;
