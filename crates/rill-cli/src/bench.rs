@@ -115,6 +115,10 @@ pub const BENCHMARKS: &[(&str, &str)] = &[
     ("adam", "compiled Adam and AdamW steps over many parameters; only when named"),
     ("sdpa", "scaled_dot_product_attention over a grid of shapes, dtypes and masks; only when named"),
     ("qmatmul", "quantized matmul (Q4_0/Q4_1/Q8_0) over SmolLM2's weight shapes, decode and prefill; only when named"),
+    (
+        "train",
+        "forward plus backward of a 4-layer MLP and a transformer encoder layer, eager and compiled; only when named",
+    ),
 ];
 /// The FFN block cases, generated (the PyTorch peer's `ffn_cases` makes the same list):
 /// (dtype, model width, rows); the hidden width is 4x. bf16 over every width and row
@@ -263,6 +267,9 @@ pub fn run(device: Device, names: &[String]) -> Result<()> {
     }
     if names.iter().any(|x| x == "qmatmul") {
         crate::qmatmul_bench::run()?;
+    }
+    if names.iter().any(|x| x == "train") {
+        crate::bench_train::run(device)?;
     }
     if want("add") {
         let n = if gpu { 1usize << 28 } else { 1 << 24 };

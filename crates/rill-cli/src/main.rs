@@ -15,6 +15,7 @@
 mod bench;
 mod bench_embed;
 mod bench_generate;
+mod bench_train;
 mod demo;
 mod embed;
 mod generate;
