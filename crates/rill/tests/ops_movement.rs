@@ -721,6 +721,22 @@ fn scatter_add_sums_duplicates_into_the_gathered_rows() {
                     check(&neg, &want, &what);
                 }
             }
+            // An embedding table's gradient: one outer row, many rows along the axis and
+            // many repeated indices, large enough for the rows to be split across threads.
+            let (rows, width, n) = (700usize, 96usize, 3000usize);
+            let iv: Vec<i32> = (0..n).map(|_| (rng.next_u64() % rows as u64) as i32).collect();
+            let uv = rng.vec(n * width, -1.0, 1.0);
+            let xv = rng.vec(rows * width, -1.0, 1.0);
+            let mut want = xv.clone();
+            for (k, &i) in iv.iter().enumerate() {
+                for c in 0..width {
+                    want[i as usize * width + c] += uv[k * width + c];
+                }
+            }
+            let x = Array::from_slice(&xv, &[rows, width]).unwrap().astype(DType::F32).unwrap();
+            let u = Array::from_slice(&uv, &[n, width]).unwrap().astype(DType::F32).unwrap();
+            let got = x.scatter_add(&Array::from_slice(&iv, &[n]).unwrap(), &u, 0).unwrap();
+            common::assert_close(&got.to_f64_vec().unwrap(), &want, 1e-5, &format!("{dev:?} embedding gradient"));
             // Each add is rounded to the dtype, as `add` rounds: 256 + 1 + 1 in bf16 stays
             // 256 (257 is a tie that rounds to even), and u8 and i32 wrap.
             let one = |v: f64, d: DType| Array::from_slice(&[v, v], &[2]).unwrap().astype(d).unwrap();

@@ -124,11 +124,41 @@ pub(crate) fn scatter_add(inputs: &[&Storage], axis: usize) -> Result<Storage> {
     let shape = &x.layout.shape;
     let pos = wrapped_indices("scatter_add", idx, axis, shape[axis])?;
     let mut out = copy_of(x)?;
-    let dims = (pos.len(), shape[axis], numel(&shape[axis + 1..]));
-    // Position `i` of the updates is index `i / inner % nidx` (the same index for every
-    // outer row and every element after the axis).
-    let (nidx, inner) = (pos.len(), dims.2);
-    scatter_into(&mut out, updates, dims, |i| pos[i / inner % nidx], false);
+    let (m, size, inner) = (pos.len(), shape[axis], numel(&shape[axis + 1..]));
+    if out.len() == 0 || m == 0 || inner == 0 {
+        return Ok(Storage::contiguous(Buffer::Cpu(out), x.dtype, shape));
+    }
+    // Every row along the axis lists the update rows summed into it (in index order), so
+    // the loop runs over output rows: in parallel even when there is one outer row (an
+    // embedding table's gradient), each element summed in the order a loop over the
+    // updates would sum it.
+    let mut start = vec![0usize; size + 1];
+    for &p in &pos {
+        start[p + 1] += 1;
+    }
+    for r in 0..size {
+        start[r + 1] += start[r];
+    }
+    let mut fill = start.clone();
+    let mut order = vec![0usize; m];
+    for (k, &p) in pos.iter().enumerate() {
+        order[fill[p]] = k;
+        fill[p] += 1;
+    }
+    let dtype = updates.dtype;
+    crate::with_dtype!(dtype, T => {
+        let src = strided::contiguous::<T>(updates);
+        let add = |a: T, v: T| if dtype == DType::Bool { if v != T::zero() { T::one() } else { a } } else { T::acc(a, v) };
+        par::chunks_min(out.typed_mut::<T>(), inner, min_rows(inner), |row, dst| {
+            let (o, r) = (row / size, row % size);
+            for &k in &order[start[r]..start[r + 1]] {
+                let from = &src[(o * m + k) * inner..(o * m + k + 1) * inner];
+                for (d, &v) in dst.iter_mut().zip(from) {
+                    *d = add(*d, v);
+                }
+            }
+        });
+    });
     Ok(Storage::contiguous(Buffer::Cpu(out), x.dtype, shape))
 }
 
