@@ -38,7 +38,7 @@ pub(crate) fn median_of<E>(
     Ok(median(v))
 }
 
-fn filled(shape: &[usize], dtype: DType, seed: u64) -> Result<Array> {
+pub(crate) fn filled(shape: &[usize], dtype: DType, seed: u64) -> Result<Array> {
     let a = rill::random::uniform(rill::random::Key::new(seed), shape, -1.0, 1.0, DType::F32)?.astype(dtype)?;
     a.eval()?;
     Ok(a)

@@ -16,7 +16,7 @@
 
 use rill::{Array, DType, Device, Result};
 
-use crate::bench::time;
+use crate::bench::{filled, time};
 
 /// One workload's case: its name, dtype and sizes.
 pub(crate) struct Case {
@@ -38,8 +38,9 @@ pub(crate) fn cases(gpu: bool) -> Vec<Case> {
     v
 }
 
+/// A uniform array on `[-scale, scale)`, evaluated.
 fn param(shape: &[usize], dtype: DType, scale: f64, seed: u64) -> Result<Array> {
-    let a = rill::random::uniform(rill::random::Key::new(seed), shape, -scale, scale, DType::F32)?.astype(dtype)?;
+    let a = filled(shape, dtype, seed)?.mul(scale)?;
     a.eval()?;
     Ok(a)
 }

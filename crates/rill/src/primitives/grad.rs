@@ -1,8 +1,8 @@
 //! The gradient slot of every primitive: [`Primitive::vjp`] and [`Primitive::jvp`]
 //! dispatch to the rule in the primitive's family file (`unary.rs`, `binary.rs`,
-//! `reduce.rs`, `nn.rs`, `linalg.rs`, `attention.rs`, `decode.rs`, `movement.rs`, `scatter.rs`, `creation.rs`,
-//! `fused.rs`), so each
-//! primitive's gradient sits beside its shape rule and its kernels' formulas. A rule sees
+//! `reduce.rs`, `nn.rs`, `linalg.rs`, `attention.rs`, `decode.rs`, `movement.rs`,
+//! `scatter.rs`, `creation.rs`, `fused.rs`), so each primitive's gradient sits beside its
+//! shape rule and its kernels' formulas. A rule sees
 //! the node's inputs and output as arrays of a traced graph and builds its result with
 //! ops. A primitive without a rule returns `Error::Unsupported` naming it (never a zero).
 //! `None` stands for a cotangent or tangent that is structurally zero (an integer input,

@@ -94,6 +94,32 @@ fn scatter_rows<T: Copy + Send + Sync>(
     });
 }
 
+/// Bool's `add` (stored as u8): the logical or.
+#[inline(always)]
+fn logical_or<T: Element>(a: T, v: T) -> T {
+    if v != T::zero() { T::one() } else { a }
+}
+
+/// Sums the update rows each output row lists (`order[start[r]..start[r + 1]]`, in index
+/// order) into it with `f`, in parallel over the output rows (`[outer * size, inner]`).
+fn sum_listed_rows<T: Copy + Send + Sync>(
+    out: &mut [T],
+    src: &[T],
+    (start, order): (&[usize], &[usize]),
+    (m, size, inner): (usize, usize, usize),
+    f: impl Fn(T, T) -> T + Sync,
+) {
+    par::chunks_min(out, inner, min_rows(inner), |row, dst| {
+        let (o, r) = (row / size, row % size);
+        for &k in &order[start[r]..start[r + 1]] {
+            let from = &src[(o * m + k) * inner..(o * m + k + 1) * inner];
+            for (d, &v) in dst.iter_mut().zip(from) {
+                *d = f(*d, v);
+            }
+        }
+    });
+}
+
 /// Runs `scatter_rows` with the combining function of `dtype`: the sum (logical or for
 /// bool, as `add`), or the value itself when `assign`.
 fn scatter_into(
@@ -110,7 +136,7 @@ fn scatter_into(
         if assign {
             scatter_rows(o, &s, dims, target, |_, v| v);
         } else if dtype == DType::Bool {
-            scatter_rows(o, &s, dims, target, |a, v| if v != T::zero() { T::one() } else { a });
+            scatter_rows(o, &s, dims, target, logical_or::<T>);
         } else {
             scatter_rows(o, &s, dims, target, T::acc);
         }
@@ -148,16 +174,12 @@ pub(crate) fn scatter_add(inputs: &[&Storage], axis: usize) -> Result<Storage> {
     let dtype = updates.dtype;
     crate::with_dtype!(dtype, T => {
         let src = strided::contiguous::<T>(updates);
-        let add = |a: T, v: T| if dtype == DType::Bool { if v != T::zero() { T::one() } else { a } } else { T::acc(a, v) };
-        par::chunks_min(out.typed_mut::<T>(), inner, min_rows(inner), |row, dst| {
-            let (o, r) = (row / size, row % size);
-            for &k in &order[start[r]..start[r + 1]] {
-                let from = &src[(o * m + k) * inner..(o * m + k + 1) * inner];
-                for (d, &v) in dst.iter_mut().zip(from) {
-                    *d = add(*d, v);
-                }
-            }
-        });
+        let (o, lists, dims) = (out.typed_mut::<T>(), (&start[..], &order[..]), (m, size, inner));
+        if dtype == DType::Bool {
+            sum_listed_rows(o, &src, lists, dims, logical_or::<T>);
+        } else {
+            sum_listed_rows(o, &src, lists, dims, T::acc);
+        }
     });
     Ok(Storage::contiguous(Buffer::Cpu(out), x.dtype, shape))
 }
