@@ -107,10 +107,11 @@ impl Traced {
             Ok(())
         };
         for (r, ct) in self.tape.outputs.iter().zip(out_cts) {
-            if let Some(ct) = ct {
-                if self.varies(r) && self.get(r).dtype().is_float() {
-                    add(&mut node_ct, *r, ct.clone())?;
-                }
+            if let Some(ct) = ct
+                && self.varies(r)
+                && self.get(r).dtype().is_float()
+            {
+                add(&mut node_ct, *r, ct.clone())?;
             }
         }
         for i in (0..self.vals.len()).rev() {
@@ -128,10 +129,11 @@ impl Traced {
                 ));
             }
             for ((r, a), c) in n.inputs.iter().zip(&ins).zip(cts) {
-                if let Some(c) = c {
-                    if self.varies(r) && a.dtype().is_float() {
-                        add(&mut node_ct, *r, fit(c, a, &n.prim, "vjp")?)?;
-                    }
+                if let Some(c) = c
+                    && self.varies(r)
+                    && a.dtype().is_float()
+                {
+                    add(&mut node_ct, *r, fit(c, a, &n.prim, "vjp")?)?;
                 }
             }
         }

@@ -165,7 +165,7 @@ impl Adam {
     /// inv_sqrt_bc2, decay]` returning `[params.., m.., v..]` (traced once per shapes).
     pub fn compiled(self) -> Compiled {
         compile(move |x: &[Array]| {
-            if x.len() < 3 || (x.len() - 3) % 4 != 0 {
+            if x.len() < 3 || !(x.len() - 3).is_multiple_of(4) {
                 return Err(Error::invalid("adam", format!("{} inputs: 4 per parameter and 3 scalars", x.len())));
             }
             let n = (x.len() - 3) / 4;

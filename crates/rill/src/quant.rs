@@ -63,7 +63,7 @@ impl QuantFormat {
 
     /// Bytes of `n` values (`n` a multiple of [`BLOCK`]), or an error naming `op`.
     pub fn bytes_for(self, op: &'static str, n: usize) -> Result<usize> {
-        if n % BLOCK != 0 {
+        if !n.is_multiple_of(BLOCK) {
             return Err(Error::invalid(
                 op,
                 format!(

@@ -105,20 +105,20 @@ impl SamplerConfig {
         if self.top_k == Some(0) {
             return bad("top_k must be at least 1 (None turns it off)".into());
         }
-        if let Some(p) = self.top_p {
-            if !(p > 0.0 && p <= 1.0) {
-                return bad(format!("top_p {p} is not in (0, 1]"));
-            }
+        if let Some(p) = self.top_p
+            && !(p > 0.0 && p <= 1.0)
+        {
+            return bad(format!("top_p {p} is not in (0, 1]"));
         }
-        if let Some(m) = self.min_p {
-            if !(0.0..=1.0).contains(&m) {
-                return bad(format!("min_p {m} is not in [0, 1]"));
-            }
+        if let Some(m) = self.min_p
+            && !(0.0..=1.0).contains(&m)
+        {
+            return bad(format!("min_p {m} is not in [0, 1]"));
         }
-        if let Some(r) = self.repetition_penalty {
-            if !(r.is_finite() && r > 0.0) {
-                return bad(format!("repetition_penalty {r} must be finite and > 0"));
-            }
+        if let Some(r) = self.repetition_penalty
+            && !(r.is_finite() && r > 0.0)
+        {
+            return bad(format!("repetition_penalty {r} must be finite and > 0"));
         }
         Ok(())
     }

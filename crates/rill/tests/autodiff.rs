@@ -127,24 +127,24 @@ fn shape(rng: &mut Rng, lo: usize, hi: usize, empty: bool) -> Vec<usize> {
 /// `shape` with some axes set to 1 and some leading axes dropped (broadcasts to it).
 fn broadcastable(rng: &mut Rng, shape: &[usize]) -> Vec<usize> {
     let drop = (rng.next_u64() as usize) % (shape.len() + 1);
-    shape[drop..].iter().map(|&d| if rng.next_u64() % 3 == 0 { 1 } else { d }).collect()
+    shape[drop..].iter().map(|&d| if rng.next_u64().is_multiple_of(3) { 1 } else { d }).collect()
 }
 
 /// Values away from 0 (|x| in [0.2, 2]), so kinks and poles are never crossed.
 fn away(rng: &mut Rng, n: usize) -> Vec<f64> {
-    (0..n).map(|_| if rng.next_u64() % 2 == 0 { 1.0 } else { -1.0 } * rng.uniform(0.2, 2.0)).collect()
+    (0..n).map(|_| if rng.next_u64().is_multiple_of(2) { 1.0 } else { -1.0 } * rng.uniform(0.2, 2.0)).collect()
 }
 
 fn rand_input(rng: &mut Rng, shape: &[usize], lo: f64, hi: f64) -> Input {
     let n = shape.iter().product();
-    Input { vals: rng.vec(n, lo, hi), shape: shape.to_vec(), strided: rng.next_u64() % 2 == 0 }
+    Input { vals: rng.vec(n, lo, hi), shape: shape.to_vec(), strided: rng.next_u64().is_multiple_of(2) }
 }
 
 fn axes_of(rng: &mut Rng, rank: usize) -> Vec<isize> {
     let mut out = Vec::new();
     for a in 0..rank as isize {
-        if rng.next_u64() % 2 == 0 {
-            out.push(if rng.next_u64() % 2 == 0 { a - rank as isize } else { a });
+        if rng.next_u64().is_multiple_of(2) {
+            out.push(if rng.next_u64().is_multiple_of(2) { a - rank as isize } else { a });
         }
     }
     out
@@ -236,7 +236,7 @@ fn cast_where_and_stop_gradient() {
         let out = shape(&mut rng, 0, 3, false);
         let (sc, sa, sb) =
             (broadcastable(&mut rng, &out), broadcastable(&mut rng, &out), broadcastable(&mut rng, &out));
-        let cond: Vec<bool> = (0..sc.iter().product::<usize>()).map(|_| rng.next_u64() % 2 == 0).collect();
+        let cond: Vec<bool> = (0..sc.iter().product::<usize>()).map(|_| rng.next_u64().is_multiple_of(2)).collect();
         let c = Array::from_bools(&cond, &sc).unwrap();
         let (a, b) = (rand_input(&mut rng, &sa, -1.0, 1.0), rand_input(&mut rng, &sb, -1.0, 1.0));
         check("where", fun(move |x| Ok(vec![where_(&c, &x[0], &x[1])?])), vec![a, b], &mut rng);
@@ -260,7 +260,7 @@ fn reduction_rules_match_finite_differences() {
     for case in 0..24 {
         let s = shape(&mut rng, 0, 3, case % 6 == 5);
         let axes = axes_of(&mut rng, s.len());
-        let keep = rng.next_u64() % 2 == 0;
+        let keep = rng.next_u64().is_multiple_of(2);
         let mut x = rand_input(&mut rng, &s, -1.5, 1.5);
         let which = case % 8;
         if which == 1 && x.vals.len() > 2 && case % 3 == 0 {
@@ -465,7 +465,7 @@ fn scatter_rules_match_finite_differences() {
         let span = if case % 3 == 0 { 1 } else { d };
         let mut pick = |n: usize| -> Vec<i64> {
             (0..n)
-                .map(|_| (rng.next_u64() % span as u64) as i64 - if rng.next_u64() % 2 == 0 { d } else { 0 })
+                .map(|_| (rng.next_u64() % span as u64) as i64 - if rng.next_u64().is_multiple_of(2) { d } else { 0 })
                 .collect()
         };
         let flat = pick(4);

@@ -102,7 +102,7 @@ fn indices(rng: &mut Rng, n: usize, size: usize, dt: DType) -> Vec<i64> {
     (0..n)
         .map(|_| {
             let j = (rng.next_u64() % max as u64) as i64;
-            if matches!(dt, DType::I32 | DType::I64) && rng.next_u64() % 2 == 0 { j - size as i64 } else { j }
+            if matches!(dt, DType::I32 | DType::I64) && rng.next_u64().is_multiple_of(2) { j - size as i64 } else { j }
         })
         .collect()
 }

@@ -260,7 +260,7 @@ fn check(dev: Device, c: &Case, rng_seed: u64) -> Vec<f64> {
 fn gen_shape(rng: &mut Rng, nd: usize, cap: usize) -> Vec<usize> {
     const SIZES: [usize; 12] = [1, 1, 2, 3, 5, 7, 8, 16, 17, 33, 64, 127];
     let mut s: Vec<usize> = (0..nd).map(|_| SIZES[(rng.next_u64() % SIZES.len() as u64) as usize]).collect();
-    if rng.next_u64() % 3 == 0 {
+    if rng.next_u64().is_multiple_of(3) {
         let a = (rng.next_u64() % nd as u64) as usize;
         let rest: usize = s.iter().enumerate().filter(|&(i, _)| i != a).map(|(_, &d)| d).product();
         s[a] = (cap / rest.max(1)).clamp(1, 5000).saturating_sub((rng.next_u64() % 3) as usize).max(1);
@@ -294,7 +294,7 @@ fn gen_cases(seed: u64, count: usize, cap: usize) -> Vec<Case> {
         let nd = 1 + (rng.next_u64() % 5) as usize;
         let shape = gen_shape(&mut rng, nd, cap);
         let op = ops[(rng.next_u64() % ops.len() as u64) as usize];
-        let dtype = if rng.next_u64() % 4 == 0 {
+        let dtype = if rng.next_u64().is_multiple_of(4) {
             INTS[(rng.next_u64() % 4) as usize]
         } else {
             FLOATS[(rng.next_u64() % 4) as usize]
@@ -302,7 +302,7 @@ fn gen_cases(seed: u64, count: usize, cap: usize) -> Vec<Case> {
         let arg = matches!(op, Op::ArgMax | Op::ArgMin);
         let axes: Vec<isize> = if arg {
             let a = (rng.next_u64() % nd as u64) as isize;
-            vec![if rng.next_u64() % 2 == 0 { a } else { a - nd as isize }]
+            vec![if rng.next_u64().is_multiple_of(2) { a } else { a - nd as isize }]
         } else {
             match rng.next_u64() % 6 {
                 0 => vec![],
@@ -313,7 +313,7 @@ fn gen_cases(seed: u64, count: usize, cap: usize) -> Vec<Case> {
                     let mask = 1 + rng.next_u64() % ((1u64 << nd) - 1);
                     (0..nd as isize)
                         .filter(|i| mask & (1 << i) != 0)
-                        .map(|i| if rng.next_u64() % 2 == 0 { i } else { i - nd as isize })
+                        .map(|i| if rng.next_u64().is_multiple_of(2) { i } else { i - nd as isize })
                         .collect()
                 }
             }
@@ -324,9 +324,9 @@ fn gen_cases(seed: u64, count: usize, cap: usize) -> Vec<Case> {
             continue;
         }
         let view = gen_view(&mut rng, nd);
-        let ties = arg && rng.next_u64() % 2 == 0;
-        let nans = dtype.is_float() && op != Op::Sum && op != Op::Prod && rng.next_u64() % 3 == 0;
-        cases.push(Case { shape, view, dtype, op, axes, keepdims: rng.next_u64() % 2 == 0, ties, nans });
+        let ties = arg && rng.next_u64().is_multiple_of(2);
+        let nans = dtype.is_float() && op != Op::Sum && op != Op::Prod && rng.next_u64().is_multiple_of(3);
+        cases.push(Case { shape, view, dtype, op, axes, keepdims: rng.next_u64().is_multiple_of(2), ties, nans });
     }
     cases
 }

@@ -556,7 +556,7 @@ fn mutated_files_on_disk_never_panic() {
             let at = (rng.next_u64() % file.len() as u64) as usize;
             file[at] = rng.next_u64() as u8;
         }
-        if rng.next_u64() % 3 == 0 {
+        if rng.next_u64().is_multiple_of(3) {
             let keep = (rng.next_u64() % (file.len() as u64 + 1)) as usize;
             file.truncate(keep);
         }

@@ -675,7 +675,7 @@ fn index_input(rng: &mut Rng, shape: &[usize], size: usize, dt: DType) -> (Array
     let n = shape.iter().product();
     let v: Vec<f64> = (0..n).map(|_| rng.uniform(lo, size as f64).floor()).collect();
     let r = Nd { shape: shape.to_vec(), data: v.clone() };
-    if shape.len() >= 2 && rng.next_u64() % 2 == 0 {
+    if shape.len() >= 2 && rng.next_u64().is_multiple_of(2) {
         let rev: Vec<usize> = shape.iter().rev().copied().collect();
         let t = Nd { shape: rev.clone(), data: r.transpose(&(0..shape.len()).rev().collect::<Vec<_>>()).data };
         let (a, _) = array_of(&t.data, &rev, dt);
@@ -686,7 +686,7 @@ fn index_input(rng: &mut Rng, shape: &[usize], size: usize, dt: DType) -> (Array
 
 /// `shape` with some axes other than `keep` set to 1 (stretched by broadcasting).
 fn ones_at(rng: &mut Rng, shape: &[usize], keep: usize) -> Vec<usize> {
-    shape.iter().enumerate().map(|(d, &n)| if d != keep && rng.next_u64() % 3 == 0 { 1 } else { n }).collect()
+    shape.iter().enumerate().map(|(d, &n)| if d != keep && rng.next_u64().is_multiple_of(3) { 1 } else { n }).collect()
 }
 
 #[test]

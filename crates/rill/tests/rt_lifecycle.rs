@@ -55,7 +55,7 @@ fn lifecycle_from_any_thread_then_shutdown_under_load() {
                     let r = Array::full(&[4096], t as f64, DType::F32)
                         .and_then(|x| x.mul(2.0))
                         .and_then(|y| y.tanh())
-                        .and_then(|y| if n % 2 == 0 { y.eval() } else { rill::submit(&[y]) });
+                        .and_then(|y| if n.is_multiple_of(2) { y.eval() } else { rill::submit(&[y]) });
                     match r {
                         Ok(()) => {
                             if n == 0 {

@@ -255,7 +255,7 @@ fn make_compiled() -> Compiled {
 /// A call of `f` on an input of one of a few sizes and dtypes (so a few traces and kernels).
 fn compiled_call(f: &Compiled, seed: u64) -> rill::Result<Array> {
     let n = [256usize, 1024, 4096, 1 << 14][(seed % 4) as usize];
-    let dtype = if (seed >> 2) % 4 == 0 { DType::BF16 } else { DType::F32 };
+    let dtype = if (seed >> 2).is_multiple_of(4) { DType::BF16 } else { DType::F32 };
     let x = Array::full(&[n], (seed % 5) as f64 * 0.1, dtype)?;
     let mut out = f.call(&[x])?;
     Ok(out.swap_remove(0))
@@ -337,10 +337,10 @@ fn stash(a: &Array, s: Option<&Stream>) {
     if let Some(s) = s {
         let _ = TLS_KEEP.try_with(|k| *k.borrow_mut() = Some((s.clone(), a.clone())));
     }
-    if let Ok(mut k) = KEEP.lock() {
-        if k.len() < 64 {
-            k.push(a.clone());
-        }
+    if let Ok(mut k) = KEEP.lock()
+        && k.len() < 64
+    {
+        k.push(a.clone());
     }
 }
 
@@ -477,10 +477,10 @@ fn fill_thread_locals(sh: &Shared, r: &mut Rng, what: &'static str) {
     if r.below(2) == 0 {
         let _ = TLS_COMPILED.try_with(|c| *c.borrow_mut() = Some(make_compiled()));
     }
-    if r.below(2) == 0 {
-        if let Some(s) = ok("Stream::new", Stream::new(&sh.device)) {
-            let _ = TLS_STREAM.try_with(|c| *c.borrow_mut() = Some(s));
-        }
+    if r.below(2) == 0
+        && let Some(s) = ok("Stream::new", Stream::new(&sh.device))
+    {
+        let _ = TLS_STREAM.try_with(|c| *c.borrow_mut() = Some(s));
     }
 }
 
@@ -701,7 +701,7 @@ fn end(mut c: Child, ending: &str, after_busy: Duration) {
 
 fn busy_thread(device: Device, seed: u64, mode: u64) {
     let mut rng = Rng(seed);
-    let own = if mode % 2 == 0 { ok("Stream::new", Stream::new(&device)) } else { None };
+    let own = if mode.is_multiple_of(2) { ok("Stream::new", Stream::new(&device)) } else { None };
     loop {
         let s = rng.next();
         let Some(a) = ok("busy thread: build", on(device, own.as_ref(), || elementwise(s))) else { return };
@@ -733,10 +733,10 @@ fn mixed(c: &mut Child) -> Duration {
     let device = c.device();
     let r = &mut c.rng;
     // A static holding a stream, never dropped.
-    if let Some(s) = ok("Stream::new", Stream::new(&device)) {
-        if let Ok(mut k) = KEEP_STREAMS.lock() {
-            k.push(s);
-        }
+    if let Some(s) = ok("Stream::new", Stream::new(&device))
+        && let Ok(mut k) = KEEP_STREAMS.lock()
+    {
+        k.push(s);
     }
     for t in 0..r.below(6) {
         let s = r.next();
@@ -827,11 +827,11 @@ fn first_use(c: &mut Child) -> Duration {
     for _ in 0..r.range(if device.is_none() { 0 } else { 1 }, 3) {
         kinds.push(r.pick(&all));
     }
-    if let Some(d) = device {
-        if r.below(2) == 0 {
-            // The device is up and has run a kernel; the library under test is not loaded.
-            let _ = ok("first use: warm-up", on(d, None, || elementwise(1)).and_then(|a| a.eval()));
-        }
+    if let Some(d) = device
+        && r.below(2) == 0
+    {
+        // The device is up and has run a kernel; the library under test is not loaded.
+        let _ = ok("first use: warm-up", on(d, None, || elementwise(1)).and_then(|a| a.eval()));
     }
     for k in kinds {
         let delay = Duration::from_micros(r.below(3000));
@@ -994,10 +994,10 @@ fn thread_locals(c: &mut Child) -> Duration {
         (&AT_EXIT_LATE, "a static dropped by an exit handler registered after rill"),
     ] {
         for _ in 0..r.range(0, 2) {
-            if let Some(e) = EvalOnDrop::new(what, &sh, r) {
-                if let Ok(mut v) = m.lock() {
-                    v.push(e);
-                }
+            if let Some(e) = EvalOnDrop::new(what, &sh, r)
+                && let Ok(mut v) = m.lock()
+            {
+                v.push(e);
             }
         }
     }
@@ -1083,10 +1083,10 @@ fn shutdown_race(c: &mut Child) -> Duration {
         let tx = (t == racing_submitter).then(|| tx.clone());
         std::thread::spawn(move || {
             submitter(&sh, s, None, |i| {
-                if i == k {
-                    if let Some(tx) = &tx {
-                        race(b, tx);
-                    }
+                if i == k
+                    && let Some(tx) = &tx
+                {
+                    race(b, tx);
                 }
                 true
             })
@@ -1475,10 +1475,10 @@ fn drive(args: &[String]) -> i32 {
                     let t = Instant::now();
                     let out = run_one(&exe, run_seed, SCENARIOS[s], ENDINGS[e], &device);
                     let took = t.elapsed().as_secs_f64();
-                    if let Ok(mut sl) = slowest.lock() {
-                        if took > sl.0 {
-                            *sl = (took, format!("run {i} ({} / {}, child seed {run_seed})", SCENARIOS[s], ENDINGS[e]));
-                        }
+                    if let Ok(mut sl) = slowest.lock()
+                        && took > sl.0
+                    {
+                        *sl = (took, format!("run {i} ({} / {}, child seed {run_seed})", SCENARIOS[s], ENDINGS[e]));
                     }
                     if let Ok(mut tm) = times.lock() {
                         tm[s].0 += took;
@@ -1488,10 +1488,10 @@ fn drive(args: &[String]) -> i32 {
                         c[s][e].runs += 1;
                         c[s][e].failed += u64::from(!out.ok);
                     }
-                    if !out.ok {
-                        if let Ok(mut f) = failures.lock() {
-                            f.push(format!("run {i} ({} / {}): {}", SCENARIOS[s], ENDINGS[e], out.detail));
-                        }
+                    if !out.ok
+                        && let Ok(mut f) = failures.lock()
+                    {
+                        f.push(format!("run {i} ({} / {}): {}", SCENARIOS[s], ENDINGS[e], out.detail));
                     }
                 }
             });

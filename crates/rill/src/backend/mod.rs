@@ -89,7 +89,7 @@ pub(crate) fn poll_until(mut done: impl FnMut() -> bool, until: std::time::Durat
             return true;
         }
         polls = polls.wrapping_add(1);
-        if polls % 16 == 0 {
+        if polls.is_multiple_of(16) {
             if start.elapsed() > until {
                 return false;
             }

@@ -57,11 +57,11 @@ fn uses(tape: &Tape) -> (Vec<u32>, Vec<bool>) {
     let (mut count, mut last) = (vec![0u32; n], vec![usize::MAX; n]);
     for (c, node) in tape.nodes.iter().enumerate() {
         for r in node.inputs.iter().copied().chain(node.rule.iter().flat_map(|r| r.refs())) {
-            if let Ref::Node(i) = r {
-                if last[i] != c {
-                    last[i] = c;
-                    count[i] += 1;
-                }
+            if let Ref::Node(i) = r
+                && last[i] != c
+            {
+                last[i] = c;
+                count[i] += 1;
             }
         }
     }
@@ -115,10 +115,11 @@ fn program_of(tape: &Tape, i: usize) -> Option<(FusedProgram, Vec<Ref>)> {
         .map(|&r| {
             if let Ref::Node(j) = r {
                 let n = &tape.nodes[j];
-                if let Primitive::Full { value } = n.prim {
-                    if n.shape.is_empty() && n.rule.is_none() {
-                        return b.constant(value, n.dtype);
-                    }
+                if let Primitive::Full { value } = n.prim
+                    && n.shape.is_empty()
+                    && n.rule.is_none()
+                {
+                    return b.constant(value, n.dtype);
                 }
             }
             let k = ext.iter().position(|&e| e == r).unwrap_or_else(|| {

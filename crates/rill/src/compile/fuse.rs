@@ -80,13 +80,13 @@ pub(crate) fn groups(tape: &Tape, absorb_views: bool, is_output: &[bool], max_op
     let (mut n_consumers, mut first, mut last) = (vec![0u32; n], vec![NONE; n], vec![NONE; n]);
     for (c, node) in tape.nodes.iter().enumerate() {
         for r in node.inputs.iter().copied().chain(node.rule.iter().flat_map(|r| r.refs())) {
-            if let Ref::Node(i) = r {
-                if last[i] != c {
-                    last[i] = c;
-                    n_consumers[i] += 1;
-                    if first[i] == NONE {
-                        first[i] = c;
-                    }
+            if let Ref::Node(i) = r
+                && last[i] != c
+            {
+                last[i] = c;
+                n_consumers[i] += 1;
+                if first[i] == NONE {
+                    first[i] = c;
                 }
             }
         }
@@ -263,10 +263,11 @@ fn build_group(
         if *next < node.inputs.len() {
             let r = node.inputs[*next];
             *next += 1;
-            if let Ref::Node(j) = r {
-                if absorbed[j] && !memo.contains_key(&j) {
-                    stack.push((j, 0));
-                }
+            if let Ref::Node(j) = r
+                && absorbed[j]
+                && !memo.contains_key(&j)
+            {
+                stack.push((j, 0));
             }
             continue;
         }

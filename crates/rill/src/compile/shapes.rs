@@ -311,10 +311,10 @@ pub(crate) fn is_polymorphic(tape: &Tape) -> bool {
     for n in &tape.nodes {
         match node_plan(tape, &tape.input_shapes, &shapes, n) {
             Some(Ok((s, v))) if s == n.shape => {
-                if let (Some(v), Primitive::Full { value }) = (v, &n.prim) {
-                    if v.to_bits() != value.to_bits() {
-                        return false;
-                    }
+                if let (Some(v), Primitive::Full { value }) = (v, &n.prim)
+                    && v.to_bits() != value.to_bits()
+                {
+                    return false;
                 }
             }
             _ => return false,

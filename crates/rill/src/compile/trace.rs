@@ -232,13 +232,13 @@ impl Recorder<'_> {
         if let Some(r) = self.capture_ruled(a) {
             return r;
         }
-        if let Primitive::Full { .. } = a.primitive() {
-            if !a.is_evaluated() || a.shape().is_empty() {
-                // A fill is never rewritten by fusion: its primitive is its own.
-                self.nodes.push(self.node_of(a, a.primitive().clone(), Vec::new()));
-                self.tape_full.insert(a.id(), self.nodes.len() - 1);
-                return Ref::Node(self.nodes.len() - 1);
-            }
+        if let Primitive::Full { .. } = a.primitive()
+            && (!a.is_evaluated() || a.shape().is_empty())
+        {
+            // A fill is never rewritten by fusion: its primitive is its own.
+            self.nodes.push(self.node_of(a, a.primitive().clone(), Vec::new()));
+            self.tape_full.insert(a.id(), self.nodes.len() - 1);
+            return Ref::Node(self.nodes.len() - 1);
         }
         let n = self.consts.len();
         let i = *self.const_ids.entry(a.id()).or_insert(n);

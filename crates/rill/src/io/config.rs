@@ -107,7 +107,7 @@ impl BertConfig {
             },
             model_type: f.opt_str("model_type")?.map(str::to_string),
         };
-        if c.hidden_size % c.num_attention_heads != 0 {
+        if !c.hidden_size.is_multiple_of(c.num_attention_heads) {
             return Err(f.err(format!(
                 "\"hidden_size\" {} is not a multiple of \"num_attention_heads\" {}",
                 c.hidden_size, c.num_attention_heads

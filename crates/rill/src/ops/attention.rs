@@ -67,10 +67,10 @@ pub fn scaled_dot_product_attention(
             (AttentionMaskKind::Array, Some(m))
         }
     };
-    if let Some(s) = scale {
-        if !s.is_finite() {
-            return Err(Error::invalid(NAME, format!("scale must be finite, got {s}")));
-        }
+    if let Some(s) = scale
+        && !s.is_finite()
+    {
+        return Err(Error::invalid(NAME, format!("scale must be finite, got {s}")));
     }
     let shape = rule::attention(NAME, q.shape(), k.shape(), v.shape(), m.map(|m| m.shape()))?;
     let dtype = promote(promote(q.dtype(), k.dtype()), v.dtype());

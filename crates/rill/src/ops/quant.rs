@@ -44,7 +44,7 @@ fn float_dtype(op: &'static str, what: &str, d: DType) -> Result<()> {
 
 /// Bytes of a `rows` x `cols` matrix of `format`, checking `cols` is whole blocks.
 fn matrix_bytes(op: &'static str, format: QuantFormat, rows: usize, cols: usize) -> Result<(usize, usize)> {
-    if cols % BLOCK != 0 {
+    if !cols.is_multiple_of(BLOCK) {
         return Err(Error::shape(
             op,
             format!("K = {cols} input features is not a multiple of the {BLOCK}-value block of {}", format.name()),

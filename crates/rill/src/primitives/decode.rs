@@ -32,7 +32,7 @@ pub(crate) fn rope(name: &'static str, x: &[usize], offset: &[usize], dims: usiz
         return Err(Error::shape(name, format!("x must be [..., T, D] (rank >= 2), got {x:?}")));
     }
     let d = x[r - 1];
-    if dims % 2 != 0 || dims > d || dims == 0 {
+    if !dims.is_multiple_of(2) || dims > d || dims == 0 {
         return Err(Error::invalid(
             name,
             format!("dims must be even, positive and at most the feature size {d}, got {dims}"),

@@ -36,7 +36,7 @@ pub(crate) fn reshape(old: &[usize], spec: &[isize], dtype: DType) -> Result<Vec
     let mut out: Vec<usize> = spec.iter().map(|&d| d.max(0) as usize).collect();
     match infer {
         Some(i) => {
-            if known == 0 || n % known != 0 {
+            if known == 0 || !n.is_multiple_of(known) {
                 return Err(bad(&format!(" ({n} elements)")));
             }
             out[i] = n / known;

@@ -25,15 +25,15 @@ pub(crate) fn norm(
         return Err(Error::shape(name, format!("needs an input with at least one axis, got shape {x:?}")));
     };
     for (what, c) in [("weight", weight), ("bias", bias)] {
-        if let Some(c) = c {
-            if c != [d] {
-                return Err(Error::shape(
-                    name,
-                    format!(
-                        "{what} of shape {c:?} does not match the last dimension of input shape {x:?} (expected [{d}])"
-                    ),
-                ));
-            }
+        if let Some(c) = c
+            && c != [d]
+        {
+            return Err(Error::shape(
+                name,
+                format!(
+                    "{what} of shape {c:?} does not match the last dimension of input shape {x:?} (expected [{d}])"
+                ),
+            ));
         }
     }
     Ok(x.to_vec())

@@ -142,10 +142,10 @@ pub(crate) fn pending_order<H: Claimable>(outputs: &[H]) -> Vec<H> {
         while let Some(top) = stack.last_mut() {
             match top.1.pop() {
                 Some(child) => {
-                    if seen.insert(child.id()) {
-                        if let Some(ins) = pending_inputs(&child) {
-                            stack.push((child, ins));
-                        }
+                    if seen.insert(child.id())
+                        && let Some(ins) = pending_inputs(&child)
+                    {
+                        stack.push((child, ins));
                     }
                 }
                 None => {

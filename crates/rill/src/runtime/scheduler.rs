@@ -259,10 +259,10 @@ pub(crate) fn eval_with(arrays: &[Array], inline: Inline) -> Result<()> {
     }
     let mut first = Ok(());
     for a in arrays {
-        if let Err(e) = a.node.wait() {
-            if first.is_ok() {
-                first = Err(e);
-            }
+        if let Err(e) = a.node.wait()
+            && first.is_ok()
+        {
+            first = Err(e);
         }
     }
     first
@@ -323,10 +323,11 @@ impl Future for EvalFuture {
             if !a.node.is_done() && a.node.register_waker(cx.waker()) {
                 return Poll::Pending;
             }
-            if let Some(f) = a.node.fence() {
-                if !f.is_signalled() && f.register_waker(cx.waker()) {
-                    return Poll::Pending;
-                }
+            if let Some(f) = a.node.fence()
+                && !f.is_signalled()
+                && f.register_waker(cx.waker())
+            {
+                return Poll::Pending;
             }
         }
         for a in &this.outputs {
@@ -504,7 +505,7 @@ fn linger(stream: Stream, fence: Option<&backend::Fence>) -> Linger {
             break true;
         }
         polls = polls.wrapping_add(1);
-        if polls % 16 == 0 {
+        if polls.is_multiple_of(16) {
             if lifecycle::is_shutting_down() {
                 break false;
             }

@@ -45,7 +45,7 @@ fn pick<T: Copy>(rng: &mut Rng, xs: &[T]) -> T {
 /// leading axes dropped (always including the padding shape `[B, 1, 1, Tk]` style).
 fn mask_shape(rng: &mut Rng, scores: &[usize]) -> Vec<usize> {
     let drop = (rng.next_u64() % (scores.len() as u64 - 1)) as usize;
-    scores[drop..].iter().map(|&s| if rng.next_u64() % 3 == 0 { 1 } else { s }).collect()
+    scores[drop..].iter().map(|&s| if rng.next_u64().is_multiple_of(3) { 1 } else { s }).collect()
 }
 
 impl Case {
@@ -58,9 +58,9 @@ impl Case {
         let hq = hkv * pick(rng, &[1, 2, 3]);
         let (d, dv, tq, tk) = if big {
             let d = pick(rng, &[64, 128, 64, 128, 80, 16, 8]);
-            let dv = if rng.next_u64() % 4 == 0 { pick(rng, &[16, 64, 32]) } else { d };
+            let dv = if rng.next_u64().is_multiple_of(4) { pick(rng, &[16, 64, 32]) } else { d };
             let tk = 1 + (rng.next_u64() % 300) as usize;
-            let tq = if rng.next_u64() % 3 == 0 {
+            let tq = if rng.next_u64().is_multiple_of(3) {
                 1 + (rng.next_u64() % 8) as usize
             } else {
                 1 + (rng.next_u64() % 200) as usize
@@ -68,7 +68,7 @@ impl Case {
             (d, dv, tq, tk)
         } else {
             let d = pick(rng, &[1, 8, 64, 80, 128]);
-            let dv = if rng.next_u64() % 4 == 0 { pick(rng, &[1, 8, 24]) } else { d };
+            let dv = if rng.next_u64().is_multiple_of(4) { pick(rng, &[1, 8, 24]) } else { d };
             (d, dv, 1 + (rng.next_u64() % 40) as usize, 1 + (rng.next_u64() % 150) as usize)
         };
         let dtype = pick(rng, dtypes);
@@ -79,8 +79,8 @@ impl Case {
             2 => MaskCase::Bool(mask_shape(rng, &scores)),
             _ => MaskCase::Add(mask_shape(rng, &scores), pick(rng, &[DType::F32, dtype])),
         };
-        let scale = if rng.next_u64() % 4 == 0 { Some(0.3) } else { None };
-        Case { batch, hq, hkv, tq, tk, d, dv, dtype, mask, scale, transposed: rng.next_u64() % 3 == 0 }
+        let scale = if rng.next_u64().is_multiple_of(4) { Some(0.3) } else { None };
+        Case { batch, hq, hkv, tq, tk, d, dv, dtype, mask, scale, transposed: rng.next_u64().is_multiple_of(3) }
     }
 
     fn shape(&self, h: usize, t: usize, d: usize) -> Vec<usize> {
@@ -117,7 +117,7 @@ impl Case {
                 let tk = *shape.last().unwrap();
                 let mut b: Vec<bool> = (0..n).map(|_| rng.next_u64() % 10 < 7).collect();
                 // One row with every key masked out.
-                if n > 0 && rng.next_u64() % 2 == 0 {
+                if n > 0 && rng.next_u64().is_multiple_of(2) {
                     b[..tk].iter_mut().for_each(|x| *x = false);
                 }
                 let ones: Vec<f64> = b.iter().map(|&x| x as u8 as f64).collect();
@@ -129,9 +129,9 @@ impl Case {
                 let n: usize = shape.iter().product();
                 let tk = *shape.last().unwrap();
                 let mut v: Vec<f64> = (0..n)
-                    .map(|_| if rng.next_u64() % 8 == 0 { f64::NEG_INFINITY } else { rng.uniform(-2.0, 2.0) })
+                    .map(|_| if rng.next_u64().is_multiple_of(8) { f64::NEG_INFINITY } else { rng.uniform(-2.0, 2.0) })
                     .collect();
-                if n > tk && rng.next_u64() % 2 == 0 {
+                if n > tk && rng.next_u64().is_multiple_of(2) {
                     v[tk..2 * tk].iter_mut().for_each(|x| *x = f64::NEG_INFINITY);
                 }
                 let a = Array::from_slice(&v, shape).unwrap().astype(*dt).unwrap();

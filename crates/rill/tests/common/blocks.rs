@@ -260,7 +260,7 @@ pub fn param_shapes(rng: &mut Rng, count: usize) -> Vec<Vec<usize>> {
     (0..count)
         .map(|_| {
             let a = 2 + rng.next_u64() as usize % 300;
-            if rng.next_u64() % 2 == 0 { vec![a] } else { vec![a, 1 + rng.next_u64() as usize % 12] }
+            if rng.next_u64().is_multiple_of(2) { vec![a] } else { vec![a, 1 + rng.next_u64() as usize % 12] }
         })
         .collect()
 }
@@ -418,7 +418,7 @@ pub fn attention_blocks(g: Device, seed: u64, count: usize) -> usize {
             };
             // Padding-style values: 0 or a large negative, never a whole row masked.
             let n: usize = shape.iter().product();
-            let v = (0..n).map(|j| if j % tk != 0 && rng.next_u64() % 4 == 0 { -1e4 } else { 0.0 }).collect();
+            let v = (0..n).map(|j| if j % tk != 0 && rng.next_u64().is_multiple_of(4) { -1e4 } else { 0.0 }).collect();
             inputs.push((v, shape));
         }
         let what = format!("attention {dt} {form:?} q {:?} k {:?} v {:?}", inputs[0].1, inputs[1].1, inputs[2].1);

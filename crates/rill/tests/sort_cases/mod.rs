@@ -156,10 +156,10 @@ pub fn sort_cases(device: Device, seed: u64, cases: usize, big: &[usize]) {
     for (c, shape) in shapes.iter().enumerate() {
         let dtype = SORT_DTYPES[c % SORT_DTYPES.len()];
         let axis = (rng.next_u64() % shape.len() as u64) as usize;
-        let strided = rng.next_u64() % 2 == 0;
-        let descending = rng.next_u64() % 2 == 0;
+        let strided = rng.next_u64().is_multiple_of(2);
+        let descending = rng.next_u64().is_multiple_of(2);
         let n = shape[axis];
-        let k = if rng.next_u64() % 3 == 0 { n } else { 1 + (rng.next_u64() % n as u64) as usize };
+        let k = if rng.next_u64().is_multiple_of(3) { n } else { 1 + (rng.next_u64() % n as u64) as usize };
         let numel: usize = shape.iter().product();
         let vals = gen_values(&mut rng, numel, dtype);
         let what = format!("case {c}: {dtype} {shape:?} axis {axis} desc {descending} strided {strided} k {k}");
@@ -410,7 +410,7 @@ pub fn filters_match_reference(device: Device, seed: u64, cases: usize) {
         let scale = rng.uniform(0.5, 6.0);
         let vals: Vec<f64> = (0..batch * vocab).map(|_| rng.uniform(-scale, scale)).collect();
         let hist: Vec<i64> = (0..batch * hist_len).map(|_| (rng.next_u64() % (vocab as u64 + 3)) as i64 - 3).collect();
-        let per_row = rng.next_u64() % 2 == 0 || batch == 1;
+        let per_row = rng.next_u64().is_multiple_of(2) || batch == 1;
         let sampler = if per_row {
             Sampler::per_row(configs.clone()).unwrap()
         } else {

@@ -152,12 +152,12 @@ fn merged(l: &Layout) -> Layout {
         if d == 1 {
             continue;
         }
-        if let (Some(ld), Some(ls)) = (shape.last_mut(), strides.last_mut()) {
-            if *ls == s * d as isize {
-                *ld *= d;
-                *ls = s;
-                continue;
-            }
+        if let (Some(ld), Some(ls)) = (shape.last_mut(), strides.last_mut())
+            && *ls == s * d as isize
+        {
+            *ld *= d;
+            *ls = s;
+            continue;
         }
         shape.push(d);
         strides.push(s);

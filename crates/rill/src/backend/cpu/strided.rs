@@ -31,12 +31,12 @@ pub(crate) fn walk<const K: usize>(
             continue;
         }
         let st: [isize; K] = std::array::from_fn(|k| strides[k][i]);
-        if let Some(last) = dims.last_mut() {
-            if (0..K).all(|k| last.1[k] == st[k] * d as isize) {
-                last.0 *= d;
-                last.1 = st;
-                continue;
-            }
+        if let Some(last) = dims.last_mut()
+            && (0..K).all(|k| last.1[k] == st[k] * d as isize)
+        {
+            last.0 *= d;
+            last.1 = st;
+            continue;
         }
         dims.push((d, st));
     }

@@ -363,8 +363,12 @@ pub(crate) fn attention(
     if shape.contains(&0) {
         return Ok(out);
     }
-    let tc =
-        matches!(dtype, DType::F16 | DType::BF16) && dk > 0 && dk % 16 == 0 && dv % 16 == 0 && dk <= 128 && dv <= 128;
+    let tc = matches!(dtype, DType::F16 | DType::BF16)
+        && dk > 0
+        && dk % 16 == 0
+        && dv.is_multiple_of(16)
+        && dk <= 128
+        && dv <= 128;
     if !tc && (dk > 256 || dv > SIMT_MAX_DV) {
         return Err(super::unsupported(NAME, format!("head dimensions up to 256 on a GPU, got D = {dk}, Dv = {dv}")));
     }
@@ -373,7 +377,8 @@ pub(crate) fn attention(
     let fit = |s: &Storage| -> Result<Storage> {
         let l = &s.layout;
         let inner = l.shape[r - 1] <= 1 || l.strides[r - 1] == 1;
-        let aligned = !tc || (elem_ptr(s) % 16 == 0 && (0..r - 1).all(|a| l.shape[a] <= 1 || l.strides[a] % 8 == 0));
+        let aligned =
+            !tc || (elem_ptr(s).is_multiple_of(16) && (0..r - 1).all(|a| l.shape[a] <= 1 || l.strides[a] % 8 == 0));
         if inner && aligned { Ok(s.clone()) } else { super::elementwise::copy(cs, s) }
     };
     let (q, k, v) = (fit(inputs[0])?, fit(inputs[1])?, fit(inputs[2])?);

@@ -160,17 +160,17 @@ impl Drop for CudaBuffer {
             // The free (or the reuse, on the same stream) is ordered on the allocating
             // stream after the waits above.
             // (The slice leaves `slice` only when there is a cache to offer it to.)
-            if let Some((cache, class)) = &self.cache {
-                if let Some(s) = slice.take() {
-                    slice = match cache.give(*class, self.ptr, Cached::Slice(s)) {
-                        Some(Cached::Slice(s)) => Some(s),
-                        Some(other) => {
-                            drop(other);
-                            None
-                        }
-                        None => None,
-                    };
-                }
+            if let Some((cache, class)) = &self.cache
+                && let Some(s) = slice.take()
+            {
+                slice = match cache.give(*class, self.ptr, Cached::Slice(s)) {
+                    Some(Cached::Slice(s)) => Some(s),
+                    Some(other) => {
+                        drop(other);
+                        None
+                    }
+                    None => None,
+                };
             }
             if let Some(s) = slice {
                 d.free(s);

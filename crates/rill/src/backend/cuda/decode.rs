@@ -148,7 +148,7 @@ pub(crate) fn slice_update(cs: &GpuStream<'_>, inputs: &[&Storage], axis: usize)
     // The run after the axis moves whole: when it is a whole number of 16-byte vectors
     // (and every address is aligned to them) a thread copies a vector, not an element.
     let size = d.size();
-    let wide = (inner * size) % 16 == 0 && [po, px, pu].iter().all(|p| p % 16 == 0);
+    let wide = (inner * size).is_multiple_of(16) && [po, px, pu].iter().all(|p| p % 16 == 0);
     let (v, unit) = if wide { (16, 16 / size) } else { (size, 1) };
     let sd = start.dtype;
     let key = format!("slice_update:{v}:{}", sd.name());

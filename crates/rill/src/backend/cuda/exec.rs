@@ -109,10 +109,11 @@ impl<'a> BatchRun<'a> {
         // In the batch's (topological) order: a buffer's event is set before the first
         // node that holds it is published, so another stream that reads it waits for it.
         for s in results.iter_mut().flatten() {
-            if let (Some(ev), Some(b)) = (&self.ev, cuda_of(s)) {
-                if !b.constant && b.produced.get().is_none() {
-                    let _ = b.produced.set((ev.clone(), cs.id));
-                }
+            if let (Some(ev), Some(b)) = (&self.ev, cuda_of(s))
+                && !b.constant
+                && b.produced.get().is_none()
+            {
+                let _ = b.produced.set((ev.clone(), cs.id));
             }
             // The batch's fence, or one that also waits for the result's index checks.
             s.fence = Some(self.checks.fence_for(s));
@@ -302,10 +303,10 @@ pub(crate) fn to_host(s: &Storage) -> Result<Storage> {
     // The wait and the copy run inside the backend gate (after shutdown: Error::ShutDown).
     let pass = lifecycle::enter_backend().ok_or(Error::ShutDown)?;
     let d = pass.driver();
-    if s.fence.is_none() {
-        if let Some(ev) = b.event() {
-            ev.synchronize(d).map_err(|e| super::backend_err("to_host", e))?;
-        }
+    if s.fence.is_none()
+        && let Some(ev) = b.event()
+    {
+        ev.synchronize(d).map_err(|e| super::backend_err("to_host", e))?;
     }
     let dev = super::device::device(b.ordinal)?;
     catch_unwind(AssertUnwindSafe(|| download(d, dev.transfer(d), s)))

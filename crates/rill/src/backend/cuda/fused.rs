@@ -124,13 +124,13 @@ pub(crate) fn fused(
         .map(|k| Operand { strides: &mst[1 + k], addr: ptrs[k], size: inputs[k].dtype.size() })
         .collect();
     let plan = plan(&dims, &ops, out_ptr, dtype.size(), n);
-    if let Plan::Strided { ndim, .. } = plan {
-        if ndim > CUDA_MAX_DIMS {
-            return Err(super::unsupported(
-                "fused",
-                format!("inputs of rank {ndim} after merging axes (at most {CUDA_MAX_DIMS})"),
-            ));
-        }
+    if let Plan::Strided { ndim, .. } = plan
+        && ndim > CUDA_MAX_DIMS
+    {
+        return Err(super::unsupported(
+            "fused",
+            format!("inputs of rank {ndim} after merging axes (at most {CUDA_MAX_DIMS})"),
+        ));
     }
     let f = kernel(cs, p, &plan)?;
     let cfg = grid(plan.units(n));

@@ -169,7 +169,7 @@ pub(crate) fn plan(dims: &[usize], ins: &[Operand<'_>], out_addr: u64, out_size:
     let widest =
         ins.iter().zip(&access).filter(|(_, a)| vector_read(**a)).map(|(o, _)| o.size).fold(out_size, usize::max);
     let mut vec = (16 / widest.max(1)).max(1);
-    let aligned = |addr: u64, size: usize| addr % (size * vec) as u64 == 0;
+    let aligned = |addr: u64, size: usize| addr.is_multiple_of((size * vec) as u64);
     let fits = aligned(out_addr, out_size)
         && ins.iter().zip(&access).all(|(o, &a)| !vector_read(a) || aligned(o.addr, o.size))
         && (cols % vec == 0 || access.iter().all(|a| matches!(a, Access::Contig | Access::Scalar)));

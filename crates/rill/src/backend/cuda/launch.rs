@@ -146,12 +146,11 @@ impl Launch {
         let _ = REC.try_with(|r| {
             // The launch is taken out of `p` only once a recorder is there to keep or
             // give it back: without one it must stay in `p` and go out directly below.
-            if let Ok(mut g) = r.try_borrow_mut() {
-                if let Some(rec) = g.as_mut() {
-                    if let Some(pending) = p.take() {
-                        p = rec.push(cs.id, pending);
-                    }
-                }
+            if let Ok(mut g) = r.try_borrow_mut()
+                && let Some(rec) = g.as_mut()
+                && let Some(pending) = p.take()
+            {
+                p = rec.push(cs.id, pending);
             }
         });
         let Some(p) = p else { return Ok(()) }; // recorded
@@ -261,10 +260,10 @@ impl<'a> Recording<'a> {
     /// The node whose launches follow.
     pub fn node(&self, id: u64) {
         let _ = REC.try_with(|r| {
-            if let Ok(mut r) = r.try_borrow_mut() {
-                if let Some(r) = r.as_mut() {
-                    r.node = id;
-                }
+            if let Ok(mut r) = r.try_borrow_mut()
+                && let Some(r) = r.as_mut()
+            {
+                r.node = id;
             }
         });
     }
@@ -306,10 +305,10 @@ pub(crate) fn flush(d: Driver<'_>, cs: &CudaStreamHandle) {
         .unwrap_or_else(|_| vec![(0, DriverError(sys::CUresult::CUDA_ERROR_UNKNOWN))]);
     if !failed.is_empty() {
         let _ = REC.try_with(|r| {
-            if let Ok(mut r) = r.try_borrow_mut() {
-                if let Some(r) = r.as_mut() {
-                    r.failed.extend(failed);
-                }
+            if let Ok(mut r) = r.try_borrow_mut()
+                && let Some(r) = r.as_mut()
+            {
+                r.failed.extend(failed);
             }
         });
     }
@@ -484,10 +483,10 @@ impl GraphCache {
             return false;
         }
         stats::GRAPHS_BUILT.fetch_add(1, Relaxed);
-        if self.graphs.len() >= GRAPHS_PER_STREAM {
-            if let Some(old) = self.graphs.iter().enumerate().min_by_key(|(_, g)| g.used).map(|(i, _)| i) {
-                self.graphs.swap_remove(old);
-            }
+        if self.graphs.len() >= GRAPHS_PER_STREAM
+            && let Some(old) = self.graphs.iter().enumerate().min_by_key(|(_, g)| g.used).map(|(i, _)| i)
+        {
+            self.graphs.swap_remove(old);
         }
         self.graphs.push(g);
         true

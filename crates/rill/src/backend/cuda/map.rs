@@ -70,15 +70,15 @@ pub(crate) fn merge_dims<S: AsRef<[isize]>>(shape: &[usize], strides: &[S]) -> (
         if d == 1 {
             continue;
         }
-        if let Some(last) = dims.last_mut() {
-            if (0..k).all(|o| st[o][st[o].len() - 1] == strides[o][i] * d as isize) {
-                *last *= d;
-                for o in 0..k {
-                    let l = st[o].len() - 1;
-                    st[o][l] = strides[o][i];
-                }
-                continue;
+        if let Some(last) = dims.last_mut()
+            && (0..k).all(|o| st[o][st[o].len() - 1] == strides[o][i] * d as isize)
+        {
+            *last *= d;
+            for o in 0..k {
+                let l = st[o].len() - 1;
+                st[o][l] = strides[o][i];
             }
+            continue;
         }
         dims.push(d);
         for o in 0..k {
@@ -282,7 +282,7 @@ pub(crate) fn plan(ops: &[Operand<'_>], shape: &[usize], out_size: usize, out_ad
 fn linear(ops: &[Operand<'_>], st: [i64; 3], n: usize, vn: usize, out_size: usize, out_addr: u64) -> Plan {
     let st_k = &st[..ops.len()];
     let aligned = vn > 1
-        && out_addr % (out_size * vn) as u64 == 0
+        && out_addr.is_multiple_of((out_size * vn) as u64)
         && ops.iter().zip(st_k).all(|(o, &s)| s == 0 || (s == 1 && o.first() % (o.size * vn) as u64 == 0));
     if aligned {
         let scalar = st_k.iter().enumerate().fold(0u8, |m, (o, &s)| m | (((s == 0) as u8) << o));
@@ -299,8 +299,8 @@ fn linear(ops: &[Operand<'_>], st: [i64; 3], n: usize, vn: usize, out_size: usiz
 fn rows(ops: &[Operand<'_>], r: usize, c: usize, st: [[i64; 2]; 3], vn: usize, out_size: usize, out_addr: u64) -> Plan {
     let st_k = &st[..ops.len()];
     let vec = vn > 1
-        && c % vn == 0
-        && out_addr % (out_size * vn) as u64 == 0
+        && c.is_multiple_of(vn)
+        && out_addr.is_multiple_of((out_size * vn) as u64)
         && ops
             .iter()
             .zip(st_k)

@@ -309,8 +309,9 @@ fn norm(cs: &GpuStream<'_>, inputs: &[Storage], eps: f64, cols_in: Cols, residua
         let pw = ws.as_ref().map(elem_ptr).unwrap_or(0);
         let pb = bs.as_ref().map(elem_ptr).unwrap_or(0);
         // Vectors only when every row and both per-column arrays start 16-byte aligned.
-        let aligned = |p: u64| p % 16 == 0;
-        let vec = i32::from(aligned(px) && aligned(po) && aligned(pw) && aligned(pb) && (cols * d.size()) % 16 == 0);
+        let aligned = |p: u64| p.is_multiple_of(16);
+        let vec =
+            i32::from(aligned(px) && aligned(po) && aligned(pw) && aligned(pb) && (cols * d.size()).is_multiple_of(16));
         let (r64, c64) = (rows as i64, cols as i64);
         let cfg = LaunchConfig {
             grid_dim: (rows.clamp(1, 1 << 30) as u32, 1, 1),

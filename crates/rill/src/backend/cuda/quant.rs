@@ -277,8 +277,11 @@ extern "C" __global__ void k_dq(XT* out, const u8* w, i64 total) {
 /// (copies when they are not).
 fn operands(cs: &GpuStream<'_>, x: &Storage, w: &Storage) -> Result<(Storage, Storage)> {
     let xs = if x.layout.is_contiguous() { x.clone() } else { super::elementwise::copy(cs, x)? };
-    let ws =
-        if w.layout.is_contiguous() && elem_ptr(w) % 4 == 0 { w.clone() } else { super::elementwise::copy(cs, w)? };
+    let ws = if w.layout.is_contiguous() && elem_ptr(w).is_multiple_of(4) {
+        w.clone()
+    } else {
+        super::elementwise::copy(cs, w)?
+    };
     Ok((xs, ws))
 }
 

@@ -593,7 +593,10 @@ pub(crate) fn col_plan(cols: usize, red: usize, vc: usize, sms: usize) -> ColPla
 /// group starts aligned.
 pub(crate) fn col_vec(f: &Form, px: u64, vn: usize) -> usize {
     let vn64 = vn as i64;
-    let aligned = px % 16 == 0 && f.ni % vn == 0 && (f.no == 1 || f.s1 % vn64 == 0) && (f.red == 1 || f.sr % vn64 == 0);
+    let aligned = px.is_multiple_of(16)
+        && f.ni.is_multiple_of(vn)
+        && (f.no == 1 || f.s1 % vn64 == 0)
+        && (f.red == 1 || f.sr % vn64 == 0);
     if aligned { vn } else { 1 }
 }
 
@@ -1073,7 +1076,7 @@ pub(crate) fn softmax(cs: &GpuStream<'_>, x: &Storage, axis: usize, log: bool) -
             let key = format!("softmax_reg:{log}:{}:{nv}", d.name());
             let f = nvrtc::function(cs.driver(), &cs.dev, &key, "k_reg", || softmax_reg_source(d, log, nv))?;
             let px = elem_ptr(&xs);
-            let vec = i32::from(px % 16 == 0 && (cols * d.size()) % 16 == 0);
+            let vec = i32::from(px.is_multiple_of(16) && (cols * d.size()).is_multiple_of(16));
             let (r64, c64) = (rows as i64, cols as i64);
             let cfg = LaunchConfig {
                 grid_dim: (blocks(rows, 1 << 30), 1, 1),

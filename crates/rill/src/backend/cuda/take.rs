@@ -142,7 +142,7 @@ pub(crate) fn contiguous(cs: &GpuStream<'_>, s: &Storage) -> Result<Storage> {
 /// The widest vector (bytes, at most 16) that divides `row` bytes and both addresses.
 pub(crate) fn vector_width(elem: usize, row: usize, ptrs: &[u64]) -> usize {
     let mut v = 16;
-    while v > elem && (row % v != 0 || ptrs.iter().any(|&p| p % v as u64 != 0)) {
+    while v > elem && (!row.is_multiple_of(v) || ptrs.iter().any(|&p| p % v as u64 != 0)) {
         v /= 2;
     }
     v.max(elem)

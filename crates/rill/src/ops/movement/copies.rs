@@ -41,7 +41,7 @@ impl Array {
     pub fn split(&self, sections: usize, axis: isize) -> Result<Vec<Array>> {
         let ax = normalize_axis("split", axis, self.ndim())?;
         let n = self.shape()[ax];
-        if sections == 0 || n % sections != 0 {
+        if sections == 0 || !n.is_multiple_of(sections) {
             return Err(Error::invalid(
                 "split",
                 format!("{sections} equal sections do not divide axis {ax} of shape {:?}", self.shape()),
