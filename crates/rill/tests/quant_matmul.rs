@@ -30,8 +30,8 @@ fn qmatmul_matches_dequantize_then_matmul_in_f64() {
     }
 }
 
-/// Prefill-sized products (the dequantized panel path, several pieces of rows) and
-/// decode of a long row.
+/// Prefill-sized products (several pieces of output rows, the weight walked in tiles),
+/// decode of a long row, and empty dot products (K = 0: zeros).
 #[test]
 fn prefill_and_long_rows_match() {
     let s = cpu();
@@ -46,6 +46,12 @@ fn prefill_and_long_rows_match() {
             let case = Case { format: f, batch: vec![], m, n, k, dtype, strided: false };
             run_case(&case, &mut rng, &s, "prefill");
         }
+    }
+    for (f, m) in [(QuantFormat::Q4_1, 40), (QuantFormat::Q4_0, 3)] {
+        let w = QMatrix::from_bytes(f, 5, 0, &[], &s).unwrap();
+        let y = qmatmul(&Array::zeros(&[m, 0], DType::F32).unwrap(), &w).unwrap();
+        assert_eq!(y.shape(), &[m, 5]);
+        assert!(y.to_f64_vec().unwrap().iter().all(|&v| v == 0.0));
     }
 }
 

@@ -17,6 +17,7 @@ pub(crate) mod matmul;
 pub(crate) mod movement;
 pub(crate) mod nn;
 pub(crate) mod par;
+pub(crate) mod qdot;
 pub(crate) mod quant;
 pub(crate) mod random;
 pub(crate) mod reduce;

@@ -1,28 +1,37 @@
 //! Block-quantized kernels on the CPU: `x @ wᵀ` read from the packed blocks, and
-//! dequantization. The weight is never dequantized as a whole: work is split over
-//! pieces of weight rows (through `par.rs`, on the runtime's pool), and
+//! dequantization. The weight is never dequantized as a whole. The product runs
+//! [`qdot::tile`] (each block decoded once into vector registers and multiplied into up
+//! to eight rows of `x`), split over the runtime's pool (`par.rs`):
 //!
-//! - for a few rows of `x` (decode, `M < PANEL_M`) each block is folded into the dot
-//!   product where it is read (`d · Σ q·x` plus the block's offset times `Σ x`, the sums
-//!   of `x` per block computed once), so a row of the weight is read once per `x` row
-//!   from cache and memory traffic is the packed bytes;
-//! - for more rows (prefill) a piece's [`NP`] rows are dequantized once into a small
-//!   f32 panel, multiplied with all of `x` by `gemm` (single-threaded inside a piece;
-//!   the pieces run on the pool).
+//! - for a few rows of `x` (decode) over pieces of weight rows, so each packed row is
+//!   read once from memory;
+//! - for many (prefill) over pieces of output rows, each walking the weight in small
+//!   tiles that stay in cache.
 //!
-//! Everything accumulates in f32; f16 and bf16 are converted on the way in and out.
+//! A CPU without a vector build of `qdot` (no AVX2 with FMA) runs the portable tile for a
+//! few rows and, for more, dequantizes pieces of weight rows into f32 panels multiplied by
+//! `gemm`. Everything accumulates in f32; f16 and bf16 are converted on the way in and out.
 
 use half::{bf16, f16};
 
+use crate::backend::cpu::qdot::{self, Level};
 use crate::backend::cpu::{CpuBuffer, par, strided};
 use crate::backend::{Buffer, Storage};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::quant::{BLOCK, QuantFormat, dequantize_block, scale};
+use crate::quant::{BLOCK, QuantFormat, dequantize_block};
 
-/// Weight rows per parallel piece.
+/// Weight rows per parallel piece when `x` has few rows.
 const NB: usize = 16;
-/// From this many rows of `x` on, a piece dequantizes its rows into a panel first.
+/// From this many rows of `x` on, the pieces are output rows.
+const ROW_SPLIT_M: usize = 32;
+/// Output rows per parallel piece when `x` has many rows.
+const PM: usize = 32;
+/// Weight rows per tile of a piece of output rows (with eight rows of `x`, about 6–16 KiB
+/// of packed weight and 18–48 KiB of `x` for widths 576–1536).
+const TN: usize = 16;
+/// Without a vector `qdot`, from this many rows of `x` on a piece dequantizes its rows
+/// into a panel for `gemm`.
 const PANEL_M: usize = 4;
 /// Weight rows per parallel piece of a panel product (larger pieces amortise `gemm`'s
 /// packing of `x` over more rows).
@@ -32,6 +41,13 @@ const NP: usize = 64;
 trait QFloat: Element {
     fn up(self) -> f32;
     fn down(v: f32) -> Self;
+    /// The values themselves when they are f32 (no copy).
+    fn as_f32(_v: &[Self]) -> Option<&[f32]> {
+        None
+    }
+    fn as_f32_mut(_v: &mut [Self]) -> Option<&mut [f32]> {
+        None
+    }
 }
 impl QFloat for f32 {
     fn up(self) -> f32 {
@@ -39,6 +55,12 @@ impl QFloat for f32 {
     }
     fn down(v: f32) -> Self {
         v
+    }
+    fn as_f32(v: &[Self]) -> Option<&[f32]> {
+        Some(v)
+    }
+    fn as_f32_mut(v: &mut [Self]) -> Option<&mut [f32]> {
+        Some(v)
     }
 }
 impl QFloat for f16 {
@@ -103,95 +125,6 @@ fn dequantize_t<T: QFloat>(b: &Storage, format: QuantFormat, shape: &[usize], dt
     Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape))
 }
 
-/// The dot product of one packed weight row with `x` (one row of K values); `xs` holds
-/// the sum of `x` over each block. On x86-64 with AVX2 and FMA (detected at run time)
-/// the same loop is compiled for those instructions; the portable build targets the
-/// baseline instruction set.
-#[inline]
-fn row_dot(format: QuantFormat, row: &[u8], x: &[f32], xs: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if simd::avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA (checked just above).
-        return unsafe { simd::row_dot_avx2(format, row, x, xs) };
-    }
-    row_dot_body::<false>(format, row, x, xs)
-}
-
-#[cfg(target_arch = "x86_64")]
-mod simd {
-    use super::*;
-
-    /// Whether the CPU has AVX2 and FMA (the standard library caches the detection).
-    pub(super) fn avx2_fma() -> bool {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
-    }
-
-    /// [`row_dot_body`] compiled for AVX2 and FMA (fused multiply-adds).
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn row_dot_avx2(format: QuantFormat, row: &[u8], x: &[f32], xs: &[f32]) -> f32 {
-        row_dot_body::<true>(format, row, x, xs)
-    }
-}
-
-/// `a * b + c`, fused (one rounding) when `FMA`: only where the CPU has the instruction,
-/// as the portable fallback of `mul_add` is a slow library call.
-#[inline(always)]
-fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
-    if FMA { a.mul_add(b, c) } else { a * b + c }
-}
-
-/// [`row_dot`]'s loop: sixteen lanes of `d · (q x)` accumulate over the blocks (one
-/// horizontal sum per row, not per block); each block's offset term (`m Σ x` for Q4_1,
-/// `-8 d Σ x` for Q4_0) adds up separately.
-#[inline(always)]
-fn row_dot_body<const FMA: bool>(format: QuantFormat, row: &[u8], x: &[f32], xs: &[f32]) -> f32 {
-    const H: usize = BLOCK / 2;
-    let bb = format.block_bytes();
-    let mut acc = [0f32; H];
-    let mut off = 0f32;
-    let blocks = row.chunks_exact(bb).zip(x.chunks_exact(BLOCK)).zip(xs);
-    match format {
-        QuantFormat::Q4_0 | QuantFormat::Q4_1 => {
-            let q41 = format == QuantFormat::Q4_1;
-            let at = if q41 { 4 } else { 2 };
-            for ((b, xb), &sx) in blocks {
-                let d = scale(b, 0);
-                let (Ok(qs), Ok(xl), Ok(xh)) = (
-                    <&[u8; H]>::try_from(&b[at..at + H]),
-                    <&[f32; H]>::try_from(&xb[..H]),
-                    <&[f32; H]>::try_from(&xb[H..]),
-                ) else {
-                    continue; // not reached: every block has H code bytes and BLOCK values
-                };
-                for j in 0..H {
-                    let q = qs[j];
-                    let s = madd::<FMA>((q & 0x0f) as f32, xl[j], (q >> 4) as f32 * xh[j]);
-                    acc[j] = madd::<FMA>(d, s, acc[j]);
-                }
-                off += if q41 { scale(b, 2) * sx } else { -8.0 * d * sx };
-            }
-        }
-        QuantFormat::Q8_0 => {
-            for ((b, xb), _) in blocks {
-                let d = scale(b, 0);
-                let (Ok(ql), Ok(qh), Ok(xl), Ok(xh)) = (
-                    <&[u8; H]>::try_from(&b[2..2 + H]),
-                    <&[u8; H]>::try_from(&b[2 + H..2 + BLOCK]),
-                    <&[f32; H]>::try_from(&xb[..H]),
-                    <&[f32; H]>::try_from(&xb[H..]),
-                ) else {
-                    continue; // not reached: every block has BLOCK code bytes and values
-                };
-                for j in 0..H {
-                    let s = madd::<FMA>(ql[j] as i8 as f32, xl[j], qh[j] as i8 as f32 * xh[j]);
-                    acc[j] = madd::<FMA>(d, s, acc[j]);
-                }
-            }
-        }
-    }
-    acc.iter().sum::<f32>() + off
-}
-
 fn qmatmul_t<T: QFloat>(
     x: &Storage,
     w: &Storage,
@@ -207,83 +140,154 @@ fn qmatmul_t<T: QFloat>(
         return Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape));
     }
     let m = total / n;
-    let xf: Vec<f32> = strided::contiguous::<T>(x).iter().map(|v| v.up()).collect();
-    let bytes = strided::contiguous::<u8>(w);
-    let row_bytes = k / BLOCK * format.block_bytes();
-    let nbk = k / BLOCK;
-    // The result transposed, [N, M]: pieces of weight rows are contiguous.
-    let mut t = vec![0f32; if m == 1 { 0 } else { n * m }];
-    let mut direct = vec![0f32; if m == 1 { n } else { 0 }];
-    let target: &mut [f32] = if m == 1 { &mut direct } else { &mut t };
-    if m < PANEL_M {
-        let xs: Vec<f32> = xf.chunks_exact(BLOCK).map(|b| b.iter().sum()).collect();
-        par::chunks(target, NB * m, |ci, o| {
-            for (r, orow) in o.chunks_exact_mut(m).enumerate() {
-                let wr = ci * NB + r;
-                let row = &bytes[wr * row_bytes..(wr + 1) * row_bytes];
-                for (i, ov) in orow.iter_mut().enumerate() {
-                    *ov = row_dot(format, row, &xf[i * k..(i + 1) * k], &xs[i * nbk..(i + 1) * nbk]);
-                }
-            }
-        });
-    } else {
-        let bb = format.block_bytes();
-        // A piece's weight rows dequantized once into a panel, then one product of the
-        // panel with every row of `x` through `gemm` (register-blocked, SIMD): the
-        // transposed output piece is `panel [rows, K] · xᵀ [K, M]`.
-        par::chunks_init(
-            target,
-            NP * m,
-            || vec![0f32; NP * k],
-            |panel, ci, o| {
-                let rows = o.len() / m;
-                for r in 0..rows {
-                    let wr = ci * NP + r;
-                    let row = &bytes[wr * row_bytes..(wr + 1) * row_bytes];
-                    for (b, pv) in row.chunks_exact(bb).zip(panel[r * k..(r + 1) * k].chunks_exact_mut(BLOCK)) {
-                        dequantize_block(format, b, pv);
-                    }
-                }
-                // SAFETY: `o` is the rows x m piece (row stride m); `panel` holds rows x k
-                // values (row stride k); `xf` holds m rows of k, read as the k x m matrix
-                // `xᵀ` (element (kk, i) at i * k + kk). All extents are inside the slices.
-                unsafe {
-                    gemm::gemm(
-                        rows,
-                        m,
-                        k,
-                        o.as_mut_ptr(),
-                        1,
-                        m as isize,
-                        false,
-                        panel.as_ptr(),
-                        1,
-                        k as isize,
-                        xf.as_ptr(),
-                        k as isize,
-                        1,
-                        0f32,
-                        1f32,
-                        false,
-                        false,
-                        false,
-                        gemm::Parallelism::None,
-                    );
-                }
-            },
-        );
-    }
-    let out = buf.typed_mut::<T>();
-    if m == 1 {
-        for (o, v) in out.iter_mut().zip(&direct) {
-            *o = T::down(*v);
+    let xt = strided::contiguous::<T>(x);
+    let widened: Vec<f32>;
+    let xf: &[f32] = match T::as_f32(&xt) {
+        Some(v) => v,
+        None => {
+            widened = xt.iter().map(|v| v.up()).collect();
+            &widened
         }
+    };
+    let bytes = strided::contiguous::<u8>(w);
+    let level = qdot::level();
+    let out = buf.typed_mut::<T>();
+    let mut staged = Vec::new();
+    let res: &mut [f32] = match T::as_f32_mut(out) {
+        Some(o) => o,
+        None => {
+            staged = vec![0f32; total];
+            &mut staged
+        }
+    };
+    if k == 0 {
+        res.fill(0.0); // empty dot products
+    } else if level == Level::Portable && m >= PANEL_M {
+        panel_product(format, &bytes, xf, m, n, k, res);
     } else {
-        for (j, col) in t.chunks_exact(m).enumerate() {
-            for (i, v) in col.iter().enumerate() {
-                out[i * n + j] = T::down(*v);
-            }
+        direct_product(level, format, &bytes, xf, m, n, k, res);
+    }
+    if !staged.is_empty() {
+        for (o, v) in buf.typed_mut::<T>().iter_mut().zip(&staged) {
+            *o = T::down(*v);
         }
     }
     Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape))
+}
+
+/// `res [m, n] = x [m, k] · wᵀ` through [`qdot::tile`]: for many rows of `x`, pieces of
+/// [`PM`] output rows (contiguous), each running over the weight in tiles of [`TN`] rows;
+/// for a few, pieces of [`NB`] weight rows computed as a transposed `[rows, m]` piece.
+#[allow(clippy::too_many_arguments)]
+fn direct_product(
+    level: Level,
+    format: QuantFormat,
+    bytes: &[u8],
+    xf: &[f32],
+    m: usize,
+    n: usize,
+    k: usize,
+    res: &mut [f32],
+) {
+    let row_bytes = k / BLOCK * format.block_bytes();
+    // One tile of `tn` weight rows times `mm` rows of `x`, in groups of MR rows, into
+    // `o` at `o[i * rs + r * cs]`.
+    let run = |tmp: &mut [f32], w0: usize, tn: usize, x: &[f32], mm: usize, o: &mut [f32], rs: usize, cs: usize| {
+        let w = &bytes[w0 * row_bytes..(w0 + tn) * row_bytes];
+        for i0 in (0..mm).step_by(qdot::MR) {
+            let g = qdot::MR.min(mm - i0);
+            qdot::tile(level, format, w, tn, &x[i0 * k..(i0 + g) * k], k, tmp);
+            for r in 0..tn {
+                for i in 0..g {
+                    o[(i0 + i) * rs + r * cs] = tmp[r * g + i];
+                }
+            }
+        }
+    };
+    if m >= ROW_SPLIT_M {
+        par::chunks_init(
+            res,
+            PM * n,
+            || vec![0f32; TN * qdot::MR],
+            |tmp, ci, o| {
+                let rows = o.len() / n;
+                let x = &xf[ci * PM * k..(ci * PM + rows) * k];
+                for w0 in (0..n).step_by(TN) {
+                    let tn = TN.min(n - w0);
+                    run(tmp, w0, tn, x, rows, &mut o[w0..], n, 1);
+                }
+            },
+        );
+    } else if m == 1 {
+        par::chunks_init(res, NB, || vec![0f32; NB], |tmp, ci, o| run(tmp, ci * NB, o.len(), xf, 1, o, 0, 1));
+    } else {
+        let mut t = vec![0f32; n * m];
+        par::chunks_init(
+            &mut t,
+            NB * m,
+            || vec![0f32; NB * qdot::MR],
+            |tmp, ci, o| run(tmp, ci * NB, o.len() / m, xf, m, o, 1, m),
+        );
+        for (j, col) in t.chunks_exact(m).enumerate() {
+            for (i, v) in col.iter().enumerate() {
+                res[i * n + j] = *v;
+            }
+        }
+    }
+}
+
+/// `res [m, n] = x [m, k] · wᵀ` where the CPU has no vector build of [`qdot`]: a piece's
+/// [`NP`] weight rows are dequantized once into a small f32 panel, multiplied with all of
+/// `x` by `gemm` (single-threaded inside a piece; the pieces run on the pool).
+fn panel_product(format: QuantFormat, bytes: &[u8], xf: &[f32], m: usize, n: usize, k: usize, res: &mut [f32]) {
+    let row_bytes = k / BLOCK * format.block_bytes();
+    let bb = format.block_bytes();
+    // The result transposed, [N, M]: pieces of weight rows are contiguous.
+    let mut t = vec![0f32; n * m];
+    par::chunks_init(
+        &mut t,
+        NP * m,
+        || vec![0f32; NP * k],
+        |panel, ci, o| {
+            let rows = o.len() / m;
+            for r in 0..rows {
+                let wr = ci * NP + r;
+                let row = &bytes[wr * row_bytes..(wr + 1) * row_bytes];
+                for (b, pv) in row.chunks_exact(bb).zip(panel[r * k..(r + 1) * k].chunks_exact_mut(BLOCK)) {
+                    dequantize_block(format, b, pv);
+                }
+            }
+            // SAFETY: `o` is the rows x m piece (row stride m); `panel` holds rows x k
+            // values (row stride k); `xf` holds m rows of k, read as the k x m matrix
+            // `xᵀ` (element (kk, i) at i * k + kk). All extents are inside the slices.
+            unsafe {
+                gemm::gemm(
+                    rows,
+                    m,
+                    k,
+                    o.as_mut_ptr(),
+                    1,
+                    m as isize,
+                    false,
+                    panel.as_ptr(),
+                    1,
+                    k as isize,
+                    xf.as_ptr(),
+                    k as isize,
+                    1,
+                    0f32,
+                    1f32,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+        },
+    );
+    for (j, col) in t.chunks_exact(m).enumerate() {
+        for (i, v) in col.iter().enumerate() {
+            res[i * n + j] = *v;
+        }
+    }
 }
