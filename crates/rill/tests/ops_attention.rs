@@ -9,7 +9,7 @@ mod common;
 
 use attention_ref::{Case, MaskCase, check, tolerance};
 use common::{Rng, assert_close};
-use rill::{Array, AttentionMask, DType, Device, Error, scaled_dot_product_attention as sdpa};
+use rill::{Array, AttentionMask, DType, Device, Error, SliceArg, scaled_dot_product_attention as sdpa};
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
 
@@ -20,6 +20,80 @@ fn generated_cases_match_the_float64_reference() {
         for n in 0..120 {
             let case = Case::random(&mut rng, &FLOATS, false);
             check(&case, &mut rng, &format!("case {n}"));
+        }
+    });
+}
+
+/// The shapes models run: one query per head against many keys with grouped heads
+/// (decoding), and long causal prefills whose rows span several pieces and key blocks;
+/// every float dtype, masks and strided inputs as generated.
+#[test]
+fn decode_and_long_prefill_shapes_match_the_float64_reference() {
+    let mut rng = Rng::new(27);
+    common::on(Device::cpu(), || {
+        for n in 0..40 {
+            let mut case = Case::random(&mut rng, &FLOATS, true);
+            if n % 2 == 0 {
+                case.tq = 1;
+                case.hq = case.hkv * 3;
+                if let MaskCase::Bool(s) | MaskCase::Add(s, _) = &mut case.mask {
+                    let r = s.len();
+                    if r >= 2 {
+                        s[r - 2] = 1;
+                    }
+                    if r >= 3 && s[r - 3] > 1 {
+                        s[r - 3] = case.hq;
+                    }
+                }
+            }
+            check(&case, &mut rng, &format!("case {n}"));
+        }
+    });
+}
+
+/// Keys and values read through views of a larger cache (as a KV cache is sliced to the
+/// positions filled so far): a row stride longer than the row, an offset, per-head planes
+/// apart; f32 views are read in place.
+#[test]
+fn cache_slices_are_read_through_their_strides() {
+    let mut rng = Rng::new(5);
+    common::on(Device::cpu(), || {
+        for (dtype, hq, hkv, tq, tk, causal) in [
+            (DType::F32, 9, 3, 1, 200, false),
+            (DType::F32, 4, 2, 70, 150, true),
+            (DType::BF16, 6, 2, 1, 33, true),
+            (DType::F32, 2, 2, 3, 129, true),
+        ] {
+            let (b, cap, d) = (2, 256, 64);
+            let case = Case {
+                batch: vec![b],
+                hq,
+                hkv,
+                tq,
+                tk,
+                d,
+                dv: d,
+                dtype,
+                mask: if causal { MaskCase::Causal } else { MaskCase::None },
+                scale: None,
+                transposed: false,
+            };
+            let q = Array::from_slice(&rng.vec(b * hq * tq * d, -1.0, 1.0), &[b, hq, tq, d])
+                .unwrap()
+                .astype(dtype)
+                .unwrap();
+            let cache = |rng: &mut Rng| {
+                let full = Array::from_slice(&rng.vec(b * hkv * cap * d, -1.0, 1.0), &[b, hkv, cap, d]).unwrap();
+                let start = 7;
+                full.astype(dtype)
+                    .unwrap()
+                    .slice(&[SliceArg::full(), SliceArg::full(), SliceArg::range(start, start + tk as isize)])
+                    .unwrap()
+            };
+            let (k, v) = (cache(&mut rng), cache(&mut rng));
+            let vals: Vec<Vec<f64>> = [&q, &k, &v].iter().map(|a| a.to_f64_vec().unwrap()).collect();
+            let got = case.call(&[q, k, v], None).unwrap().to_f64_vec().unwrap();
+            assert_close(&got, &case.reference(&vals, None), tolerance(dtype), &format!("{case:?}"));
         }
     });
 }

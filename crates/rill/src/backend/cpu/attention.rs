@@ -1,8 +1,9 @@
-//! Scaled dot-product attention on the CPU: the keys are walked in blocks of [`BK`] with
-//! an online softmax (a running maximum, sum and output row per query), so no `[Tq, Tk]`
-//! score matrix is stored. The work is split over blocks of [`BQ`] query rows of the
-//! flattened `[batch * Hq * Tq]` rows, through `par.rs` (the runtime's pool). f16, bf16
-//! and f32 compute in f32, f64 in f64. A row with no key left after masking is 0.
+//! Scaled dot-product attention on the CPU: the keys are walked in blocks with an online
+//! softmax (a running maximum, sum and output row per query), so no `[Tq, Tk]` score
+//! matrix is stored. The work is split over blocks of query rows, through `par.rs` (the
+//! runtime's pool). f16, bf16 and f32 compute in f32 with each block's two products
+//! (`Q Kᵀ` and `P V`) through `gemm` ([`blocked`]); f64 computes in f64 row by row. A row
+//! with no key left after masking is 0.
 
 use half::{bf16, f16};
 
@@ -29,10 +30,15 @@ pub(crate) fn attention(
     dtype: DType,
 ) -> Result<Storage> {
     let name = "scaled_dot_product_attention";
+    let d = *inputs[0].layout.shape.last().unwrap_or(&0);
     match dtype {
-        DType::F16 => run::<f16>(inputs, scale, kind, shape, dtype),
-        DType::BF16 => run::<bf16>(inputs, scale, kind, shape, dtype),
-        DType::F32 => run::<f32>(inputs, scale, kind, shape, dtype),
+        // A zero-width dot product has no product to hand `gemm`.
+        DType::F16 if d == 0 => run::<f16>(inputs, scale, kind, shape, dtype),
+        DType::BF16 if d == 0 => run::<bf16>(inputs, scale, kind, shape, dtype),
+        DType::F32 if d == 0 => run::<f32>(inputs, scale, kind, shape, dtype),
+        DType::F16 => blocked::run::<f16>(inputs, scale, kind, shape, dtype),
+        DType::BF16 => blocked::run::<bf16>(inputs, scale, kind, shape, dtype),
+        DType::F32 => blocked::run::<f32>(inputs, scale, kind, shape, dtype),
         DType::F64 => run::<f64>(inputs, scale, kind, shape, dtype),
         d => Err(Error::Unsupported { op: name, backend: "cpu", msg: format!("dtype {d} (floats only)") }),
     }
@@ -249,6 +255,295 @@ fn rows<C: Real, T: Reducible<A = C>>(
             let inv = C::ONE / l;
             for (x, &a) in o.iter_mut().zip(&scr.acc[ri * dv..(ri + 1) * dv]) {
                 *x = T::down(a.mul(inv));
+            }
+        }
+    }
+}
+
+/// The f32 computation: per piece of query rows, each key block's scores `Q Kᵀ` and the
+/// update `acc += P V` are `gemm` products (register-blocked, SIMD), with the online
+/// softmax between them. f32 inputs are read in place through their strides (a KV cache's
+/// view needs no copy); f16 and bf16 are widened to f32 first.
+///
+/// Decoding (one query per head) with grouped heads takes the query heads that share a
+/// key/value head as the rows of one piece, so each cached key and value row is read once
+/// per group.
+mod blocked {
+    use std::borrow::Cow;
+
+    use super::{Dims, FloatElem, Mask, mask, up};
+    use crate::backend::cpu::{CpuBuffer, par};
+    use crate::backend::{Buffer, Storage};
+    use crate::dtype::DType;
+    use crate::error::Result;
+    use crate::primitives::AttentionMaskKind;
+    use crate::primitives::vexp::exp_f32;
+    use crate::shape::numel;
+
+    /// Query rows per piece.
+    const BQ: usize = 64;
+    /// Keys per block.
+    const BK: usize = 128;
+
+    /// One input in f32: its values, where each (batch, head) plane starts, and the row
+    /// and column strides inside a plane.
+    struct Operand<'a> {
+        data: Cow<'a, [f32]>,
+        planes: Vec<usize>,
+        rs: usize,
+        cs: usize,
+        /// The stride between heads (the axis before the rows).
+        hs: usize,
+    }
+
+    fn operand<T: FloatElem<A = f32>>(s: &Storage) -> Operand<'_> {
+        let l = &s.layout;
+        let r = l.shape.len();
+        let fix =
+            |i: usize| if l.shape[i] <= 1 { Some(1) } else { usize::try_from(l.strides[i]).ok().filter(|&v| v > 0) };
+        let inner = (fix(r - 2), fix(r - 1), fix(r - 3));
+        let in_place = s.dtype == DType::F32 && l.strides.iter().all(|&v| v >= 0);
+        if let (true, (Some(rs), Some(cs), Some(hs))) = (in_place, inner) {
+            let buf = s.cpu().expect("CPU kernel given a non-CPU storage").typed::<f32>();
+            return Operand {
+                data: Cow::Borrowed(buf),
+                planes: plane_offsets(&l.shape, &l.strides, l.offset),
+                rs,
+                cs,
+                hs,
+            };
+        }
+        let contiguous = crate::shape::Layout::contiguous(&l.shape);
+        let (rows, cols) = (l.shape[r - 2], l.shape[r - 1]);
+        Operand {
+            data: Cow::Owned(up::<T>(s)),
+            planes: plane_offsets(&l.shape, &contiguous.strides, 0),
+            rs: cols.max(1),
+            cs: 1,
+            hs: (rows * cols).max(1),
+        }
+    }
+
+    /// The offset of every plane (all axes but the last two), row-major.
+    fn plane_offsets(shape: &[usize], strides: &[isize], offset: usize) -> Vec<usize> {
+        let nb = shape.len() - 2;
+        let count = numel(&shape[..nb]);
+        (0..count)
+            .map(|p| {
+                let (mut rem, mut off) = (p, offset as isize);
+                for ax in (0..nb).rev() {
+                    off += (rem % shape[ax]) as isize * strides[ax];
+                    rem /= shape[ax];
+                }
+                off as usize
+            })
+            .collect()
+    }
+
+    /// Per-task scratch: each row's running maximum and sum, output row, key limit and
+    /// mask offset, and one key block's scores.
+    #[derive(Default)]
+    struct Scratch {
+        m: Vec<f32>,
+        l: Vec<f32>,
+        acc: Vec<f32>,
+        s: Vec<f32>,
+        hi: Vec<usize>,
+        mo: Vec<usize>,
+    }
+
+    /// What a piece of rows reads: every row attends the keys of one key/value plane.
+    struct Rows<'a> {
+        q: &'a Operand<'a>,
+        k: &'a Operand<'a>,
+        v: &'a Operand<'a>,
+        /// The first row's query offset and the step between rows.
+        q0: usize,
+        qstep: usize,
+        kv: usize,
+        mask: Option<&'a Mask<f32>>,
+        scale: f32,
+    }
+
+    pub(super) fn run<T: FloatElem<A = f32>>(
+        inputs: &[&Storage],
+        scale: Option<f64>,
+        kind: AttentionMaskKind,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Storage> {
+        let (qs, ks, vs) = (&inputs[0].layout.shape, &inputs[1].layout.shape, &inputs[2].layout.shape);
+        let r = qs.len();
+        let dm = Dims { hq: qs[r - 3], hkv: ks[r - 3], tq: qs[r - 2], tk: ks[r - 2], d: qs[r - 1], dv: vs[r - 1] };
+        let n = numel(shape);
+        let mut buf = CpuBuffer::alloc(dtype, n)?;
+        if n == 0 {
+            return Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape));
+        }
+        let (q, k, v) = (operand::<T>(inputs[0]), operand::<T>(inputs[1]), operand::<T>(inputs[2]));
+        let scores: Vec<usize> = qs[..r - 1].iter().copied().chain([dm.tk]).collect();
+        let m = match kind {
+            AttentionMaskKind::Array => Some(mask::<f32>(inputs[3], &scores)),
+            AttentionMaskKind::None | AttentionMaskKind::Causal => None,
+        };
+        let causal = kind == AttentionMaskKind::Causal;
+        let scale = scale.unwrap_or(1.0 / (dm.d as f64).sqrt()) as f32;
+        let rep = dm.hq / dm.hkv;
+        let dv = dm.dv;
+        let out = buf.typed_mut::<T>();
+        // The keys row `i` of a plane may attend: all, or up to `i + Tk - Tq` when causal.
+        let hi = |i: usize| if causal { (i + 1 + dm.tk).saturating_sub(dm.tq).min(dm.tk) } else { dm.tk };
+        if dm.tq == 1 && rep > 1 {
+            // One piece per (batch, key/value head): its query heads are the rows.
+            par::chunks_init(out, rep * dv, Scratch::default, |scr, ci, o| {
+                let (b, g) = (ci / dm.hkv, ci % dm.hkv);
+                let h0 = b * dm.hq + g * rep;
+                scr.hi.clear();
+                scr.hi.resize(rep, hi(0));
+                scr.mo.clear();
+                if let Some(m) = &m {
+                    scr.mo.extend((0..rep).map(|h| m.base[h0 + h]));
+                }
+                let rows = Rows { q: &q, k: &k, v: &v, q0: q.planes[h0], qstep: q.hs, kv: ci, mask: m.as_ref(), scale };
+                attend(&dm, &rows, scr, o);
+            });
+        } else {
+            par::chunks_init(out, BQ * dv, Scratch::default, |scr, ci, o| {
+                let (r0, r1) = (ci * BQ, ci * BQ + o.len() / dv);
+                let mut row = r0;
+                // The piece's rows, one (batch, head) plane at a time.
+                while row < r1 {
+                    let bh = row / dm.tq;
+                    let end = r1.min((bh + 1) * dm.tq);
+                    let (i0, nr) = (row % dm.tq, end - row);
+                    scr.hi.clear();
+                    scr.hi.extend((i0..i0 + nr).map(hi));
+                    scr.mo.clear();
+                    if let Some(m) = &m {
+                        scr.mo.extend((i0..i0 + nr).map(|i| m.base[bh] + i * m.sq));
+                    }
+                    let kv = (bh / dm.hq) * dm.hkv + (bh % dm.hq) / rep;
+                    let q0 = q.planes[bh] + i0 * q.rs;
+                    let rows = Rows { q: &q, k: &k, v: &v, q0, qstep: q.rs, kv, mask: m.as_ref(), scale };
+                    attend(&dm, &rows, scr, &mut o[(row - r0) * dv..(end - r0) * dv]);
+                    row = end;
+                }
+            });
+        }
+        Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape))
+    }
+
+    /// The rows of `p` (as many as `out` holds, `dv` values each; their key limits and
+    /// mask offsets in `scr.hi` and `scr.mo`) into `out`.
+    fn attend<T: FloatElem<A = f32>>(dm: &Dims, p: &Rows<'_>, scr: &mut Scratch, out: &mut [T]) {
+        let (d, dv) = (dm.d, dm.dv);
+        let nr = out.len() / dv;
+        let (q, k, v) = (p.q, p.k, p.v);
+        let (k0, v0) = (k.planes[p.kv], v.planes[p.kv]);
+        scr.m.clear();
+        scr.m.resize(nr, f32::NEG_INFINITY);
+        scr.l.clear();
+        scr.l.resize(nr, 0.0);
+        scr.acc.clear();
+        scr.acc.resize(nr * dv, 0.0);
+        scr.s.resize(nr * BK, 0.0);
+        let max_hi = scr.hi.iter().copied().max().unwrap_or(0);
+        for kb in (0..max_hi).step_by(BK) {
+            let nk = BK.min(max_hi - kb);
+            // SAFETY: the scores are nr x nk at row stride BK inside `s` (nr * BK values);
+            // the queries are nr rows of d at `q0 + i * qstep + c * cs`, and the keys nk
+            // rows of d at `k0 + (kb + j) * rs + c * cs`, all inside their operands (the
+            // offsets come from the layouts of the op's inputs).
+            unsafe {
+                gemm::gemm(
+                    nr,
+                    nk,
+                    d,
+                    scr.s.as_mut_ptr(),
+                    1,
+                    BK as isize,
+                    false,
+                    q.data.as_ptr().add(p.q0),
+                    q.cs as isize,
+                    p.qstep as isize,
+                    k.data.as_ptr().add(k0 + kb * k.rs),
+                    k.rs as isize,
+                    k.cs as isize,
+                    0.0,
+                    p.scale,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+            for i in 0..nr {
+                let srow = &mut scr.s[i * BK..i * BK + nk];
+                let lim = scr.hi[i].saturating_sub(kb).min(nk);
+                if let Some(m) = p.mask {
+                    let at = scr.mo[i] + kb * m.sk;
+                    for (j, x) in srow[..lim].iter_mut().enumerate() {
+                        *x += m.values[at + j * m.sk];
+                    }
+                }
+                srow[lim..].fill(f32::NEG_INFINITY);
+                let mx = srow[..lim].iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+                let m_old = scr.m[i];
+                let m_new = if mx > m_old { mx } else { m_old };
+                if m_new == f32::NEG_INFINITY {
+                    srow.fill(0.0); // every key so far masked out
+                    continue;
+                }
+                if m_new != m_old {
+                    let corr = exp_f32(m_old - m_new);
+                    scr.l[i] *= corr;
+                    scr.acc[i * dv..(i + 1) * dv].iter_mut().for_each(|a| *a *= corr);
+                }
+                let mut sum = 0.0;
+                for x in srow.iter_mut() {
+                    *x = exp_f32(*x - m_new);
+                    sum += *x;
+                }
+                scr.l[i] += sum;
+                scr.m[i] = m_new;
+            }
+            // SAFETY: `acc` is nr x dv (row stride dv), the probabilities nr x nk at row
+            // stride BK, and the values nk rows of dv at `v0 + (kb + j) * rs + c * cs`,
+            // inside the operand.
+            unsafe {
+                gemm::gemm(
+                    nr,
+                    dv,
+                    nk,
+                    scr.acc.as_mut_ptr(),
+                    1,
+                    dv as isize,
+                    true,
+                    scr.s.as_ptr(),
+                    1,
+                    BK as isize,
+                    v.data.as_ptr().add(v0 + kb * v.rs),
+                    v.cs as isize,
+                    v.rs as isize,
+                    1.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+        }
+        for i in 0..nr {
+            let l = scr.l[i];
+            let o = &mut out[i * dv..(i + 1) * dv];
+            if l == 0.0 {
+                o.iter_mut().for_each(|x| *x = T::down(0.0));
+            } else {
+                let inv = 1.0 / l;
+                for (x, &a) in o.iter_mut().zip(&scr.acc[i * dv..(i + 1) * dv]) {
+                    *x = T::down(a * inv);
+                }
             }
         }
     }
