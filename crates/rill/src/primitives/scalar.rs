@@ -45,7 +45,7 @@ pub(crate) trait Float:
 }
 
 macro_rules! float_impl {
-    ($t:ty, $sqrt_2_over_pi:expr, $exp:path, $erf:path) => {
+    ($t:ty, $sqrt_2_over_pi:expr, $exp:path, $tanh:path, $erf:path) => {
         impl Float for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -83,7 +83,7 @@ macro_rules! float_impl {
             }
             #[inline(always)]
             fn tanh(self) -> Self {
-                <$t>::tanh(self)
+                $tanh(self)
             }
             #[inline(always)]
             fn abs(self) -> Self {
@@ -112,9 +112,9 @@ macro_rules! float_impl {
         }
     };
 }
-// f32's exp is the branch-free one of `vexp`, so that loops over one op vectorise.
-float_impl!(f32, 0.797_884_6, super::vexp::exp_f32, libm::erff);
-float_impl!(f64, 0.797_884_560_802_865_4, f64::exp, libm::erf);
+// f32's exp and tanh are the branch-free ones of `vexp`, so that loops over one op vectorise.
+float_impl!(f32, 0.797_884_6, super::vexp::exp_f32, super::vexp::tanh_f32, libm::erff);
+float_impl!(f64, 0.797_884_560_802_865_4, f64::exp, f64::tanh, libm::erf);
 
 /// Wrapping integer arithmetic (the integer dtypes and bool, held in u8).
 pub(crate) trait IntOps: Element {
