@@ -53,10 +53,10 @@ pub(crate) fn tanh_f32(x: f32) -> f32 {
     let a = x.abs();
     let z = x * x;
     let mut p = -5.704_988_7e-3_f32;
-    p = p * z + 2.063_908_9e-2;
+    p = p * z + 2.063_909e-2;
     p = p * z - 5.373_971_6e-2;
     p = p * z + 1.333_144_2e-1;
-    p = p * z - 3.333_328_2e-1;
+    p = p * z - 3.333_328e-1;
     let small = p * z * x + x;
     let e = exp_f32(2.0 * a);
     let large = (1.0 - 2.0 / (e + 1.0)).copysign(x);
