@@ -54,6 +54,25 @@ struct Dims {
     dv: usize,
 }
 
+impl Dims {
+    /// The sizes of the attention over `q, k, v` (the first three inputs).
+    fn of(inputs: &[&Storage]) -> Dims {
+        let (qs, ks, vs) = (&inputs[0].layout.shape, &inputs[1].layout.shape, &inputs[2].layout.shape);
+        let r = qs.len();
+        Dims { hq: qs[r - 3], hkv: ks[r - 3], tq: qs[r - 2], tk: ks[r - 2], d: qs[r - 1], dv: vs[r - 1] }
+    }
+}
+
+/// The array mask (the fourth input) as additive values broadcast to the scores'
+/// shape, or none for the other mask kinds.
+fn mask_of<C: Real>(inputs: &[&Storage], kind: AttentionMaskKind, dm: &Dims) -> Option<Mask<C>> {
+    (kind == AttentionMaskKind::Array).then(|| {
+        let qs = &inputs[0].layout.shape;
+        let scores: Vec<usize> = qs[..qs.len() - 1].iter().copied().chain([dm.tk]).collect();
+        mask::<C>(inputs[3], &scores)
+    })
+}
+
 /// The values of `s` in row-major order, in the compute type.
 fn up<T: FloatElem>(s: &Storage) -> Vec<T::A> {
     strided::contiguous::<T>(s).iter().map(|v| v.up()).collect()
@@ -103,20 +122,14 @@ fn run<T: FloatElem>(
     shape: &[usize],
     dtype: DType,
 ) -> Result<Storage> {
-    let (qs, ks, vs) = (&inputs[0].layout.shape, &inputs[1].layout.shape, &inputs[2].layout.shape);
-    let r = qs.len();
-    let dm = Dims { hq: qs[r - 3], hkv: ks[r - 3], tq: qs[r - 2], tk: ks[r - 2], d: qs[r - 1], dv: vs[r - 1] };
+    let dm = Dims::of(inputs);
     let n = numel(shape);
     let mut buf = CpuBuffer::alloc(dtype, n)?;
     if n == 0 {
         return Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape));
     }
     let (q, k, v) = (up::<T>(inputs[0]), up::<T>(inputs[1]), up::<T>(inputs[2]));
-    let scores: Vec<usize> = qs[..r - 1].iter().copied().chain([dm.tk]).collect();
-    let m = match kind {
-        AttentionMaskKind::Array => Some(mask::<T::A>(inputs[3], &scores)),
-        AttentionMaskKind::None | AttentionMaskKind::Causal => None,
-    };
+    let m = mask_of::<T::A>(inputs, kind, &dm);
     let causal = kind == AttentionMaskKind::Causal;
     let scale = <T::A as Real>::of(scale.unwrap_or(if dm.d == 0 { 1.0 } else { 1.0 / (dm.d as f64).sqrt() }));
     let out = buf.typed_mut::<T>();
@@ -271,7 +284,7 @@ fn rows<C: Real, T: Reducible<A = C>>(
 mod blocked {
     use std::borrow::Cow;
 
-    use super::{Dims, FloatElem, Mask, mask, up};
+    use super::{Dims, FloatElem, Mask, mask_of, up};
     use crate::backend::cpu::{CpuBuffer, par};
     use crate::backend::{Buffer, Storage};
     use crate::dtype::DType;
@@ -372,20 +385,14 @@ mod blocked {
         shape: &[usize],
         dtype: DType,
     ) -> Result<Storage> {
-        let (qs, ks, vs) = (&inputs[0].layout.shape, &inputs[1].layout.shape, &inputs[2].layout.shape);
-        let r = qs.len();
-        let dm = Dims { hq: qs[r - 3], hkv: ks[r - 3], tq: qs[r - 2], tk: ks[r - 2], d: qs[r - 1], dv: vs[r - 1] };
+        let dm = Dims::of(inputs);
         let n = numel(shape);
         let mut buf = CpuBuffer::alloc(dtype, n)?;
         if n == 0 {
             return Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape));
         }
         let (q, k, v) = (operand::<T>(inputs[0]), operand::<T>(inputs[1]), operand::<T>(inputs[2]));
-        let scores: Vec<usize> = qs[..r - 1].iter().copied().chain([dm.tk]).collect();
-        let m = match kind {
-            AttentionMaskKind::Array => Some(mask::<f32>(inputs[3], &scores)),
-            AttentionMaskKind::None | AttentionMaskKind::Causal => None,
-        };
+        let m = mask_of::<f32>(inputs, kind, &dm);
         let causal = kind == AttentionMaskKind::Causal;
         let scale = scale.unwrap_or(1.0 / (dm.d as f64).sqrt()) as f32;
         let rep = dm.hq / dm.hkv;
