@@ -285,6 +285,7 @@ mod blocked {
     use std::borrow::Cow;
 
     use super::{Dims, FloatElem, Mask, mask_of, up};
+    use crate::backend::cpu::matmul::batch_offsets;
     use crate::backend::cpu::{CpuBuffer, par};
     use crate::backend::{Buffer, Storage};
     use crate::dtype::DType;
@@ -318,39 +319,17 @@ mod blocked {
         let in_place = s.dtype == DType::F32 && l.strides.iter().all(|&v| v >= 0);
         if let (true, (Some(rs), Some(cs), Some(hs))) = (in_place, inner) {
             let buf = s.cpu().expect("CPU kernel given a non-CPU storage").typed::<f32>();
-            return Operand {
-                data: Cow::Borrowed(buf),
-                planes: plane_offsets(&l.shape, &l.strides, l.offset),
-                rs,
-                cs,
-                hs,
-            };
+            return Operand { data: Cow::Borrowed(buf), planes: batch_offsets(l), rs, cs, hs };
         }
         let contiguous = crate::shape::Layout::contiguous(&l.shape);
         let (rows, cols) = (l.shape[r - 2], l.shape[r - 1]);
         Operand {
             data: Cow::Owned(up::<T>(s)),
-            planes: plane_offsets(&l.shape, &contiguous.strides, 0),
+            planes: batch_offsets(&contiguous),
             rs: cols.max(1),
             cs: 1,
             hs: (rows * cols).max(1),
         }
-    }
-
-    /// The offset of every plane (all axes but the last two), row-major.
-    fn plane_offsets(shape: &[usize], strides: &[isize], offset: usize) -> Vec<usize> {
-        let nb = shape.len() - 2;
-        let count = numel(&shape[..nb]);
-        (0..count)
-            .map(|p| {
-                let (mut rem, mut off) = (p, offset as isize);
-                for ax in (0..nb).rev() {
-                    off += (rem % shape[ax]) as isize * strides[ax];
-                    rem /= shape[ax];
-                }
-                off as usize
-            })
-            .collect()
     }
 
     /// Per-task scratch: each row's running maximum and sum, output row, key limit and

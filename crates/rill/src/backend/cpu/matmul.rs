@@ -25,7 +25,7 @@ struct Operand {
 }
 
 /// Element offsets of every batch matrix of `l` (all axes but the last two), row-major.
-fn batch_offsets(l: &Layout) -> Vec<usize> {
+pub(crate) fn batch_offsets(l: &Layout) -> Vec<usize> {
     let nb = l.shape.len() - 2;
     let count = numel(&l.shape[..nb]);
     let mut offs = Vec::with_capacity(count);

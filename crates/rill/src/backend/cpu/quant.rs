@@ -228,11 +228,7 @@ fn direct_product(
             || vec![0f32; NB * qdot::MR],
             |tmp, ci, o| run(tmp, ci * NB, o.len() / m, xf, m, o, 1, m),
         );
-        for (j, col) in t.chunks_exact(m).enumerate() {
-            for (i, v) in col.iter().enumerate() {
-                res[i * n + j] = *v;
-            }
-        }
+        untranspose(&t, m, n, res);
     }
 }
 
@@ -285,6 +281,11 @@ fn panel_product(format: QuantFormat, bytes: &[u8], xf: &[f32], m: usize, n: usi
             }
         },
     );
+    untranspose(&t, m, n, res);
+}
+
+/// `res [m, n]` from its transpose `t [n, m]` (the result of pieces of weight rows).
+fn untranspose(t: &[f32], m: usize, n: usize, res: &mut [f32]) {
     for (j, col) in t.chunks_exact(m).enumerate() {
         for (i, v) in col.iter().enumerate() {
             res[i * n + j] = *v;
