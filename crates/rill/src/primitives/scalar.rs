@@ -112,8 +112,9 @@ macro_rules! float_impl {
         }
     };
 }
-// f32's exp and tanh are the branch-free ones of `vexp`, so that loops over one op vectorise.
-float_impl!(f32, 0.797_884_6, super::vexp::exp_f32, super::vexp::tanh_f32, libm::erff);
+// f32's exp, tanh and erf are the branch-free ones of `vexp`, so that loops over one op
+// vectorise.
+float_impl!(f32, 0.797_884_6, super::vexp::exp_f32, super::vexp::tanh_f32, super::vexp::erf_f32);
 float_impl!(f64, 0.797_884_560_802_865_4, f64::exp, f64::tanh, libm::erf);
 
 /// Wrapping integer arithmetic (the integer dtypes and bool, held in u8).
