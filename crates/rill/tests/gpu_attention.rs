@@ -1,5 +1,6 @@
-//! `scaled_dot_product_attention` on the GPU (the tensor-core kernel for f16/bf16 with D
-//! and Dv multiples of 16 up to 128, the SIMT kernel otherwise) against the float64
+//! `scaled_dot_product_attention` on the GPU (the decode kernel for one query row, the
+//! tensor-core kernel for f16/bf16 with D and Dv multiples of 16 up to 128, the SIMT
+//! kernel otherwise) against the float64
 //! reference, on generated cases: batch axes, grouped-query ratios, Tq != Tk and
 //! decode-sized Tq, several key tiles, causal, bool and additive masks with
 //! broadcasting, fully masked rows, strided inputs. Skipped without a GPU;
@@ -32,6 +33,20 @@ fn gpu_generic_shapes_match_the_float64_reference() {
         for n in 0..80 {
             let case = Case::random(&mut rng, &[DType::F32, DType::F16, DType::BF16, DType::F64], false);
             check(&case, &mut rng, &format!("case {n}"));
+        }
+    });
+}
+
+/// One query row against caches of many lengths (the split-key decode kernel and its
+/// merge), f16/bf16/f32.
+#[test]
+fn gpu_decode_rows_match_the_float64_reference() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(404);
+    common::on(g, || {
+        for n in 0..120 {
+            let case = Case::decode(&mut rng, &[DType::F32, DType::F16, DType::BF16]);
+            check(&case, &mut rng, &format!("decode case {n}"));
         }
     });
 }

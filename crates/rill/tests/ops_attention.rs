@@ -51,6 +51,19 @@ fn decode_and_long_prefill_shapes_match_the_float64_reference() {
     });
 }
 
+/// The generated decode cases of the GPU's split-key kernel (one query row, wide
+/// grouped heads, caches up to about 3000 keys) on the CPU.
+#[test]
+fn generated_decode_rows_match_the_float64_reference() {
+    let mut rng = Rng::new(28);
+    common::on(Device::cpu(), || {
+        for n in 0..30 {
+            let case = Case::decode(&mut rng, &FLOATS);
+            check(&case, &mut rng, &format!("decode case {n}"));
+        }
+    });
+}
+
 /// Keys and values read through views of a larger cache (as a KV cache is sliced to the
 /// positions filled so far): a row stride longer than the row, an offset, per-head planes
 /// apart; f32 views are read in place.

@@ -83,6 +83,36 @@ impl Case {
         Case { batch, hq, hkv, tq, tk, d, dv, dtype, mask, scale, transposed: rng.next_u64().is_multiple_of(3) }
     }
 
+    /// A random decode case (one query row against a cache): grouped-query ratios up to
+    /// 16 query heads a key/value head, caches of 1 to about 3000 keys, head sizes up to
+    /// 256, every mask kind, strided inputs, and many batch rows at once.
+    pub fn decode(rng: &mut Rng, dtypes: &[DType]) -> Case {
+        let many = rng.next_u64().is_multiple_of(5);
+        let batch: Vec<usize> = if many {
+            vec![pick(rng, &[64, 33])]
+        } else {
+            let nb = (rng.next_u64() % 3) as usize;
+            (0..nb).map(|_| 1 + (rng.next_u64() % 3) as usize).collect()
+        };
+        let hkv = pick(rng, &[1, 1, 2, 3]);
+        let hq = hkv * pick(rng, &[1, 2, 3, 4, 8, 9, 12, 16]);
+        let d = pick(rng, &[64, 128, 64, 80, 32, 256, 8]);
+        let dv = if rng.next_u64().is_multiple_of(4) { pick(rng, &[8, 64, 40, 256]) } else { d };
+        // Log-uniform lengths, so short caches and several key splits both come up.
+        let top: f64 = if many { 120.0 } else { 3000.0 };
+        let tk = top.powf(rng.uniform(0.0, 1.0)).round().max(1.0) as usize;
+        let dtype = pick(rng, dtypes);
+        let scores: Vec<usize> = batch.iter().copied().chain([hq, 1, tk]).collect();
+        let mask = match rng.next_u64() % 4 {
+            0 => MaskCase::None,
+            1 => MaskCase::Causal,
+            2 => MaskCase::Bool(mask_shape(rng, &scores)),
+            _ => MaskCase::Add(mask_shape(rng, &scores), pick(rng, &[DType::F32, dtype])),
+        };
+        let scale = if rng.next_u64().is_multiple_of(4) { Some(0.3) } else { None };
+        Case { batch, hq, hkv, tq: 1, tk, d, dv, dtype, mask, scale, transposed: rng.next_u64().is_multiple_of(3) }
+    }
+
     fn shape(&self, h: usize, t: usize, d: usize) -> Vec<usize> {
         self.batch.iter().copied().chain([h, t, d]).collect()
     }

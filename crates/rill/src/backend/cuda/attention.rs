@@ -5,6 +5,7 @@
 //! | inputs | kernel |
 //! |---|---|
 //! | f16/bf16, `D` and `Dv` multiples of 16 up to 128 | `k_attn_tc`: 4 warps, 64 queries a block (16 a warp) and 64 keys a tile; Q, K and V tiles in shared memory (`cp.async`, rows padded by 16 bytes so `ldmatrix` is conflict-free), `mma.sync.m16n8k16` with f32 accumulation for `Q Kᵀ` and `P V` (P rounded to the inputs' type, as in FlashAttention), the next V tile loading while `Q Kᵀ` runs and the next K tile while `P V` runs; one kernel per (dtype, `D`, `Dv`, mask) |
+//! | one query row (`Tq = 1`, decoding), f16/bf16/f32, `D` and `Dv` up to 256 | `k_attn_dec`: a block takes up to 8 query heads of one key/value head (they share each key and value it loads) and one split of the keys, 4 warps of 32 keys a step (a lane per key's dot products, then the lanes share the output columns); splits are chosen to give about two blocks per multiprocessor, and `k_attn_dec_sum` merges them |
 //! | anything else (f32, f64, other `D` up to 256 per lane group) | `k_attn_simt`: a warp per query row, 32 keys per step (a lane per key's dot product, then the lanes share the `Dv` columns of the output) |
 //!
 //! Both read q, k, v through (batch, head, token) strides with the last axis contiguous
@@ -344,6 +345,191 @@ extern "C" __global__ void __launch_bounds__(128) k_attn_simt({t}* out, const {t
 }
 
 /// Attention over inputs `q, k, v[, mask]` into a new contiguous `shape` of `dtype`.
+/// Query heads one decode block takes (its rows of `q`).
+const DEC_ROWS: usize = 8;
+/// Keys a decode block's 4 warps take per step (32 each).
+const DEC_STEP: usize = 128;
+/// Most key splits of one decode plane.
+const DEC_MAX_SPLITS: usize = 64;
+
+/// The decode kernel `k_attn_dec` (one query row, `Tq = 1`) and its combine
+/// `k_attn_dec_sum`: a block takes up to `rows` query heads of one key/value head (they
+/// share every key and value it loads) and one contiguous split of the keys; each warp
+/// walks 32 keys at a time with a lane per key's dot products, then the lanes share the
+/// output columns. With one split the block writes the output; with several each writes
+/// its running maximum, sum and unnormalised output (f32) and `k_attn_dec_sum` merges
+/// them. Scores are log2-scaled as in the tensor-core kernel.
+pub(crate) fn dec_source(
+    d: DType,
+    dk: usize,
+    dv: usize,
+    rows: usize,
+    kind: AttentionMaskKind,
+    md: Option<DType>,
+) -> String {
+    let t = ctype(d);
+    let (mt, mexpr) = mask_src(kind, md, true, "om + r * p.mh + j * p.mk");
+    let causal = (kind == AttentionMaskKind::Causal) as i32;
+    let array = (kind == AttentionMaskKind::Array) as i32;
+    let (lq, lk, lv) = (load(d, "Q[r * p.qh + c]"), load(d, "Kr[c]"), load(d, "Vr[c]"));
+    let (st, st_sum) = (store_float(d, "L > 0.f ? O / L : 0.f", false), store_float(d, "L > 0.f ? O / L : 0.f", false));
+    format!(
+        r#"{PRELUDE}
+{PARAMS_SRC}
+#define D {dk}
+#define DV {dv}
+#define R {rows}
+#define DVL ((DV + 31) / 32)
+#define VB (DVL == 1 ? 32 : DVL == 2 ? 16 : DVL <= 4 ? 8 : 4)
+#define CAUSAL {causal}
+#define ARRAY {array}
+// Block (plane, group chunk, split); a plane is one (batch, key/value head).
+__device__ __forceinline__ void dec_block(const AttnP& p, i64 x, i64 splits, i64 groups, i64& s, i64& gi, i64& pk, i64& h0, int& nr) {{
+    s = x % splits;
+    const i64 rest = x / splits;
+    gi = rest % groups;
+    pk = rest / groups;
+    const i64 gsz = p.hq / p.hkv;
+    h0 = (pk / p.hkv) * p.hq + (pk % p.hkv) * gsz + gi * R;
+    const i64 left = gsz - gi * R;
+    nr = (int)(left < R ? left : R);
+}}
+extern "C" __global__ void __launch_bounds__(128) k_attn_dec({t}* out, float* wo, float* wml, const {t}* q, const {t}* k, const {t}* v, const {mt}* mask, AttnP p, i64 splits, i64 groups) {{
+    __shared__ float sq[R][D];
+    __shared__ float sm[4][R], sl[4][R];
+    __shared__ float so[4][R][DV];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    i64 s, gi, pk, h0; int nr;
+    dec_block(p, blockIdx.x, splits, groups, s, gi, pk, h0, nr);
+    i64 oq, okk, ov, om, oo;
+    attn_offsets(p, h0, oq, okk, ov, om, oo);
+    const {t}* Q = q + oq; const {t}* K = k + okk; const {t}* V = v + ov;
+    const float sl2 = (float)p.scale * 1.4426950408889634f;
+    for (int e = threadIdx.x; e < R * D; e += 128) {{
+        const int r = e / D, c = e % D;
+        sq[r][c] = r < nr ? {lq} * sl2 : 0.f;
+    }}
+    __syncthreads();
+    i64 kend = p.tk;
+    if (CAUSAL) {{ kend = p.tk - p.tq + 1; if (kend < 0) kend = 0; }}
+    const i64 per = ((kend + splits - 1) / splits + 31) / 32 * 32;
+    const i64 c0 = s * per;
+    const i64 c1 = c0 + per < kend ? c0 + per : kend;
+    float m[R], l[R], acc[R][DVL];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {{
+        m[r] = NEG_INF; l[r] = 0.f;
+#pragma unroll
+        for (int u = 0; u < DVL; ++u) acc[r][u] = 0.f;
+    }}
+    for (i64 t0 = c0 + 32 * warp; t0 < c1; t0 += 128) {{
+        const i64 j = t0 + lane;
+        const bool ok = j < c1;
+        float xs[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) xs[r] = 0.f;
+        if (ok) {{
+            const {t}* Kr = K + j * p.kt;
+#pragma unroll 64
+            for (int c = 0; c < D; ++c) {{
+                const float kc = {lk};
+#pragma unroll
+                for (int r = 0; r < R; ++r) xs[r] += sq[r][c] * kc;
+            }}
+        }}
+#pragma unroll
+        for (int r = 0; r < R; ++r) {{
+            float x = ok ? xs[r] : NEG_INF;
+            if (ARRAY && ok && r < nr) {mexpr}
+            float mx = x;
+            for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            const float n = fmaxf(m[r], mx);
+            const float u = n == NEG_INF ? 0.f : n;
+            const float corr = exp2f(m[r] - u);
+            const float e = exp2f(x - u);
+            float es = e;
+            for (int o = 16; o > 0; o >>= 1) es += __shfl_xor_sync(0xffffffffu, es, o);
+            l[r] = l[r] * corr + es;
+            m[r] = n;
+#pragma unroll
+            for (int w = 0; w < DVL; ++w) acc[r][w] *= corr;
+            xs[r] = e;
+        }}
+        // VB value rows loaded at once, so their loads are in flight together (keys past
+        // the split have weight 0 and read nothing).
+        const int cnt = c1 - t0 < 32 ? (int)(c1 - t0) : 32;
+#pragma unroll
+        for (int rb = 0; rb < 32; rb += VB) {{
+            if (rb < cnt) {{
+                float vv[VB][DVL];
+#pragma unroll
+                for (int i = 0; i < VB; ++i) {{
+                    const {t}* Vr = V + (t0 + rb + i) * p.vt;
+#pragma unroll
+                    for (int w = 0; w < DVL; ++w) {{
+                        const int c = lane + 32 * w;
+                        vv[i][w] = rb + i < cnt && c < DV ? {lv} : 0.f;
+                    }}
+                }}
+#pragma unroll
+                for (int i = 0; i < VB; ++i) {{
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {{
+                        const float pr = __shfl_sync(0xffffffffu, xs[r], rb + i);
+#pragma unroll
+                        for (int w = 0; w < DVL; ++w) acc[r][w] += pr * vv[i][w];
+                    }}
+                }}
+            }}
+        }}
+    }}
+#pragma unroll
+    for (int r = 0; r < R; ++r) {{
+        if (lane == 0) {{ sm[warp][r] = m[r]; sl[warp][r] = l[r]; }}
+#pragma unroll
+        for (int w = 0; w < DVL; ++w) {{ const int c = lane + 32 * w; if (c < DV) so[warp][r][c] = acc[r][w]; }}
+    }}
+    __syncthreads();
+    for (int e = threadIdx.x; e < nr * DV; e += 128) {{
+        const int r = e / DV, c = e % DV;
+        float M = fmaxf(fmaxf(sm[0][r], sm[1][r]), fmaxf(sm[2][r], sm[3][r]));
+        const float u = M == NEG_INF ? 0.f : M;
+        float L = 0.f, O = 0.f;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {{ const float f = exp2f(sm[w][r] - u); L += sl[w][r] * f; O += so[w][r][c] * f; }}
+        if (splits == 1) {{
+            out[oo + r * p.oh + c] = {st};
+        }} else {{
+            const i64 slot = ((pk * groups + gi) * splits + s) * R + r;
+            wo[slot * DV + c] = O;
+            if (c == 0) {{ wml[2 * slot] = M; wml[2 * slot + 1] = L; }}
+        }}
+    }}
+}}
+// One block per (plane, group chunk, row): merges the splits' partial results.
+extern "C" __global__ void __launch_bounds__(64) k_attn_dec_sum({t}* out, const float* wo, const float* wml, AttnP p, i64 splits, i64 groups) {{
+    const int r = (int)(blockIdx.x % R);
+    i64 s, gi, pk, h0; int nr;
+    dec_block(p, (i64)(blockIdx.x / R) * splits, splits, groups, s, gi, pk, h0, nr);
+    if (r >= nr) return;
+    i64 oq, okk, ov, om, oo;
+    attn_offsets(p, h0, oq, okk, ov, om, oo);
+    const i64 base = (pk * groups + gi) * splits;
+    float M = NEG_INF;
+    for (i64 t = 0; t < splits; ++t) M = fmaxf(M, wml[2 * ((base + t) * R + r)]);
+    const float u = M == NEG_INF ? 0.f : M;
+    float L = 0.f;
+    for (i64 t = 0; t < splits; ++t) {{ const i64 sl = (base + t) * R + r; L += wml[2 * sl + 1] * exp2f(wml[2 * sl] - u); }}
+    for (int c = threadIdx.x; c < DV; c += 64) {{
+        float O = 0.f;
+        for (i64 t = 0; t < splits; ++t) {{ const i64 sl = (base + t) * R + r; O += wo[sl * DV + c] * exp2f(wml[2 * sl] - u); }}
+        out[oo + r * p.oh + c] = {st_sum};
+    }}
+}}
+"#
+    )
+}
+
 pub(crate) fn attention(
     cs: &GpuStream<'_>,
     inputs: &[&Storage],
@@ -363,7 +549,10 @@ pub(crate) fn attention(
     if shape.contains(&0) {
         return Ok(out);
     }
-    let tc = matches!(dtype, DType::F16 | DType::BF16)
+    // One query row (decoding against a cache): keys split across blocks.
+    let dec = tq == 1 && matches!(dtype, DType::F16 | DType::BF16 | DType::F32) && dk > 0 && dk <= 256 && dv <= 256;
+    let tc = !dec
+        && matches!(dtype, DType::F16 | DType::BF16)
         && dk > 0
         && dk % 16 == 0
         && dv.is_multiple_of(16)
@@ -420,6 +609,43 @@ pub(crate) fn attention(
     let mname = md.map_or("none", |d| d.name());
     let (po, pq, pk, pv) = (elem_ptr(&out), elem_ptr(&q), elem_ptr(&k), elem_ptr(&v));
     let pm = mask.map_or(0, elem_ptr);
+    if dec {
+        let group = hq / hkv;
+        let groups = group.div_ceil(DEC_ROWS);
+        let rows = group.div_ceil(groups);
+        let units = planes / hq * hkv * groups;
+        let splits =
+            (2 * cs.dev.sms.max(1) as usize).div_ceil(units).clamp(1, tk.div_ceil(DEC_STEP).clamp(1, DEC_MAX_SPLITS));
+        let blocks = units * splits;
+        if blocks > i32::MAX as usize {
+            return Err(super::unsupported(NAME, format!("{blocks} thread blocks (at most 2^31 - 1)")));
+        }
+        let key = format!("attn_dec:{}:{dk}:{dv}:{rows}:{kind:?}:{mname}", dtype.name());
+        let src = || dec_source(dtype, dk, dv, rows, kind, md);
+        let f = nvrtc::function(cs.driver(), &cs.dev, &key, "k_attn_dec", src)?;
+        let slots = units * splits * rows;
+        let (wo, wml) = if splits > 1 {
+            (Some(new_storage(cs, DType::F32, &[slots * dv])?), Some(new_storage(cs, DType::F32, &[slots * 2])?))
+        } else {
+            (None, None)
+        };
+        let (pwo, pwml) = (wo.as_ref().map_or(0, elem_ptr), wml.as_ref().map_or(0, elem_ptr));
+        let (s64, g64) = (splits as i64, groups as i64);
+        let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let _ = cs.bind();
+        let mut lb = Launch::new(&f);
+        lb.arg(&po).arg(&pwo).arg(&pwml).arg(&pq).arg(&pk).arg(&pv).arg(&pm).arg_slice(&p).arg(&s64).arg(&g64);
+        unsafe { lb.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))?;
+        if splits > 1 {
+            let f = nvrtc::function(cs.driver(), &cs.dev, &key, "k_attn_dec_sum", src)?;
+            let cfg =
+                LaunchConfig { grid_dim: ((units * rows) as u32, 1, 1), block_dim: (64, 1, 1), shared_mem_bytes: 0 };
+            let mut lb = Launch::new(&f);
+            lb.arg(&po).arg(&pwo).arg(&pwml).arg_slice(&p).arg(&s64).arg(&g64);
+            unsafe { lb.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))?;
+        }
+        return Ok(out);
+    }
     let (func, blocks, extra) = if tc {
         let key = format!("attn_tc:{}:{dk}:{dv}:{kind:?}:{mname}", dtype.name());
         let f = nvrtc::function(cs.driver(), &cs.dev, &key, "k_attn_tc", || tc_source(dtype, dk, dv, kind, md))?;
@@ -468,6 +694,21 @@ mod tests {
             check_compiles(
                 &format!("test:attn_tc:{d}:f32mask"),
                 &tc_source(d, 64, 64, AttentionMaskKind::Array, Some(d)),
+            );
+        }
+        for d in [DType::F16, DType::BF16, DType::F32] {
+            for (dk, dv, rows) in [(64, 64, 3), (128, 128, 8), (80, 24, 1), (256, 256, 5)] {
+                for kind in kinds {
+                    let md = (kind == AttentionMaskKind::Array).then_some(DType::Bool);
+                    let key = format!("test:attn_dec:{d}:{dk}:{dv}:{rows}:{kind:?}");
+                    if !check_compiles(&key, &dec_source(d, dk, dv, rows, kind, md)) {
+                        return;
+                    }
+                }
+            }
+            check_compiles(
+                &format!("test:attn_dec:{d}:f32mask"),
+                &dec_source(d, 64, 64, 2, AttentionMaskKind::Array, Some(d)),
             );
         }
         for d in [DType::F16, DType::BF16, DType::F32, DType::F64] {
