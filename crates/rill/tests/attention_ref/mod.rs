@@ -48,6 +48,16 @@ fn mask_shape(rng: &mut Rng, scores: &[usize]) -> Vec<usize> {
     scores[drop..].iter().map(|&s| if rng.next_u64().is_multiple_of(3) { 1 } else { s }).collect()
 }
 
+/// One of the four mask kinds for these scores (an additive mask in f32 or `dtype`).
+fn random_mask(rng: &mut Rng, scores: &[usize], dtype: DType) -> MaskCase {
+    match rng.next_u64() % 4 {
+        0 => MaskCase::None,
+        1 => MaskCase::Causal,
+        2 => MaskCase::Bool(mask_shape(rng, scores)),
+        _ => MaskCase::Add(mask_shape(rng, scores), pick(rng, &[DType::F32, dtype])),
+    }
+}
+
 impl Case {
     /// A random case; `big` picks the sizes of the GPU's fast paths (D 64/128, several
     /// key tiles).
@@ -73,12 +83,7 @@ impl Case {
         };
         let dtype = pick(rng, dtypes);
         let scores: Vec<usize> = batch.iter().copied().chain([hq, tq, tk]).collect();
-        let mask = match rng.next_u64() % 4 {
-            0 => MaskCase::None,
-            1 => MaskCase::Causal,
-            2 => MaskCase::Bool(mask_shape(rng, &scores)),
-            _ => MaskCase::Add(mask_shape(rng, &scores), pick(rng, &[DType::F32, dtype])),
-        };
+        let mask = random_mask(rng, &scores, dtype);
         let scale = if rng.next_u64().is_multiple_of(4) { Some(0.3) } else { None };
         Case { batch, hq, hkv, tq, tk, d, dv, dtype, mask, scale, transposed: rng.next_u64().is_multiple_of(3) }
     }
@@ -103,12 +108,7 @@ impl Case {
         let tk = top.powf(rng.uniform(0.0, 1.0)).round().max(1.0) as usize;
         let dtype = pick(rng, dtypes);
         let scores: Vec<usize> = batch.iter().copied().chain([hq, 1, tk]).collect();
-        let mask = match rng.next_u64() % 4 {
-            0 => MaskCase::None,
-            1 => MaskCase::Causal,
-            2 => MaskCase::Bool(mask_shape(rng, &scores)),
-            _ => MaskCase::Add(mask_shape(rng, &scores), pick(rng, &[DType::F32, dtype])),
-        };
+        let mask = random_mask(rng, &scores, dtype);
         let scale = if rng.next_u64().is_multiple_of(4) { Some(0.3) } else { None };
         Case { batch, hq, hkv, tq: 1, tk, d, dv, dtype, mask, scale, transposed: rng.next_u64().is_multiple_of(3) }
     }
