@@ -372,7 +372,7 @@ pub(crate) fn dec_source(
     let causal = (kind == AttentionMaskKind::Causal) as i32;
     let array = (kind == AttentionMaskKind::Array) as i32;
     let (lq, lk, lv) = (load(d, "Q[r * p.qh + c]"), load(d, "Kr[c]"), load(d, "Vr[c]"));
-    let (st, st_sum) = (store_float(d, "L > 0.f ? O / L : 0.f", false), store_float(d, "L > 0.f ? O / L : 0.f", false));
+    let st = store_float(d, "L > 0.f ? O / L : 0.f", false);
     format!(
         r#"{PRELUDE}
 {PARAMS_SRC}
@@ -523,7 +523,7 @@ extern "C" __global__ void __launch_bounds__(64) k_attn_dec_sum({t}* out, const 
     for (int c = threadIdx.x; c < DV; c += 64) {{
         float O = 0.f;
         for (i64 t = 0; t < splits; ++t) {{ const i64 sl = (base + t) * R + r; O += wo[sl * DV + c] * exp2f(wml[2 * sl] - u); }}
-        out[oo + r * p.oh + c] = {st_sum};
+        out[oo + r * p.oh + c] = {st};
     }}
 }}
 "#
