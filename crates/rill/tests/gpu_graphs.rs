@@ -9,10 +9,20 @@
 //! `take` reads an error flag back, matmul calls cuBLAS. Skipped without a GPU
 //! (`RILL_REQUIRE_GPU=1` makes a missing GPU a failure).
 
+#![allow(clippy::disallowed_types)] // a test uses rill as a user does, with std's primitives (clippy.toml)
+
 mod common;
+
+use std::sync::{Mutex, MutexGuard};
 
 use common::{Rng, assert_close, gpu};
 use rill::{Array, DType, Device, Result};
+
+/// The tests of this file one at a time: they count graph launches, which are global.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// A long chain of dependent tiny ops with scalar operands (the launch-bound case).
 fn tiny_chain(x: &Array, n: usize) -> Result<Array> {
@@ -70,6 +80,7 @@ fn run(device: Device, x: &[Array]) -> Vec<Vec<f64>> {
 
 #[test]
 fn repeated_batches_replay_as_graphs_with_new_inputs() {
+    let _serial = serial();
     // Counts graphs and cached buffers of one kernel per op: no fusion at eval.
     rill::runtime::set_eval_fusion(false);
     let Some(g) = gpu() else { return };
@@ -97,6 +108,7 @@ fn repeated_batches_replay_as_graphs_with_new_inputs() {
 
 #[test]
 fn tiny_chains_on_several_streams_replay_their_own_graphs() {
+    let _serial = serial();
     // Counts graphs and cached buffers of one kernel per op: no fusion at eval.
     rill::runtime::set_eval_fusion(false);
     let Some(g) = gpu() else { return };
@@ -126,6 +138,7 @@ fn tiny_chains_on_several_streams_replay_their_own_graphs() {
 /// float64 on the CPU.
 #[test]
 fn new_arguments_every_round_build_then_update_graphs() {
+    let _serial = serial();
     // Counts graphs and cached buffers of one kernel per op: no fusion at eval.
     rill::runtime::set_eval_fusion(false);
     let Some(g) = gpu() else { return };
@@ -170,6 +183,7 @@ fn new_arguments_every_round_build_then_update_graphs() {
 /// is checked against float64 on the CPU.
 #[test]
 fn wide_dependent_kernels_in_graphs_read_their_inputs_complete() {
+    let _serial = serial();
     // Counts graphs and cached buffers of one kernel per op: no fusion at eval.
     rill::runtime::set_eval_fusion(false);
     let Some(g) = gpu() else { return };
@@ -196,5 +210,52 @@ fn wide_dependent_kernels_in_graphs_read_their_inputs_complete() {
     let after = rill::runtime::stats();
     if std::env::var("RILL_CUDA_GRAPHS").as_deref() != Ok("0") {
         assert!(after.graph_launches > before.graph_launches, "no graph was replayed: {before:?} -> {after:?}");
+    }
+}
+
+/// Layers of one-row attention over a long cache (the decode kernel splits the keys and
+/// merges the splits through a temporary it frees at once) and a chain of tiny ops: the
+/// temporaries' releases wait for the batch's launches, so a replayed batch is one graph
+/// launch, not one per attention call; every round matches float64 on the CPU.
+#[test]
+fn temporaries_freed_mid_batch_do_not_cut_its_graph() {
+    let _serial = serial();
+    rill::runtime::set_eval_fusion(false);
+    let Some(g) = gpu() else { return };
+    let (heads, tk, d, layers) = (4usize, 2048usize, 64usize, 4usize);
+    let step = |x: &[Array]| -> Result<Array> {
+        let (mut q, k, v) = (x[0].clone(), &x[1], &x[2]);
+        for _ in 0..layers {
+            let o = rill::scaled_dot_product_attention(&q, k, v, rill::AttentionMask::None, None)?;
+            q = tiny_chain(&o, 12)?.mul(0.5)?;
+        }
+        Ok(q)
+    };
+    let s = rill::Stream::new(&g).unwrap();
+    let mut rng = Rng::new(29);
+    for round in 0..4 {
+        let host = [
+            Array::from_slice(&rng.vec(heads * d, -1.0, 1.0), &[1, heads, 1, d]).unwrap(),
+            Array::from_slice(&rng.vec(heads * tk * d, -1.0, 1.0), &[1, heads, tk, d]).unwrap(),
+            Array::from_slice(&rng.vec(heads * tk * d, -1.0, 1.0), &[1, heads, tk, d]).unwrap(),
+        ];
+        let (got, launches) = rill::with_stream(&s, || {
+            let x: Vec<Array> = host.iter().map(|a| a.astype(DType::F32).unwrap()).collect();
+            rill::eval(&x).unwrap();
+            let before = rill::runtime::stats().graph_launches;
+            let y = step(&x).unwrap();
+            y.eval().unwrap();
+            (y.to_f64_vec().unwrap(), rill::runtime::stats().graph_launches - before)
+        });
+        let want = common::on(Device::cpu(), || {
+            let x: Vec<Array> = host.iter().map(|a| a.astype(DType::F64).unwrap()).collect();
+            step(&x).unwrap().to_f64_vec().unwrap()
+        });
+        assert_close(&got, &want, 1e-4, &format!("round {round}"));
+        if round >= 2 && std::env::var("RILL_CUDA_GRAPHS").as_deref() != Ok("0") {
+            // One graph launch for the batch, where a cut batch launches one per
+            // attention call.
+            assert_eq!(launches, 1, "round {round}: graph launches for one batch");
+        }
     }
 }

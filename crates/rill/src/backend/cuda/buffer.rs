@@ -185,7 +185,14 @@ impl Drop for CudaBuffer {
 /// of the size class allocates nothing on the host either. Any other buffer is dropped as
 /// usual. As for a free, launches this thread recorded on the buffer's stream are sent
 /// first; reuse is on that stream only, so its order keeps the next kernels after them.
-pub(crate) fn recycle(mut arc: Arc<Buffer>) {
+pub(crate) fn recycle(arc: Arc<Buffer>) {
+    // While this thread records launches for the buffer's stream, the recording keeps it
+    // and calls this again once they are sent (`launch::keep_until_sent`).
+    let (stream_id, bytes) = match &*arc {
+        Buffer::Cuda(b) if !b.constant => (b.alloc_stream_id, b.bytes),
+        _ => return,
+    };
+    let Some(mut arc) = super::launch::keep_until_sent(arc, stream_id, bytes) else { return };
     let Some(Buffer::Cuda(b)) = Arc::get_mut(&mut arc) else { return };
     if b.constant || b.slice.is_none() || !b.users.get_mut().is_empty() {
         return;

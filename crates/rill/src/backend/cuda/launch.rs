@@ -5,8 +5,12 @@
 //! While a batch runs on a stream (`cuda::BatchRun`) it holds a [`Recording`]: launches
 //! on that stream are kept in order instead, and sent when the batch ends or when anything
 //! else is about to use the stream (a copy, cuBLAS, a synchronisation, an event: every
-//! such use goes through [`CudaStreamHandle::stream`], which flushes first) or to free
-//! memory allocated on it (a temporary's `Drop` flushes first, so the free is ordered after its kernels).
+//! such use goes through [`CudaStreamHandle::stream`], which flushes first). A buffer of
+//! the stream whose last reference goes while launches are recorded (a kernel's
+//! temporary, an intermediate array) is kept by the recording ([`keep_until_sent`], up to
+//! [`KEEP_BYTES`]) and released after the launches are sent, so that its free or reuse
+//! is ordered after the kernels that read it without cutting the batch's graph; past
+//! that size, or when it cannot be kept, its release flushes first.
 //! Allocations do not flush: a stream-ordered allocation enqueued before the kernels that
 //! use it is what they need anyway.
 //!
@@ -49,9 +53,10 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use cudarc::driver::{CudaFunction, DriverError, LaunchConfig, sys};
 use smallvec::SmallVec;
 
+use crate::backend::Buffer;
 use crate::runtime::{lifecycle, stats};
-use crate::sync::OnceLock;
 use crate::sync::atomic::Ordering::Relaxed;
+use crate::sync::{Arc, OnceLock};
 
 use super::driver::{Driver, GpuStream};
 use super::handles::CudaStreamHandle;
@@ -64,6 +69,8 @@ const GRAPHS_PER_STREAM: usize = 32;
 const PER_SEQUENCE: usize = 8;
 /// Sequences remembered as "seen once" per stream.
 const SEEN: usize = 128;
+/// Bytes of released buffers a recording keeps until its launches are sent (more flush).
+pub(crate) const KEEP_BYTES: usize = 64 << 20;
 
 fn graphs_enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
@@ -214,6 +221,9 @@ struct Recorder {
     pending: Vec<Pending>,
     node: u64,
     failed: Vec<(u64, DriverError)>,
+    /// Buffers of the stream released while their kernels were recorded, and their bytes.
+    keep: Vec<Arc<Buffer>>,
+    kept_bytes: usize,
 }
 
 impl Recorder {
@@ -251,7 +261,15 @@ impl<'a> Recording<'a> {
                 return None;
             }
             let pending = Vec::with_capacity(launches);
-            *r = Some(Recorder { stream_id: cs.id, cs: cs.handle(), pending, node: 0, failed: Vec::new() });
+            *r = Some(Recorder {
+                stream_id: cs.id,
+                cs: cs.handle(),
+                pending,
+                node: 0,
+                failed: Vec::new(),
+                keep: Vec::new(),
+                kept_bytes: 0,
+            });
             Some(Recording { cs })
         })
         .ok()
@@ -287,22 +305,31 @@ impl Drop for Recording<'_> {
     }
 }
 
-/// Sends the launches recorded for `cs` on this thread, if any.
+/// Sends the launches recorded for `cs` on this thread, if any, then releases the
+/// buffers the recording kept.
 pub(crate) fn flush(d: Driver<'_>, cs: &CudaStreamHandle) {
-    let pending = REC
+    let (pending, keep) = REC
         .try_with(|r| match r.try_borrow_mut() {
             Ok(mut r) => match r.as_mut() {
-                Some(r) if r.stream_id == cs.id && !r.pending.is_empty() => std::mem::take(&mut r.pending),
-                _ => Vec::new(),
+                Some(r) if r.stream_id == cs.id => {
+                    r.kept_bytes = 0;
+                    (std::mem::take(&mut r.pending), std::mem::take(&mut r.keep))
+                }
+                _ => (Vec::new(), Vec::new()),
             },
-            Err(_) => Vec::new(),
+            Err(_) => (Vec::new(), Vec::new()),
         })
         .unwrap_or_default();
-    if pending.is_empty() {
-        return;
+    let failed = if pending.is_empty() {
+        Vec::new()
+    } else {
+        catch_unwind(AssertUnwindSafe(|| send_all(&GpuStream::new(d, cs), pending)))
+            .unwrap_or_else(|_| vec![(0, DriverError(sys::CUresult::CUDA_ERROR_UNKNOWN))])
+    };
+    // After the sends: each release is ordered after the kernels that read the buffer.
+    for b in keep {
+        super::buffer::recycle(b);
     }
-    let failed = catch_unwind(AssertUnwindSafe(|| send_all(&GpuStream::new(d, cs), pending)))
-        .unwrap_or_else(|_| vec![(0, DriverError(sys::CUresult::CUDA_ERROR_UNKNOWN))]);
     if !failed.is_empty() {
         let _ = REC.try_with(|r| {
             if let Ok(mut r) = r.try_borrow_mut()
@@ -312,6 +339,27 @@ pub(crate) fn flush(d: Driver<'_>, cs: &CudaStreamHandle) {
             }
         });
     }
+}
+
+/// Keeps `buffer` (a CUDA buffer whose last reference this is, allocated by the stream
+/// `stream_id`) until the launches this thread records for that stream are sent, when it
+/// records some and the recording keeps fewer than [`KEEP_BYTES`] with it; gives it back
+/// otherwise (the caller flushes, then releases it).
+pub(crate) fn keep_until_sent(buffer: Arc<Buffer>, stream_id: u64, bytes: usize) -> Option<Arc<Buffer>> {
+    let mut buffer = Some(buffer);
+    let _ = REC.try_with(|r| {
+        if let Ok(mut r) = r.try_borrow_mut()
+            && let Some(r) = r.as_mut()
+            && r.stream_id == stream_id
+            && !r.pending.is_empty()
+            && r.kept_bytes + bytes <= KEEP_BYTES
+            && let Some(b) = buffer.take()
+        {
+            r.kept_bytes += bytes;
+            r.keep.push(b);
+        }
+    });
+    buffer
 }
 
 /// Flushes the recording of the stream `stream_id` on this thread, if it is recording:
