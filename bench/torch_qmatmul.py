@@ -7,7 +7,7 @@ The `gbs` figure counts the bytes that dense product moves (the bf16 weight, x a
 output), so it is comparable as a bandwidth, and the `seconds` are what matter.
 
 Shapes: SmolLM2-135M's weights, (N, K) in 576x576, 1536x576, 576x1536, 49152x576, with
-x bf16 [M, K] for M in 1, 4, 16, 512, for each format id of the rill benchmark (the
+x bf16 [M, K] for M in 1, 4, 16, 64, 512, for each format id of the rill benchmark (the
 dense product does not depend on the format; it is timed once per shape and printed
 under each format's id). A figure is the median of 7 repetitions (after two warm-ups) of
 8 products queued before one synchronisation, divided by 8.
@@ -22,7 +22,7 @@ import time
 import torch
 
 SHAPES = [(576, 576), (1536, 576), (576, 1536), (49152, 576)]
-ROWS = [1, 4, 16, 512]
+ROWS = [1, 4, 16, 64, 512]
 FORMATS = ["Q4_0", "Q4_1", "Q8_0"]
 CALLS = 8
 

@@ -1,7 +1,7 @@
 //! `rill bench qmatmul`: `rill::quant::qmatmul` (x bf16, the weight packed) over the
 //! weight shapes of SmolLM2-135M ((N, K) = 576x576 attention, 1536x576 feed-forward up,
 //! 576x1536 down, 49152x576 the tied embedding as the output head), every format, at
-//! decode rows M = 1, 4, 16 and prefill M = 512; one JSON object a line:
+//! decode rows M = 1, 4, 16, 64 and prefill M = 512; one JSON object a line:
 //! `{"id": "qmatmul:<fmt>:m<M>:n<N>:k<K>", "impl": "rill", "seconds", "gbs", "tflops"}`.
 //! `gbs` counts the bytes a product must move (packed weight, x and the output once);
 //! `tflops` counts `2·M·N·K`. A figure is the median of 7 repetitions (after two
@@ -22,7 +22,7 @@ const CALLS: usize = 8;
 /// The weight shapes (N, K).
 pub(crate) const SHAPES: [(usize, usize); 4] = [(576, 576), (1536, 576), (576, 1536), (49152, 576)];
 /// The rows of `x`.
-pub(crate) const ROWS: [usize; 4] = [1, 4, 16, 512];
+pub(crate) const ROWS: [usize; 5] = [1, 4, 16, 64, 512];
 
 pub(crate) fn run() -> Result<()> {
     let filter = std::env::var("RILL_QMATMUL_FILTER").unwrap_or_default();

@@ -5,7 +5,8 @@
 //! | rows of `x` | kernel |
 //! |---|---|
 //! | 1 to [`MV_CHUNKED_ROWS`] (decode, batched decode) | `k_qmv`: a warp per weight row, 4 warps a block, a grid row per chunk of up to [`MV_MAX_ROWS`] rows of `x`; each lane takes a quarter of a block (8 values: 4 code bytes of a 4-bit format, 8 of Q8_0), 8 consecutive blocks per warp step, so a warp's loads cover one contiguous run of the row; the codes dot the `x` rows in registers (`d · Σ q·x` plus the block's offset times `Σ x`) and the lanes' sums meet through shuffles |
-//! | more (prefill) | `k_qmm`: 64 x 64 output tiles, 256 threads of 4 x 4 outputs; per block of K, the 64 weight rows' blocks are dequantized into shared memory as f32 (a quarter block per thread) beside the `x` tile, then 32 rank-1 updates in f32 |
+//! | more (prefill), f16/bf16 `x` with 16-byte aligned rows | `k_qmm_tc`: 64 x 64 output tiles on tensor cores (`mma.sync`), the codes as exact integers of x's type, each block's f32 tile scaled into the accumulator ([`qmm_tc_source`]) |
+//! | more, otherwise | `k_qmm`: 64 x 64 output tiles, 256 threads of 4 x 4 outputs; per block of K, the 64 weight rows' blocks are dequantized into shared memory as f32 (a quarter block per thread) beside the `x` tile, then 32 rank-1 updates in f32 |
 //!
 //! Blocks are 18, 20 or 34 bytes: a row starts 2-byte aligned (4 for Q4_1) when the
 //! weight's first byte is 4-byte aligned (an unaligned or strided weight is copied
@@ -18,6 +19,7 @@ use crate::backend::Storage;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::quant::QuantFormat;
+use crate::sync::OnceLock;
 
 use super::buffer::new_storage;
 use super::driver::GpuStream;
@@ -33,6 +35,15 @@ pub(crate) const MV_MAX_ROWS: usize = 8;
 /// Up to here the chunks' many blocks beat the tiled kernel's few (64 rows of `x` make
 /// one row of 64 x 64 tiles: 9 blocks for a 576-wide output).
 pub(crate) const MV_CHUNKED_ROWS: usize = 64;
+/// The fewest rows of f16/bf16 `x` that go to the tensor-core kernel: past the
+/// matrix-vector kernel's rows unless `RILL_QMM_TC_ROWS` says otherwise (a tuning knob
+/// for comparing the two kernels on the rows they share).
+fn tc_rows() -> usize {
+    static ROWS: OnceLock<usize> = OnceLock::new();
+    *ROWS.get_or_init(|| {
+        std::env::var("RILL_QMM_TC_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(MV_CHUNKED_ROWS + 1)
+    })
+}
 /// Weight rows per block of the matrix-vector kernel (a warp each).
 const MV_WARPS: u32 = 4;
 /// Output tile of the tiled kernel (rows of `x` and of `w`).
@@ -245,6 +256,207 @@ extern "C" __global__ void __launch_bounds__(256) k_qmm(XT* out, const XT* x, co
     head(f, d) + &body.replace("$WS", &ws.to_string())
 }
 
+/// `k_qmm_tc`, the tensor-core tiled kernel for f16/bf16 `x`: 64 x 64 output tiles, 4
+/// warps of 32 x 32. Per block of K (32 values) the x tile is copied to shared memory as
+/// is and the 64 weight rows' codes as exact small integers of x's type (`q - 8` for
+/// Q4_0, `q` for Q4_1, the signed byte for Q8_0), beside each row's scale (and Q4_1's
+/// offset) and each x row's sum over the block (Q4_1). `mma.sync.m16n8k16` multiplies
+/// codes by x into a per-block f32 tile, which is added into the accumulator scaled by
+/// the weight row's scale (plus its offset times the x row's sum): the products and sums
+/// are the exact products of the values with f32 accumulation, as in the other kernels,
+/// only in another order. The next block's tiles load into registers while this one's
+/// products run (two shared buffers, one barrier a block). Needs x's rows 16-byte
+/// aligned (`k` a multiple of 8 and an aligned first element).
+fn qmm_tc_source(f: QuantFormat, d: DType) -> String {
+    let ab = if d == DType::BF16 { "bf16" } else { "f16" };
+    let body = r#"
+#define TM 64
+#define TN 64
+#define SS 40
+__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void ldm4(u32* r, u32 a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+        : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+__device__ __forceinline__ void mma16816(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.$AB.$AB.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two small integers as a packed pair of x's type (exact).
+__device__ __forceinline__ u32 pack2(float lo, float hi) {
+    u32 r; asm("cvt.rn.$AB" "x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+// What one thread loads for one block of K: half (16 values) of one x row and of one
+// weight row.
+struct Stage { uint4 x0, x1; u32 c[4]; float d, mn; };
+__device__ __forceinline__ void stage_load(Stage& s, const XT* xr, bool xok, const u8* blk, bool wok, int h) {
+    if (xok) {
+        const uint4* xv = (const uint4*)(xr + 16 * h);
+        s.x0 = xv[0]; s.x1 = xv[1];
+    } else {
+        s.x0 = make_uint4(0, 0, 0, 0); s.x1 = s.x0;
+    }
+    if (wok) {
+        s.d = qscale(blk); s.mn = qmin(blk);
+#if QFMT == 2
+        const u16* q = (const u16*)(blk + 2 + 16 * h);
+        #pragma unroll
+        for (int i = 0; i < 4; i++) s.c[i] = (u32)q[2 * i] | ((u32)q[2 * i + 1] << 16);
+#elif QFMT == 1
+        const u32* q = (const u32*)(blk + 4);
+        #pragma unroll
+        for (int i = 0; i < 4; i++) s.c[i] = q[i];
+#else
+        const u16* q = (const u16*)(blk + 2);
+        #pragma unroll
+        for (int i = 0; i < 4; i++) s.c[i] = (u32)q[2 * i] | ((u32)q[2 * i + 1] << 16);
+#endif
+    } else {
+        s.d = 0.f; s.mn = 0.f;
+        #pragma unroll
+        for (int i = 0; i < 4; i++) s.c[i] = 0u;
+    }
+}
+// Stores a stage: x half-row, the codes of values 16h..16h+15 as x's type, the row's
+// scale and offset (h == 0) and the x half-row's sum (both halves meet by a shuffle).
+__device__ __forceinline__ void stage_store(const Stage& s, XT* xs, XT* ws, float* sc, float* mn, float* sx, int row, int h) {
+    uint4* xd = (uint4*)(xs + row * SS + 16 * h);
+    xd[0] = s.x0; xd[1] = s.x1;
+#if QFMT == 1
+    float sum = 0.f;
+    const XT* xe = (const XT*)&s.x0;
+    #pragma unroll
+    for (int i = 0; i < 8; i++) sum += LDX(xe[i]);
+    xe = (const XT*)&s.x1;
+    #pragma unroll
+    for (int i = 0; i < 8; i++) sum += LDX(xe[i]);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    if (h == 0) sx[row] = sum;
+#else
+    (void)sx;
+#endif
+    u32 p[8];
+#if QFMT == 2
+    // Bytes 16h.. of the codes: signed.
+    #pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const u32 w = s.c[i];
+        p[2 * i] = pack2((float)(signed char)(w & 0xffu), (float)(signed char)((w >> 8) & 0xffu));
+        p[2 * i + 1] = pack2((float)(signed char)((w >> 16) & 0xffu), (float)(signed char)(w >> 24));
+    }
+#else
+    // Value j < 16 is the low nibble of code byte j, value 16 + j its high nibble.
+    const int sh = 4 * h;
+    const float off = QFMT == 0 ? 8.f : 0.f;
+    #pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const u32 w = s.c[i] >> sh;
+        p[2 * i] = pack2((float)(w & 15u) - off, (float)((w >> 8) & 15u) - off);
+        p[2 * i + 1] = pack2((float)((w >> 16) & 15u) - off, (float)((w >> 24) & 15u) - off);
+    }
+#endif
+    uint4* wd = (uint4*)(ws + row * SS + 16 * h);
+    wd[0] = make_uint4(p[0], p[1], p[2], p[3]);
+    wd[1] = make_uint4(p[4], p[5], p[6], p[7]);
+    if (h == 0) { sc[row] = s.d; mn[row] = s.mn; }
+}
+extern "C" __global__ void __launch_bounds__(128) k_qmm_tc(XT* out, const XT* x, const u8* w, i64 m, i64 n, i64 k) {
+    __shared__ __align__(16) XT xs[2][TM * SS];
+    __shared__ __align__(16) XT ws[2][TN * SS];
+    __shared__ float sc[2][TN], mn[2][TN], sx[2][TM];
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const int row = t >> 1, h = t & 1;
+    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    const i64 nb = k >> 5;
+    const i64 n0 = (i64)blockIdx.x * TN;
+    const bool wok = n0 + row < n;
+    const u8* wr = w + (wok ? n0 + row : 0) * nb * BB;
+    for (i64 m0 = (i64)blockIdx.y * TM; m0 < m; m0 += (i64)gridDim.y * TM) {
+        const bool xok = m0 + row < m;
+        const XT* xr = x + (xok ? m0 + row : 0) * k;
+        float acc[2][4][4];
+        #pragma unroll
+        for (int i = 0; i < 2; i++)
+            #pragma unroll
+            for (int j = 0; j < 4; j++)
+                #pragma unroll
+                for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+        Stage st;
+        stage_load(st, xr, xok, wr, wok, h);
+        stage_store(st, xs[0], ws[0], sc[0], mn[0], sx[0], row, h);
+        __syncthreads();
+        for (i64 b = 0; b < nb; b++) {
+            const int cur = (int)(b & 1);
+            if (b + 1 < nb) stage_load(st, xr + (b + 1) * 32, xok, wr + (b + 1) * BB, wok, h);
+            float tt[2][4][4];
+            #pragma unroll
+            for (int i = 0; i < 2; i++)
+                #pragma unroll
+                for (int j = 0; j < 4; j++)
+                    #pragma unroll
+                    for (int e = 0; e < 4; e++) tt[i][j][e] = 0.f;
+            #pragma unroll
+            for (int kk = 0; kk < 32; kk += 16) {
+                u32 a[2][4], bf[2][4];
+                #pragma unroll
+                for (int i = 0; i < 2; i++)
+                    ldm4(a[i], smem_u32(&xs[cur][(wm + 16 * i + (lane & 15)) * SS + kk + (lane >> 4) * 8]));
+                #pragma unroll
+                for (int j = 0; j < 2; j++)
+                    ldm4(bf[j], smem_u32(&ws[cur][(wn + 16 * j + (lane & 7) + (lane >> 4) * 8) * SS + kk + ((lane >> 3) & 1) * 8]));
+                #pragma unroll
+                for (int i = 0; i < 2; i++)
+                    #pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        mma16816(tt[i][2 * j], a[i], bf[j][0], bf[j][1]);
+                        mma16816(tt[i][2 * j + 1], a[i], bf[j][2], bf[j][3]);
+                    }
+            }
+            #pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int c0 = wn + 8 * j + 2 * (lane & 3);
+                const float d0 = sc[cur][c0], d1 = sc[cur][c0 + 1];
+#if QFMT == 1
+                const float m0v = mn[cur][c0], m1v = mn[cur][c0 + 1];
+#endif
+                #pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const int r0 = wm + 16 * i + (lane >> 2);
+#if QFMT == 1
+                    const float s0 = sx[cur][r0], s1 = sx[cur][r0 + 8];
+                    acc[i][j][0] += d0 * tt[i][j][0] + m0v * s0;
+                    acc[i][j][1] += d1 * tt[i][j][1] + m1v * s0;
+                    acc[i][j][2] += d0 * tt[i][j][2] + m0v * s1;
+                    acc[i][j][3] += d1 * tt[i][j][3] + m1v * s1;
+#else
+                    (void)r0;
+                    acc[i][j][0] += d0 * tt[i][j][0];
+                    acc[i][j][1] += d1 * tt[i][j][1];
+                    acc[i][j][2] += d0 * tt[i][j][2];
+                    acc[i][j][3] += d1 * tt[i][j][3];
+#endif
+                }
+            }
+            if (b + 1 < nb) stage_store(st, xs[cur ^ 1], ws[cur ^ 1], sc[cur ^ 1], mn[cur ^ 1], sx[cur ^ 1], row, h);
+            __syncthreads();
+        }
+        #pragma unroll
+        for (int i = 0; i < 2; i++)
+            #pragma unroll
+            for (int j = 0; j < 4; j++)
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const i64 om = m0 + wm + 16 * i + (lane >> 2) + 8 * (e >> 1);
+                    const i64 on = n0 + wn + 8 * j + 2 * (lane & 3) + (e & 1);
+                    if (om < m && on < n) out[om * n + on] = STO(acc[i][j][e]);
+                }
+    }
+}
+"#;
+    head(f, d) + &body.replace("$AB", ab)
+}
+
 /// `k_dq`: one thread per value; bytes read one at a time (any alignment).
 fn dq_source(f: QuantFormat, d: DType) -> String {
     let body = r#"
@@ -310,7 +522,8 @@ pub(crate) fn qmatmul(
     let (n64, k64) = (n as i64, k as i64);
     let name = crate::quant::QuantFormat::name(format);
     let _ = cs.bind();
-    if m <= MV_CHUNKED_ROWS {
+    let tc = dtype != DType::F32 && k.is_multiple_of(8) && px.is_multiple_of(16) && m >= tc_rows();
+    if m <= MV_CHUNKED_ROWS && !tc {
         // One kernel per exact row count up to a chunk, then one for chunks of 8.
         let mr = m.min(MV_MAX_ROWS);
         let key = format!("qmv:{name}:{}:{mr}", dtype.name());
@@ -325,6 +538,18 @@ pub(crate) fn qmatmul(
         // from a 4-byte aligned first byte, `out` m*n elements; the grid covers the n rows
         // (a warp each, the rest return) and the m rows in chunks of `mr` (the last one's
         // missing rows skipped); the arguments match `k_qmv`'s signature.
+        unsafe { lb.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))?;
+    } else if tc {
+        let key = format!("qmmtc:{name}:{}", dtype.name());
+        let func = nvrtc::function(cs.driver(), &cs.dev, &key, "k_qmm_tc", move || qmm_tc_source(format, dtype))?;
+        let gx = n.div_ceil(TILE).clamp(1, 1 << 30) as u32;
+        let gy = m.div_ceil(TILE).clamp(1, 65535) as u32;
+        let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let m64 = m as i64;
+        let mut lb = Launch::new(&func);
+        lb.arg(&po).arg(&px).arg(&pw).arg(&m64).arg(&n64).arg(&k64);
+        // SAFETY: as for `k_qmm`; every row of `x` starts 16-byte aligned (checked above:
+        // an aligned first element and `k` a multiple of 8 two-byte values).
         unsafe { lb.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))?;
     } else {
         let key = format!("qmm:{name}:{}", dtype.name());
@@ -387,6 +612,9 @@ mod tests {
                     }
                 }
                 check_compiles(&format!("test:qmm:{n}:{d}"), &qmm_source(f, d));
+                if d != DType::F32 {
+                    check_compiles(&format!("test:qmmtc:{n}:{d}"), &qmm_tc_source(f, d));
+                }
                 check_compiles(&format!("test:dq:{n}:{d}"), &dq_source(f, d));
             }
         }
