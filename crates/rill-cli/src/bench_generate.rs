@@ -9,7 +9,8 @@
 //! - `{"id": "generate:decode:b<B>:n<N>", "impl": "rill", "dtype", "seconds",
 //!   "tokens_per_s"}`: `B` prompts of 16 tokens, `N` new tokens each; `seconds` is the time
 //!   of the `N - 1` decode steps after the first token (the first comes out of the
-//!   prefill) and `tokens_per_s` is `B * (N - 1) / seconds`.
+//!   prefill) and `tokens_per_s` is `B * (N - 1) / seconds` (the id ends in `:no-overlap`
+//!   with `--no-overlap`).
 //!
 //! Token ids come from a fixed generator that the peer shares. Each figure is the median
 //! of repeated runs after a warm-up run, which traces the shapes.
@@ -38,6 +39,10 @@ pub struct GenerateBenchArgs {
     /// Timed runs per figure (the median is printed)
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
+    /// Decode with each step waiting for the previous step's ids on the host (overlap
+    /// off), for comparison
+    #[arg(long)]
+    pub no_overlap: bool,
 }
 
 /// The prompt length of the decode figure.
@@ -87,7 +92,8 @@ pub fn run(args: &GenerateBenchArgs) -> Result<(), String> {
         let mut state = 7;
         let prompts: Vec<Vec<u32>> = (0..b).map(|_| token_ids(&mut state, DECODE_PROMPT, vocab)).collect();
         let s = median_of(1, args.reps, || -> Result<f64, String> {
-            let opts = GenerateOptions { max_tokens: n, stop_at_eos: false, ..Default::default() };
+            let opts =
+                GenerateOptions { max_tokens: n, stop_at_eos: false, overlap: !args.no_overlap, ..Default::default() };
             let mut g = model.generate_batch(&prompts, opts).map_err(err)?;
             g.next_tokens().map_err(err)?;
             let t = Instant::now();
@@ -101,8 +107,9 @@ pub fn run(args: &GenerateBenchArgs) -> Result<(), String> {
             Ok(t.elapsed().as_secs_f64())
         })?;
         let rate = (b * (n - 1)) as f64 / s;
+        let mode = if args.no_overlap { ":no-overlap" } else { "" };
         println!(
-            "{{\"id\": \"generate:decode:b{b}:n{n}\", \"impl\": \"rill\", \"dtype\": \"{dname}\", \"seconds\": {s:.6}, \"tokens_per_s\": {rate:.1}}}"
+            "{{\"id\": \"generate:decode:b{b}:n{n}{mode}\", \"impl\": \"rill\", \"dtype\": \"{dname}\", \"seconds\": {s:.6}, \"tokens_per_s\": {rate:.1}}}"
         );
     }
     Ok(())

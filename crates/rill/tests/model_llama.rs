@@ -11,7 +11,8 @@
 //!   position, and the greedy 64-token continuation.
 //! - 32 tokio tasks generating at once from one model give their serial results and
 //!   create no stream or thread; a batch of prompts of different lengths decodes each row
-//!   as it decodes alone; stop strings and the token budget.
+//!   as it decodes alone; steps built before the previous ids are read (overlap) give
+//!   the tokens of steps that wait; stop strings and the token budget.
 //!
 //! The model comes from rill's model cache (fetched on first use with pip); without it
 //! the model tests print "skipped: no model" (a failure with `RILL_REQUIRE_MODEL=1`).
@@ -325,6 +326,61 @@ fn a_batch_of_prompts_decodes_each_row_as_alone() {
         assert_eq!(rows[k], want, "row {k} (prompt of {} tokens)", p.len());
         assert_eq!(g.generated(k), want.as_slice());
     }
+}
+
+/// Every row's ids, texts and finish reasons, step by step.
+fn run_rows(m: &Llama, prompts: &[Vec<u32>], opts: GenerateOptions) -> Vec<(Vec<u32>, String, Option<FinishReason>)> {
+    let mut g = m.generate_batch(prompts, opts).unwrap();
+    let mut rows = vec![(Vec::new(), String::new(), None); prompts.len()];
+    while let Some(step) = g.next_tokens().unwrap() {
+        for (r, t) in rows.iter_mut().zip(step) {
+            if let Some(t) = t {
+                r.0.push(t.id);
+                r.1.push_str(&t.text);
+                r.2 = t.finish;
+            }
+        }
+    }
+    assert!(g.next_tokens().unwrap().is_none(), "nothing after the last step");
+    rows
+}
+
+/// Steps built from the previous step's ids on the device (overlap, the default) give
+/// the tokens of steps that wait for them, with rows stopping at different steps: one
+/// by a stop string, the others at the budget; with a seeded temperature sampler (each
+/// step's key) and greedy.
+#[test]
+fn overlapped_steps_give_the_tokens_of_waiting_ones() {
+    let Some(m) = model() else { return };
+    let f = fixture();
+    let full = m.tokenizer().decode(&f.greedy[..8], true).unwrap();
+    let cut = full.char_indices().nth(full.chars().count() / 2).unwrap().0;
+    let stop: String = full[cut..].chars().take(3).collect();
+    let mut ps: Vec<Vec<u32>> = prompts().into_iter().step_by(3).collect();
+    ps.insert(1, f.prompt_ids.clone());
+    let samplers: [std::sync::Arc<dyn rill::models::llama::Sampler>; 2] =
+        [std::sync::Arc::new(Temperature(0.8)), std::sync::Arc::new(rill::models::llama::Greedy)];
+    for sampler in samplers {
+        let opts = |overlap| GenerateOptions {
+            max_tokens: 10,
+            stop_at_eos: false,
+            stop: vec![stop.clone()],
+            seed: 11,
+            sampler: sampler.clone(),
+            overlap,
+            ..Default::default()
+        };
+        let waiting = run_rows(m, &ps, opts(false));
+        let overlapped = run_rows(m, &ps, opts(true));
+        assert_eq!(overlapped, waiting);
+        assert!(waiting.iter().any(|r| r.2 == Some(FinishReason::MaxTokens)), "{waiting:?}");
+    }
+    let greedy = run_rows(m, &ps, opts_greedy(&stop));
+    assert_eq!(greedy[1].2, Some(FinishReason::Stop), "the fixture's prompt stops at {stop:?}");
+}
+
+fn opts_greedy(stop: &str) -> GenerateOptions {
+    GenerateOptions { max_tokens: 10, stop_at_eos: false, stop: vec![stop.to_string()], ..Default::default() }
 }
 
 /// A stop string ends the text before it (never emitting it); the budget ends the rest.

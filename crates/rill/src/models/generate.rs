@@ -9,6 +9,15 @@
 //! thread never blocks), and turns ids into text with a streaming decoder that holds
 //! back bytes of a cut character and text that may be the start of a stop string.
 //! Nothing here creates a stream, a thread or a task.
+//!
+//! **Overlap.** Unless the sampler reads the token history on the host
+//! ([`Sampler::reads_history`]) or [`GenerateOptions::overlap`] is off, a decode step is
+//! built from the previous step's chosen ids as they are on the device, and submitted
+//! before those ids are read back: the host builds and launches step `n + 1` while the
+//! device computes step `n`, and reads step `n`'s ids while step `n + 1` runs. The
+//! tokens are the ones a step-by-step run gives (each row's computation depends on its
+//! own ids only; a stopped row's results are dropped either way); a generation that
+//! ends computes one step it does not use.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -45,6 +54,14 @@ pub struct SampleContext<'a> {
 pub trait Sampler: Send + Sync {
     /// The next token of each row.
     fn sample(&self, logits: &Array, ctx: &SampleContext<'_>) -> Result<Array>;
+
+    /// Whether [`Sampler::sample`] reads [`SampleContext::history`] (true unless a sampler
+    /// says otherwise). A sampler that does not lets the generator build each step from
+    /// the previous step's ids on the device, before they are read back (see the module
+    /// docs); its `history` then lacks the token the device is still choosing.
+    fn reads_history(&self) -> bool {
+        true
+    }
 }
 
 impl<F> Sampler for F
@@ -63,6 +80,9 @@ pub struct Greedy;
 impl Sampler for Greedy {
     fn sample(&self, logits: &Array, _: &SampleContext<'_>) -> Result<Array> {
         logits.argmax(-1, false)
+    }
+    fn reads_history(&self) -> bool {
+        false
     }
 }
 
@@ -85,6 +105,9 @@ impl Sampler for Temperature {
         let gumbel = u.log()?.neg()?.log()?.neg()?;
         logits.div(t)?.add(&gumbel)?.argmax(-1, false)
     }
+    fn reads_history(&self) -> bool {
+        false
+    }
 }
 
 /// [`crate::sample::Sampler`] as a generation sampler: its filters (temperature, top-k,
@@ -106,6 +129,9 @@ impl Sampler for crate::sample::Sampler {
             None
         };
         crate::sample::Sampler::sample(self, logits, history.as_ref(), ctx.step as u64)
+    }
+    fn reads_history(&self) -> bool {
+        self.needs_history()
     }
 }
 
@@ -153,6 +179,10 @@ pub struct GenerateOptions {
     /// Positions of the cache (default: prompt plus `max_tokens`, rounded up to a
     /// multiple of 256, at most the model's context).
     pub capacity: Option<usize>,
+    /// Build and submit each decode step before the previous step's ids are read back,
+    /// when the sampler allows it (default true; see the module docs). Off: every step
+    /// waits for the previous one's ids on the host.
+    pub overlap: bool,
 }
 
 impl Default for GenerateOptions {
@@ -165,6 +195,7 @@ impl Default for GenerateOptions {
             seed: 0,
             sampler: Arc::new(Greedy),
             capacity: None,
+            overlap: true,
         }
     }
 }
@@ -177,6 +208,7 @@ impl std::fmt::Debug for GenerateOptions {
             .field("stop", &self.stop)
             .field("seed", &self.seed)
             .field("capacity", &self.capacity)
+            .field("overlap", &self.overlap)
             .finish()
     }
 }
@@ -199,12 +231,16 @@ pub struct Generator {
     /// The prompts, until the prefill has run.
     prompts: Option<Vec<Vec<u32>>>,
     options: GenerateOptions,
-    step: usize,
+    /// Steps built so far (the prefill is step 0): the index of the next step's key.
+    launched: usize,
+    /// The ids of a step built and submitted before the previous step's ids were read
+    /// (overlap), to be read by the next call.
+    ahead: Option<Array>,
 }
 
 impl std::fmt::Debug for Generator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Generator").field("rows", &self.rows.len()).field("step", &self.step).finish()
+        f.debug_struct("Generator").field("rows", &self.rows.len()).field("launched", &self.launched).finish()
     }
 }
 
@@ -265,7 +301,15 @@ impl Generator {
                 finish: (options.max_tokens == 0).then_some(FinishReason::MaxTokens),
             })
             .collect();
-        Ok(Generator { model: model.clone(), cache, rows, prompts: Some(prompts.to_vec()), options, step: 0 })
+        Ok(Generator {
+            model: model.clone(),
+            cache,
+            rows,
+            prompts: Some(prompts.to_vec()),
+            options,
+            launched: 0,
+            ahead: None,
+        })
     }
 
     /// Rows (sequences).
@@ -289,6 +333,10 @@ impl Generator {
     /// blocking until it is computed; `None` once every row has stopped.
     pub fn next_tokens(&mut self) -> Result<Option<Vec<Option<Token>>>> {
         let Some(ids) = self.launch()? else { return Ok(None) };
+        if let Some(next) = self.launch_ahead(&ids)? {
+            crate::submit(std::slice::from_ref(&next))?;
+            self.ahead = Some(next);
+        }
         let v = ids.to_vec::<i32>()?;
         self.absorb(&v).map(Some)
     }
@@ -297,6 +345,12 @@ impl Generator {
     /// executor thread.
     pub async fn next_tokens_async(&mut self) -> Result<Option<Vec<Option<Token>>>> {
         let Some(ids) = self.launch()? else { return Ok(None) };
+        if let Some(next) = self.launch_ahead(&ids)? {
+            // Started now; its future is dropped (that cancels nothing): what it could
+            // not submit yet without blocking is submitted when the step is awaited.
+            drop(crate::async_eval(std::slice::from_ref(&next)));
+            self.ahead = Some(next);
+        }
         crate::async_eval(std::slice::from_ref(&ids)).await?;
         let v = ids.to_vec::<i32>()?;
         self.absorb(&v).map(Some)
@@ -332,7 +386,11 @@ impl Generator {
     /// decode step. `None` when every row has stopped.
     fn launch(&mut self) -> Result<Option<Array>> {
         if self.is_done() {
+            self.ahead = None;
             return Ok(None);
+        }
+        if let Some(ids) = self.ahead.take() {
+            return Ok(Some(ids));
         }
         let logits = match self.prompts.take() {
             Some(p) => {
@@ -357,12 +415,37 @@ impl Generator {
                 self.model.forward(&rows, &mut self.cache)?
             }
         };
+        self.choose(&logits).map(Some)
+    }
+
+    /// The step after the one whose ids are `ids` (not yet read), built from `ids` as
+    /// they are on the device; `None` when overlap is off or not allowed, or when that
+    /// step would not run (every running row reaches its token budget with `ids`, or the
+    /// cache is full).
+    fn launch_ahead(&mut self, ids: &Array) -> Result<Option<Array>> {
+        let o = &self.options;
+        if !o.overlap || o.sampler.reads_history() || self.prompts.is_some() {
+            return Ok(None);
+        }
+        let continues = self.rows.iter().any(|r| r.finish.is_none() && r.generated + 1 < o.max_tokens);
+        let furthest = self.cache.positions().iter().max().copied().unwrap_or(0);
+        if !continues || furthest >= self.cache.capacity() {
+            return Ok(None);
+        }
+        let logits = self.model.forward_ids(ids, &mut self.cache)?;
+        self.choose(&logits).map(Some)
+    }
+
+    /// The sampler's ids `[B]` (i32, lazy) for the logits of step `launched`.
+    fn choose(&mut self, logits: &Array) -> Result<Array> {
         let history: Vec<Vec<u32>> = self.rows.iter().map(|r| r.history.clone()).collect();
-        let key = Key::new(self.options.seed).fold_in(self.step as u32);
-        let ctx = SampleContext { step: self.step, key, history: &history };
+        let step = self.launched;
+        self.launched += 1;
+        let key = Key::new(self.options.seed).fold_in(step as u32);
+        let ctx = SampleContext { step, key, history: &history };
         let ids = {
             let _g = self.model.stream().enter();
-            self.options.sampler.sample(&logits, &ctx)?.astype(DType::I32)?
+            self.options.sampler.sample(logits, &ctx)?.astype(DType::I32)?
         };
         if ids.shape() != [self.rows.len()] {
             return Err(Error::shape(
@@ -370,12 +453,11 @@ impl Generator {
                 format!("the sampler returned shape {:?} for {} rows", ids.shape(), self.rows.len()),
             ));
         }
-        Ok(Some(ids))
+        Ok(ids)
     }
 
     /// Records the chosen ids and turns them into tokens.
     fn absorb(&mut self, ids: &[i32]) -> Result<Vec<Option<Token>>> {
-        self.step += 1;
         let tok = self.model.tokenizer();
         let eos = tok.eos_id();
         let vocab = self.model.config().vocab;

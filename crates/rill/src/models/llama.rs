@@ -562,15 +562,43 @@ impl Llama {
                 ids[row * t + j] = id as i32;
             }
         }
+        let lens: Vec<usize> = tokens.iter().map(|t| t.len()).collect();
+        let ids = {
+            let _g = m.stream.enter();
+            Array::from_slice(&ids, &[b, t])?
+        };
+        self.run_step(ids, &lens, cache)
+    }
+
+    /// One decode step of every row of `cache` from `ids [B]` (an integer array on the
+    /// model's stream, lazy or not: a sampler's choice that was not read back), each id
+    /// below the vocabulary (not checked: the caller's sampler chose it). Returns the
+    /// logits `[B, vocab]` as [`Llama::forward`] does.
+    pub(crate) fn forward_ids(&self, ids: &Array, cache: &mut KvCache) -> Result<Array> {
+        let b = cache.batch();
+        if ids.shape() != [b] {
+            return Err(Error::shape(OP, format!("ids of shape {:?} for a cache of {b} rows", ids.shape())));
+        }
+        if cache.positions.iter().any(|&p| p >= cache.capacity) {
+            return Err(Error::invalid(OP, format!("a cache of {} positions is full", cache.capacity)));
+        }
+        let ids = {
+            let _g = self.inner.stream.enter();
+            ids.astype(DType::I32)?.reshape(&[b as isize, 1])?
+        };
+        self.run_step(ids, &vec![1; b], cache)
+    }
+
+    /// Runs the compiled step on `ids [B, T]` (i32) whose row `b` holds `lens[b]` real
+    /// tokens, and advances the cache.
+    fn run_step(&self, ids: Array, lens: &[usize], cache: &mut KvCache) -> Result<Array> {
+        let m = &*self.inner;
+        let b = cache.batch();
         let start: Vec<i32> = cache.positions.iter().map(|&p| p as i32).collect();
-        let last: Vec<i32> = tokens.iter().map(|t| t.len() as i32 - 1).collect();
+        let last: Vec<i32> = lens.iter().map(|&t| t as i32 - 1).collect();
         let outs = {
             let _g = m.stream.enter();
-            let mut inputs = vec![
-                Array::from_slice(&ids, &[b, t])?,
-                Array::from_slice(&start, &[b])?,
-                Array::from_slice(&last, &[b])?,
-            ];
+            let mut inputs = vec![ids, Array::from_slice(&start, &[b])?, Array::from_slice(&last, &[b])?];
             inputs.extend(cache.keys.iter().cloned());
             inputs.extend(cache.values.iter().cloned());
             m.step.call(&inputs)?
@@ -584,8 +612,8 @@ impl Llama {
         }
         cache.keys = rest[..n].to_vec();
         cache.values = rest[n..].to_vec();
-        for (p, toks) in cache.positions.iter_mut().zip(tokens) {
-            *p += toks.len();
+        for (p, len) in cache.positions.iter_mut().zip(lens) {
+            *p += len;
         }
         Ok(logits)
     }
