@@ -358,7 +358,10 @@ const DEC_MAX_SPLITS: usize = 64;
 /// walks 32 keys at a time with a lane per key's dot products, then the lanes share the
 /// output columns. With one split the block writes the output; with several each writes
 /// its running maximum, sum and unnormalised output (f32) and `k_attn_dec_sum` merges
-/// them. Scores are log2-scaled as in the tensor-core kernel.
+/// them. Scores are log2-scaled as in the tensor-core kernel. `kvec` (0, or the values
+/// in 16 bytes) reads each key row as 16-byte vectors: every key row starts 16-byte
+/// aligned and `dk` is a multiple of `kvec` (the host checks); the dot products add in the
+/// same order either way.
 pub(crate) fn dec_source(
     d: DType,
     dk: usize,
@@ -366,8 +369,10 @@ pub(crate) fn dec_source(
     rows: usize,
     kind: AttentionMaskKind,
     md: Option<DType>,
+    kvec: usize,
 ) -> String {
     let t = ctype(d);
+    let lke = load(d, "e[i]");
     let (mt, mexpr) = mask_src(kind, md, true, "om + r * p.mh + j * p.mk");
     let causal = (kind == AttentionMaskKind::Causal) as i32;
     let array = (kind == AttentionMaskKind::Array) as i32;
@@ -383,6 +388,7 @@ pub(crate) fn dec_source(
 #define VB (DVL == 1 ? 32 : DVL == 2 ? 16 : DVL <= 4 ? 8 : 4)
 #define CAUSAL {causal}
 #define ARRAY {array}
+#define KVEC {kvec}
 // Block (plane, group chunk, split); a plane is one (batch, key/value head).
 __device__ __forceinline__ void dec_block(const AttnP& p, i64 x, i64 splits, i64 groups, i64& s, i64& gi, i64& pk, i64& h0, int& nr) {{
     s = x % splits;
@@ -430,12 +436,26 @@ extern "C" __global__ void __launch_bounds__(128) k_attn_dec({t}* out, float* wo
         for (int r = 0; r < R; ++r) xs[r] = 0.f;
         if (ok) {{
             const {t}* Kr = K + j * p.kt;
+#if KVEC
+#pragma unroll 8
+            for (int cv = 0; cv < D / KVEC; ++cv) {{
+                const uint4 u = ((const uint4*)Kr)[cv];
+                const {t}* e = (const {t}*)&u;
+#pragma unroll
+                for (int i = 0; i < KVEC; ++i) {{
+                    const float kc = {lke};
+#pragma unroll
+                    for (int r = 0; r < R; ++r) xs[r] += sq[r][cv * KVEC + i] * kc;
+                }}
+            }}
+#else
 #pragma unroll 64
             for (int c = 0; c < D; ++c) {{
                 const float kc = {lk};
 #pragma unroll
                 for (int r = 0; r < R; ++r) xs[r] += sq[r][c] * kc;
             }}
+#endif
         }}
 #pragma unroll
         for (int r = 0; r < R; ++r) {{
@@ -620,8 +640,19 @@ pub(crate) fn attention(
         if blocks > i32::MAX as usize {
             return Err(super::unsupported(NAME, format!("{blocks} thread blocks (at most 2^31 - 1)")));
         }
-        let key = format!("attn_dec:{}:{dk}:{dv}:{rows}:{kind:?}:{mname}", dtype.name());
-        let src = || dec_source(dtype, dk, dv, rows, kind, md);
+        // 16-byte key loads when every key row starts 16-byte aligned.
+        let vals = 16 / dtype.size();
+        let kl = &k.layout;
+        let kvec = if elem_ptr(&k).is_multiple_of(16)
+            && dk.is_multiple_of(vals)
+            && (0..r - 1).all(|a| kl.shape[a] <= 1 || kl.strides[a] % vals as isize == 0)
+        {
+            vals
+        } else {
+            0
+        };
+        let key = format!("attn_dec:{}:{dk}:{dv}:{rows}:{kind:?}:{mname}:{kvec}", dtype.name());
+        let src = || dec_source(dtype, dk, dv, rows, kind, md, kvec);
         let f = nvrtc::function(cs.driver(), &cs.dev, &key, "k_attn_dec", src)?;
         let slots = units * splits * rows;
         let (wo, wml) = if splits > 1 {
@@ -700,15 +731,19 @@ mod tests {
             for (dk, dv, rows) in [(64, 64, 3), (128, 128, 8), (80, 24, 1), (256, 256, 5)] {
                 for kind in kinds {
                     let md = (kind == AttentionMaskKind::Array).then_some(DType::Bool);
-                    let key = format!("test:attn_dec:{d}:{dk}:{dv}:{rows}:{kind:?}");
-                    if !check_compiles(&key, &dec_source(d, dk, dv, rows, kind, md)) {
-                        return;
+                    let vals = 16 / d.size();
+                    for kvec in [0, vals] {
+                        let key = format!("test:attn_dec:{d}:{dk}:{dv}:{rows}:{kind:?}:{kvec}");
+                        let src = dec_source(d, dk, dv, rows, kind, md, kvec);
+                        if (kvec == 0 || dk % vals == 0) && !check_compiles(&key, &src) {
+                            return;
+                        }
                     }
                 }
             }
             check_compiles(
                 &format!("test:attn_dec:{d}:f32mask"),
-                &dec_source(d, 64, 64, 2, AttentionMaskKind::Array, Some(d)),
+                &dec_source(d, 64, 64, 2, AttentionMaskKind::Array, Some(d), 0),
             );
         }
         for d in [DType::F16, DType::BF16, DType::F32, DType::F64] {
