@@ -8,8 +8,9 @@
 //!
 //! **The forward pass** of each step: token embedding; per layer RMS norm, the q/k/v
 //! projections, rotary embedding ([`crate::rope`], pairs interleaved as llama.cpp's
-//! converter lays out the q/k weights), the new keys and values written into the cache
-//! ([`crate::slice_update`]), grouped-query attention of the queries against the whole
+//! converter lays out the q/k weights; the query and key heads side by side in one
+//! rope), the new keys and values written into the cache ([`crate::slice_update`]),
+//! grouped-query attention of the queries against the whole
 //! cache with a mask of the positions written so far, the output projection and
 //! residual; RMS norm, the SwiGLU feed-forward (`down(silu(gate(x)) * up(x))`) and
 //! residual; the final norm and the logits of each sequence's last token.
@@ -289,6 +290,24 @@ impl Proj {
                         s
                     })
                     .collect()
+            }
+        }
+    }
+
+    /// For q/k/v projections: the q and k columns side by side (`[.., q | k]`, a view of
+    /// the joined product, or the two joined when the weights are apart) and v.
+    fn split_qk_v(&self, x: &Array) -> Result<(Array, Array)> {
+        match self {
+            Proj::Joined(w, widths) if widths.len() == 3 => {
+                let y = linear(x, w)?;
+                let qk = (widths[0] + widths[1]) as isize;
+                let v = widths[2] as isize;
+                Ok((y.slice_axis(-1, Some(0), Some(qk), 1)?, y.slice_axis(-1, Some(qk), Some(qk + v), 1)?))
+            }
+            _ => {
+                let [q, k, v] = <[Array; 3]>::try_from(self.apply(x)?)
+                    .map_err(|_| Error::invalid(OP, "q/k/v projections gave the wrong number of parts"))?;
+                Ok((crate::concatenate(&[&q, &k], -1)?, v))
             }
         }
     }
@@ -650,10 +669,11 @@ impl Core {
         for (i, l) in w.layers.iter().enumerate() {
             let a = h.rms_norm(Some(&l.attn_norm), c.rms_eps)?;
             let heads = |y: Array, nh: isize| y.reshape(&[bi, ti, nh, hd])?.transpose(&[0, 2, 1, 3]);
-            let [q, k, v] = <[Array; 3]>::try_from(l.qkv.apply(&a)?)
-                .map_err(|_| Error::invalid(OP, "q/k/v projections gave the wrong number of parts"))?;
-            let q = heads(q, hq)?.rope(start, rope)?;
-            let k = heads(k, hkv)?.rope(start, rope)?;
+            // The query and key heads side by side, rotated by one rope.
+            let (qk, v) = l.qkv.split_qk_v(&a)?;
+            let qk = heads(qk, hq + hkv)?.rope(start, rope)?;
+            let q = qk.slice_axis(1, Some(0), Some(hq), 1)?;
+            let k = qk.slice_axis(1, Some(hq), Some(hq + hkv), 1)?;
             let v = heads(v, hkv)?;
             let kk = kc[i].slice_update(&k, start, 2)?;
             let vv = vc[i].slice_update(&v, start, 2)?;
