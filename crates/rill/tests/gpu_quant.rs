@@ -1,5 +1,6 @@
-//! `rill::quant` on the GPU: the matrix-vector kernel (1 to 64 rows of x, in chunks of 8)
-//! and the tiled kernel (more rows, partial tiles) against dequantize-then-matmul in
+//! `rill::quant` on the GPU: the matrix-vector kernel (up to 63 rows of f16/bf16 x, 64 of
+//! f32, in chunks of 8) and the tiled kernels (more rows, partial tiles; tensor cores for
+//! f16/bf16) against dequantize-then-matmul in
 //! float64 for every format on generated shapes (odd N, K = 32 · odd, batch axes,
 //! f32/bf16/f16 and strided x); the `Dequantize` kernel bit for bit against the host;
 //! compile; a weight on another stream; the device mismatch error; the default language

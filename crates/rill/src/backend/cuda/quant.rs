@@ -4,8 +4,8 @@
 //!
 //! | rows of `x` | kernel |
 //! |---|---|
-//! | 1 to [`MV_CHUNKED_ROWS`] (decode, batched decode) | `k_qmv`: a warp per weight row, 4 warps a block, a grid row per chunk of up to [`MV_MAX_ROWS`] rows of `x`; each lane takes a quarter of a block (8 values: 4 code bytes of a 4-bit format, 8 of Q8_0), 8 consecutive blocks per warp step, so a warp's loads cover one contiguous run of the row; the codes dot the `x` rows in registers (`d · Σ q·x` plus the block's offset times `Σ x`) and the lanes' sums meet through shuffles |
-//! | more (prefill), f16/bf16 `x` with 16-byte aligned rows | `k_qmm_tc`: 64 x 64 output tiles on tensor cores (`mma.sync`), the codes as exact integers of x's type, each block's f32 tile scaled into the accumulator ([`qmm_tc_source`]) |
+//! | 1 to [`MV_CHUNKED_ROWS`] (decode, batched decode) of f32 `x`, fewer than [`TC_ROWS`] of f16/bf16 | `k_qmv`: a warp per weight row, 4 warps a block, a grid row per chunk of up to [`MV_MAX_ROWS`] rows of `x`; each lane takes a quarter of a block (8 values: 4 code bytes of a 4-bit format, 8 of Q8_0), 8 consecutive blocks per warp step, so a warp's loads cover one contiguous run of the row; the codes dot the `x` rows in registers (`d · Σ q·x` plus the block's offset times `Σ x`) and the lanes' sums meet through shuffles |
+//! | [`TC_ROWS`] or more of f16/bf16 `x` with 16-byte aligned rows | `k_qmm_tc`: 64 x 64 output tiles on tensor cores (`mma.sync`), the codes as exact integers of x's type, each block's f32 tile scaled into the accumulator ([`qmm_tc_source`]) |
 //! | more, otherwise | `k_qmm`: 64 x 64 output tiles, 256 threads of 4 x 4 outputs; per block of K, the 64 weight rows' blocks are dequantized into shared memory as f32 (a quarter block per thread) beside the `x` tile, then 32 rank-1 updates in f32 |
 //!
 //! Blocks are 18, 20 or 34 bytes: a row starts 2-byte aligned (4 for Q4_1) when the
@@ -35,14 +35,15 @@ pub(crate) const MV_MAX_ROWS: usize = 8;
 /// Up to here the chunks' many blocks beat the tiled kernel's few (64 rows of `x` make
 /// one row of 64 x 64 tiles: 9 blocks for a 576-wide output).
 pub(crate) const MV_CHUNKED_ROWS: usize = 64;
-/// The fewest rows of f16/bf16 `x` that go to the tensor-core kernel: past the
-/// matrix-vector kernel's rows unless `RILL_QMM_TC_ROWS` says otherwise (a tuning knob
-/// for comparing the two kernels on the rows they share).
+/// The fewest rows of f16/bf16 `x` that go to the tensor-core kernel. At 64 rows it
+/// beats the chunked matrix-vector kernel on every weight shape of `rill bench qmatmul`
+/// (the 49152-row output head by 18x); at 16 rows each wins on some shapes.
+const TC_ROWS: usize = 64;
+/// [`TC_ROWS`] unless `RILL_QMM_TC_ROWS` says otherwise (a tuning knob for comparing the
+/// two kernels on the rows they share).
 fn tc_rows() -> usize {
     static ROWS: OnceLock<usize> = OnceLock::new();
-    *ROWS.get_or_init(|| {
-        std::env::var("RILL_QMM_TC_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(MV_CHUNKED_ROWS + 1)
-    })
+    *ROWS.get_or_init(|| std::env::var("RILL_QMM_TC_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(TC_ROWS))
 }
 /// Weight rows per block of the matrix-vector kernel (a warp each).
 const MV_WARPS: u32 = 4;
