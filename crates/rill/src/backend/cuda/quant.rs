@@ -540,28 +540,21 @@ pub(crate) fn qmatmul(
         // (a warp each, the rest return) and the m rows in chunks of `mr` (the last one's
         // missing rows skipped); the arguments match `k_qmv`'s signature.
         unsafe { lb.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))?;
-    } else if tc {
-        let key = format!("qmmtc:{name}:{}", dtype.name());
-        let func = nvrtc::function(cs.driver(), &cs.dev, &key, "k_qmm_tc", move || qmm_tc_source(format, dtype))?;
-        let gx = n.div_ceil(TILE).clamp(1, 1 << 30) as u32;
-        let gy = m.div_ceil(TILE).clamp(1, 65535) as u32;
-        let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-        let m64 = m as i64;
-        let mut lb = Launch::new(&func);
-        lb.arg(&po).arg(&px).arg(&pw).arg(&m64).arg(&n64).arg(&k64);
-        // SAFETY: as for `k_qmm`; every row of `x` starts 16-byte aligned (checked above:
-        // an aligned first element and `k` a multiple of 8 two-byte values).
-        unsafe { lb.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))?;
     } else {
-        let key = format!("qmm:{name}:{}", dtype.name());
-        let func = nvrtc::function(cs.driver(), &cs.dev, &key, "k_qmm", move || qmm_source(format, dtype))?;
+        // The tiled kernels share their grid and arguments; tensor cores need f16/bf16 x
+        // with every row 16-byte aligned (checked above: an aligned first element and `k`
+        // a multiple of 8 two-byte values).
+        let (kname, threads) = if tc { ("k_qmm_tc", 128) } else { ("k_qmm", 256) };
+        let key = format!("{kname}:{name}:{}", dtype.name());
+        let src = move || if tc { qmm_tc_source(format, dtype) } else { qmm_source(format, dtype) };
+        let func = nvrtc::function(cs.driver(), &cs.dev, &key, kname, src)?;
         let gx = n.div_ceil(TILE).clamp(1, 1 << 30) as u32;
         let gy = m.div_ceil(TILE).clamp(1, 65535) as u32;
-        let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
         let m64 = m as i64;
         let mut lb = Launch::new(&func);
         lb.arg(&po).arg(&px).arg(&pw).arg(&m64).arg(&n64).arg(&k64);
-        // SAFETY: as for `k_qmv`; the kernel guards rows past m and n and loops over row
+        // SAFETY: as for `k_qmv`; the kernels guard rows past m and n and loop over row
         // tiles past the grid's y extent.
         unsafe { lb.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))?;
     }
