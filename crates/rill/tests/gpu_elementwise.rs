@@ -301,3 +301,104 @@ fn gpu_two_axis_maps_match_f64() {
         }
     }
 }
+
+/// The logical values of `base` (row-major, shape `bs`) seen through `transpose(perm)` and
+/// then every `step`-th element of axis `ax`: (shape, values in row-major order).
+fn view_values(base: &[f64], bs: &[usize], perm: &[usize], ax: usize, step: usize) -> (Vec<usize>, Vec<f64>) {
+    let mut shape: Vec<usize> = perm.iter().map(|&p| bs[p]).collect();
+    shape[ax] = shape[ax].div_ceil(step);
+    let n: usize = shape.iter().product();
+    let bst: Vec<usize> = (0..bs.len()).map(|d| bs[d + 1..].iter().product()).collect();
+    let vals = (0..n)
+        .map(|mut k| {
+            let mut at = 0;
+            for d in (0..shape.len()).rev() {
+                let i = k % shape[d] * if d == ax { step } else { 1 };
+                k /= shape[d];
+                at += i * bst[perm[d]];
+            }
+            base[at]
+        })
+        .collect();
+    (shape, vals)
+}
+
+/// Maps over generated views of 2 to 5 axes (permuted, stepped, size-1 axes) with
+/// broadcast operands, and the ops that then read their results (reshape, reductions,
+/// transposes, products with row-major arrays), against float64 loops: the kernels that
+/// follow a permuted operand's memory order, rows over several outer axes, and every
+/// consumer of an output that is not row-major.
+#[test]
+fn gpu_maps_of_any_layout_match_f64() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(71);
+    let dims = [1usize, 2, 3, 5, 8, 16, 33];
+    for case in 0..60 {
+        let rank = 2 + (rng.next_u64() % 4) as usize;
+        let bs: Vec<usize> = (0..rank).map(|_| dims[(rng.next_u64() % dims.len() as u64) as usize]).collect();
+        let mut perm: Vec<usize> = (0..rank).collect();
+        for i in (1..rank).rev() {
+            perm.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+        }
+        let ax = (rng.next_u64() % rank as u64) as usize;
+        let step = if case % 3 == 0 { 2 } else { 1 };
+        let dt = [DType::F32, DType::BF16, DType::I32, DType::F16][case % 4];
+        let n: usize = bs.iter().product();
+        let ints = |v: Vec<f64>| v.into_iter().map(f64::floor).collect::<Vec<f64>>();
+        let (av, bv) = (ints(rng.vec(n, -8.0, 8.0)), ints(rng.vec(n, -8.0, 8.0)));
+        let (shape, va) = view_values(&av, &bs, &perm, ax, step);
+        let (_, vb) = view_values(&bv, &bs, &perm, ax, step);
+        let m: usize = shape.iter().product();
+        let last = *shape.last().unwrap();
+        let rowv = ints(rng.vec(last, -4.0, 4.0));
+        let what = |s: &str| format!("case {case}: {dt} base {bs:?} perm {perm:?} axis {ax} step {step}: {s}");
+        common::on(g, || {
+            let view = |v: &[f64]| {
+                let x = Array::from_slice(v, &bs).unwrap().astype(dt).unwrap().transpose(&perm).unwrap();
+                x.slice_axis(ax as isize, None, None, step as isize).unwrap()
+            };
+            let (a, b) = (view(&av), view(&bv));
+            let row = Array::from_slice(&rowv, &[last]).unwrap().astype(dt).unwrap();
+            let check = |got: &Array, want: &[f64], t: f64, s: &str| {
+                assert_eq!(got.shape(), &shape[..], "{}", what(s));
+                assert_close(&got.to_f64_vec().unwrap(), want, t, &what(s));
+            };
+            let neg = a.neg().unwrap();
+            let negw: Vec<f64> = va.iter().map(|x| -x).collect();
+            check(&neg, &negw, 0.0, "-a");
+            let sum: Vec<f64> = va.iter().zip(&vb).map(|(x, y)| x + y).collect();
+            check(&a.add(&b).unwrap(), &sum, 0.0, "a + b");
+            let biased: Vec<f64> = (0..m).map(|k| va[k] * rowv[k % last]).collect();
+            check(&a.mul(&row).unwrap(), &biased, 0.0, "a * row");
+            let cond = a.gt(0.0).unwrap();
+            let pick: Vec<f64> = (0..m).map(|k| if va[k] > 0.0 { va[k] } else { rowv[k % last] }).collect();
+            check(&rill::where_(&cond, &a, &row).unwrap(), &pick, 0.0, "where(a > 0, a, row)");
+            check(&a.astype(DType::F32).unwrap(), &va, 0.0, "a as f32");
+            if dt.is_float() {
+                let e: Vec<f64> = va.iter().map(|x| x.exp()).collect();
+                check(&a.exp().unwrap(), &e, tol(dt) * 4.0, "exp(a)");
+            }
+            // Readers of `-a`, whatever order it was written in.
+            let flat = neg.reshape(&[m as isize]).unwrap();
+            assert_close(&flat.to_f64_vec().unwrap(), &negw, 0.0, &what("(-a).reshape(-1)"));
+            let rows: Vec<f64> = negw.chunks(last).map(|c| c.iter().sum()).collect();
+            let t = if dt == DType::I32 { 0.0 } else { tol(dt) * last as f64 * 8.0 };
+            let got = neg.sum(&[-1], false).unwrap();
+            assert_close(&got.to_f64_vec().unwrap(), &rows, t, &what("(-a).sum(-1)"));
+            let twice: Vec<f64> = negw.iter().map(|x| 2.0 * x).collect();
+            check(&neg.add(neg.contiguous().unwrap()).unwrap(), &twice, 0.0, "-a + contiguous(-a)");
+            let inv: Vec<usize> = (0..rank).map(|i| perm.iter().position(|&p| p == i).unwrap()).collect();
+            let back = neg.transpose(&inv).unwrap().contiguous().unwrap();
+            let got = back.transpose(&perm).unwrap().to_f64_vec().unwrap();
+            assert_close(&got, &negw, 0.0, &what("(-a).T.contiguous().T"));
+            // A product reads the permuted output as a matrix of its last two axes.
+            if dt == DType::F32 && rank >= 2 {
+                let k = last;
+                let ones = Array::ones(&[k, 1], DType::F32).unwrap();
+                let got = neg.matmul(&ones).unwrap();
+                let want: Vec<f64> = negw.chunks(k).map(|c| c.iter().sum()).collect();
+                assert_close(&got.to_f64_vec().unwrap(), &want, 1e-5, &what("(-a) @ ones"));
+            }
+        });
+    }
+}

@@ -12,7 +12,14 @@
 //! | one axis, any strides (misaligned runs, a step) | `k_contig`: `VEC_UNROLL` elements per thread, all loads first |
 //! | two axes [R, C] (row, column or outer broadcasts, a column slice, a step on rows); every column stride 0 or 1, C a multiple of `VN`, row starts and output 16-byte aligned | `k_rows` (vector): a 2-D grid of tiles, operand `o` of element (r, c) at `r * sr[o] + c`, `VN` elements per vector, column-broadcast operands (column stride 0) loaded once per row item and splat (a mask in the variant); no division |
 //! | two axes, any strides (misaligned rows, C not a multiple of `VN`, a transposed operand) | `k_rows` (scalar): the same tiles, one element per item at `r * sr[o] + c * sc[o]`; 32 by 32 tiles when an operand's columns lie further apart than its rows (a transposed view), so a block reuses the cache lines it reads |
-//! | anything else | `k_strided`: per-element coordinates from the shape (i64) |
+//! | three to [`MAX_DIMS`] axes | `k_rows` over the last axis (vectors or elements as above), a row's start in each operand from its coordinates on the outer axes (one division per outer axis per item: per vector, not per element) |
+//!
+//! Before planning, a map that is not a copy follows its operands' memory order, as
+//! PyTorch's elementwise ops do: when every full-size operand is dense in one axis order
+//! other than row-major (a transposed array, a permuted batch), the output is allocated in
+//! that order and returned as a permuted view ([`follow_order`]), so the map is one
+//! contiguous pass instead of a transpose. Copies (`contiguous`, and the copies kernels
+//! make of their inputs) always write row-major.
 //!
 //! Index arithmetic is u32 ("narrow") when every count and offset a kernel forms is below
 //! 2^31 and no stride is negative; i64 otherwise.
@@ -30,7 +37,7 @@ use smallvec::SmallVec;
 use super::buffer::{cuda_of, new_storage};
 use super::driver::GpuStream;
 use super::launch::Launch;
-use super::nvrtc::{self, BLOCK, grid_for};
+use super::nvrtc::{self, BLOCK};
 use super::source::{MAX_DIMS, PRELUDE};
 
 /// Vectors (or elements, for `k_contig`) each thread handles per block step. A power of
@@ -118,11 +125,10 @@ pub(crate) enum Variant {
     Vec { scalar: u8, wide: bool },
     /// `k_contig`: one axis, a stride per operand.
     Contig { wide: bool },
-    /// `k_rows`: two axes; `vec`: `VN` elements per access, bit `o` of `scalar` marks
-    /// operand `o` as constant along a row (column stride 0).
-    Rows { vec: bool, scalar: u8, wide: bool },
-    /// `k_strided`.
-    Strided,
+    /// `k_rows`: rows of the last axis; `vec`: `VN` elements per access, bit `o` of
+    /// `scalar` marks operand `o` as constant along a row (column stride 0); `deep`: rows
+    /// span several outer axes (a [`Lay`] of them), else one (a stride per operand).
+    Rows { vec: bool, scalar: u8, wide: bool, deep: bool },
 }
 
 impl Variant {
@@ -132,7 +138,6 @@ impl Variant {
             Variant::Vec { .. } => "k_vec",
             Variant::Contig { .. } => "k_contig",
             Variant::Rows { .. } => "k_rows",
-            Variant::Strided => "k_strided",
         }
     }
 
@@ -142,10 +147,9 @@ impl Variant {
         match self {
             Variant::Vec { scalar, wide } => format!("vec:s{scalar}:{}", w(wide)),
             Variant::Contig { wide } => format!("contig:{}", w(wide)),
-            Variant::Rows { vec, scalar, wide } => {
-                format!("rows:{}:s{scalar}:{}", if vec { "v" } else { "e" }, w(wide))
+            Variant::Rows { vec, scalar, wide, deep } => {
+                format!("rows:{}:s{scalar}:{}{}", if vec { "v" } else { "e" }, w(wide), if deep { ":deep" } else { "" })
             }
-            Variant::Strided => "strided".into(),
         }
     }
 }
@@ -202,11 +206,11 @@ pub(crate) enum Plan {
     Vec { scalar: u8, n: usize, wide: bool },
     /// `k_contig` over `n` elements, operand `o` at `st[o] * i`.
     Contig { st: [i64; 3], n: usize, wide: bool },
-    /// `k_rows` over `r` rows of `c` elements, operand `o` at `r * st[o][0] + c * st[o][1]`;
+    /// `k_rows` over `r` rows of `c` elements, operand `o` at `r * st[o][0] + c * st[o][1]`,
+    /// or with `outer` at `rowstart(o, r) + c * st[o][1]`: row `r`'s coordinates on the
+    /// outer axes `outer.shape[..outer.ndim]` (row-major) times the strides `outer.st[o]`;
     /// `tile`: square tiles (an operand walks its columns further apart than its rows).
-    Rows { r: usize, c: usize, st: [[i64; 2]; 3], vec: bool, scalar: u8, wide: bool, tile: bool },
-    /// `k_strided` over `n` elements.
-    Strided(Lay, usize),
+    Rows { r: usize, c: usize, st: [[i64; 2]; 3], vec: bool, scalar: u8, wide: bool, tile: bool, outer: Option<Lay> },
 }
 
 impl Plan {
@@ -214,8 +218,9 @@ impl Plan {
         match *self {
             Plan::Vec { scalar, wide, .. } => Variant::Vec { scalar, wide },
             Plan::Contig { wide, .. } => Variant::Contig { wide },
-            Plan::Rows { vec, scalar, wide, .. } => Variant::Rows { vec, scalar, wide },
-            Plan::Strided(..) => Variant::Strided,
+            Plan::Rows { vec, scalar, wide, ref outer, .. } => {
+                Variant::Rows { vec, scalar, wide, deep: outer.is_some() }
+            }
         }
     }
 }
@@ -251,30 +256,30 @@ pub(crate) fn plan(ops: &[Operand<'_>], shape: &[usize], out_size: usize, out_ad
         }
         return Ok(linear(ops, st, n, vn, out_size, out_addr));
     }
-    if dims.len() == 2 {
-        let mut st = [[0i64; 2]; 3];
-        for (o, s) in st.iter_mut().enumerate().take(ops.len()) {
-            *s = [mst[o][0] as i64, mst[o][1] as i64];
-        }
-        return Ok(rows(ops, dims[0], dims[1], st, vn, out_size, out_addr));
-    }
     if dims.len() > MAX_DIMS {
         return Err(super::unsupported(
             "elementwise",
             format!("strided inputs of rank {} after merging axes (at most {MAX_DIMS})", dims.len()),
         ));
     }
-    let mut lay = Lay { shape: [1; MAX_DIMS], st: [[0; MAX_DIMS]; 3], off: [0; 3], ndim: dims.len() as i32, pad: 0 };
-    for (d, &s) in dims.iter().enumerate() {
-        lay.shape[d] = s as i64;
-        for o in 0..ops.len() {
-            lay.st[o][d] = mst[o][d] as i64;
+    // Rows of the last merged axis; the axes before it give each row's start.
+    let nd = dims.len();
+    let mut cst = [[0i64; 2]; 3];
+    for (o, s) in cst.iter_mut().enumerate().take(ops.len()) {
+        *s = [if nd == 2 { mst[o][0] as i64 } else { 0 }, mst[o][nd - 1] as i64];
+    }
+    let outer = (nd > 2).then(|| {
+        let mut lay = Lay { shape: [1; MAX_DIMS], st: [[0; MAX_DIMS]; 3], off: [0; 3], ndim: (nd - 1) as i32, pad: 0 };
+        for (d, &s) in dims[..nd - 1].iter().enumerate() {
+            lay.shape[d] = s as i64;
+            for o in 0..ops.len() {
+                lay.st[o][d] = mst[o][d] as i64;
+            }
         }
-    }
-    for o in 0..ops.len() {
-        lay.off[o] = lays[o].offset as i64;
-    }
-    Ok(Plan::Strided(lay, n))
+        lay
+    });
+    let r = dims[..nd - 1].iter().product();
+    Ok(rows(ops, r, dims[nd - 1], cst, outer, vn, out_size, out_addr))
 }
 
 /// The plan of a map whose operands each advance by `st[o]` per element: `k_vec` when
@@ -293,28 +298,53 @@ fn linear(ops: &[Operand<'_>], st: [i64; 3], n: usize, vn: usize, out_size: usiz
     Plan::Contig { st, n, wide }
 }
 
-/// The plan of a map over two merged axes, `r` rows of `c` elements, operand `o` at
-/// `r * st[o][0] + c * st[o][1]`: vectors along the columns when every column stride is 0
-/// or 1 and every row start (and the output's) is vector-aligned.
-fn rows(ops: &[Operand<'_>], r: usize, c: usize, st: [[i64; 2]; 3], vn: usize, out_size: usize, out_addr: u64) -> Plan {
+/// The plan of a map over `r` rows of `c` elements, operand `o` at `r * st[o][0] + c *
+/// st[o][1]` (or, with `outer`, a row start from the outer axes): vectors along the
+/// columns when every column stride is 0 or 1 and every row start (and the output's) is
+/// vector-aligned.
+#[allow(clippy::too_many_arguments)]
+fn rows(
+    ops: &[Operand<'_>],
+    r: usize,
+    c: usize,
+    st: [[i64; 2]; 3],
+    outer: Option<Lay>,
+    vn: usize,
+    out_size: usize,
+    out_addr: u64,
+) -> Plan {
     let st_k = &st[..ops.len()];
+    // Each operand's row strides: one, or one per outer axis.
+    let row_strides = |o: usize| -> SmallVec<[(usize, i64); MAX_DIMS]> {
+        match &outer {
+            Some(l) => (0..l.ndim as usize).map(|d| (l.shape[d] as usize, l.st[o][d])).collect(),
+            None => smallvec::smallvec![(r, st[o][0])],
+        }
+    };
     let vec = vn > 1
         && c.is_multiple_of(vn)
         && out_addr.is_multiple_of((out_size * vn) as u64)
-        && ops
-            .iter()
-            .zip(st_k)
-            .all(|(o, &[sr, sc])| sc == 0 || (sc == 1 && sr % vn as i64 == 0 && o.first() % (o.size * vn) as u64 == 0));
+        && ops.iter().zip(st_k).enumerate().all(|(i, (o, &[_, sc]))| {
+            sc == 0
+                || (sc == 1
+                    && row_strides(i).iter().all(|&(_, s)| s % vn as i64 == 0)
+                    && o.first() % (o.size * vn) as u64 == 0)
+        });
     let scalar = if vec { st_k.iter().enumerate().fold(0u8, |m, (o, s)| m | (((s[1] == 0) as u8) << o)) } else { 0 };
     // Offsets are formed from each operand's first element: a negative stride needs i64.
-    let reach = |&[sr, sc]: &[i64; 2]| {
-        ((r as u64 - 1).saturating_mul(sr.unsigned_abs()))
-            .saturating_add((c as u64 - 1).saturating_mul(sc.unsigned_abs()))
+    let reach = |o: usize| {
+        row_strides(o).iter().fold((c as u64 - 1).saturating_mul(st[o][1].unsigned_abs()), |a, &(d, s)| {
+            a.saturating_add((d as u64 - 1).saturating_mul(s.unsigned_abs()))
+        })
     };
-    let wide =
-        (r as u64).saturating_mul(c as u64) > NARROW || st_k.iter().any(|s| s[0] < 0 || s[1] < 0 || reach(s) > NARROW);
-    let tile = st_k.iter().any(|&[sr, sc]| sc.unsigned_abs() > sr.unsigned_abs().max(1));
-    Plan::Rows { r, c, st, vec, scalar, wide, tile }
+    let negative = |o: usize| st[o][1] < 0 || row_strides(o).iter().any(|&(_, s)| s < 0);
+    let wide = (r as u64).saturating_mul(c as u64) > NARROW || (0..ops.len()).any(|o| negative(o) || reach(o) > NARROW);
+    // The innermost row axis against the columns: a transposed operand wants square tiles.
+    let tile = (0..ops.len()).any(|o| {
+        let sr = row_strides(o).last().map_or(0, |&(_, s)| s);
+        st[o][1].unsigned_abs() > sr.unsigned_abs().max(1)
+    });
+    Plan::Rows { r, c, st, vec, scalar, wide, tile, outer }
 }
 
 /// The launch shape of `k_rows` over `r` rows of `items` column items (vectors or
@@ -445,50 +475,41 @@ extern "C" __global__ void k_vec({out_t}* __restrict__ out{params}, {ix} n) {{
 "#
             )
         }
-        Variant::Rows { vec, scalar, wide } => rows_source(out_t, ins, &params, vec, scalar, wide),
-        Variant::Strided => {
-            let strided_off: String = (0..k).map(|i| format!("o{i} += c * lay.st[{i}][d]; ")).collect();
-            let strided_init: String = (0..k).map(|i| format!("i64 o{i} = lay.off[{i}]; ")).collect();
-            let strided_call = call(&|i| format!("a{i}[o{i}]"));
-            format!(
-                r#"extern "C" __global__ void k_strided({out_t}* __restrict__ out{params}, Lay lay, i64 n) {{
-    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {{
-        i64 r = i; {strided_init}
-        for (int d = lay.ndim - 1; d >= 0; --d) {{
-            i64 s = lay.shape[d]; i64 q = r / s; i64 c = r - q * s; r = q; {strided_off}
-        }}
-        out[i] = fop({strided_call});
-    }}
-}}
-"#
-            )
-        }
+        Variant::Rows { vec, scalar, wide, deep } => rows_source(out_t, ins, &params, vec, scalar, wide, deep),
     };
     format!("{head}{body}")
 }
 
 /// The body of `k_rows` (see [`kernel_source`]): `vec` walks `VN`-element vectors along a
-/// row (operands of `scalar` read one element per row), else single elements.
-fn rows_source(out_t: &str, ins: &[&str], params: &str, vec: bool, scalar: u8, wide: bool) -> String {
+/// row (operands of `scalar` read one element per row), else single elements; `deep`
+/// finds a row's start in each operand from its coordinates on the outer axes of `rl`.
+fn rows_source(out_t: &str, ins: &[&str], params: &str, vec: bool, scalar: u8, wide: bool, deep: bool) -> String {
     let k = ins.len();
     let ix = if wide { "i64" } else { "u32" };
     let is_s = |i: usize| vec && scalar & (1 << i) != 0;
     let call = |f: &dyn Fn(usize) -> String| (0..k).map(f).collect::<Vec<_>>().join(", ");
-    let sparams: String = if vec {
-        (0..k).map(|i| format!(", {ix} sr{i}")).collect()
-    } else {
-        (0..k).map(|i| format!(", {ix} sr{i}, {ix} sc{i}")).collect()
-    };
+    let rparams: String = if deep { ", Lay rl".to_string() } else { (0..k).map(|i| format!(", {ix} sr{i}")).collect() };
+    let cparams: String = if vec { String::new() } else { (0..k).map(|i| format!(", {ix} sc{i}")).collect() };
     let decls: String = ins
         .iter()
         .enumerate()
         .map(|(i, t)| if vec && !is_s(i) { format!("V<{t}, VN> x{i}[UNR]; ") } else { format!("{t} x{i}[UNR]; ") })
         .collect();
+    // Each operand's row start: a stride times the row, or the sum over the outer axes.
+    let starts = if deep {
+        let zero: String = (0..k).map(|i| format!("{ix} p{i} = 0; ")).collect();
+        let acc: String = (0..k).map(|i| format!("p{i} += q * ({ix})rl.st[{i}][d]; ")).collect();
+        format!(
+            "{zero}{{ {ix} rem = r; for (int d = rl.ndim - 1; d >= 0; --d) {{ {ix} s = ({ix})rl.shape[d]; {ix} w = rem / s; {ix} q = rem - w * s; rem = w; {acc}}} }} "
+        )
+    } else {
+        (0..k).map(|i| format!("{ix} p{i} = r * sr{i}; ")).collect()
+    };
     let loads: String = (0..k)
         .map(|i| match (vec, is_s(i)) {
-            (true, true) => format!("x{i}[u] = a{i}[r * sr{i}]; "),
-            (true, false) => format!("x{i}[u] = vld<{}, VN>(a{i} + r * sr{i} + t * VN); ", ins[i]),
-            _ => format!("x{i}[u] = a{i}[r * sr{i} + t * sc{i}]; "),
+            (true, true) => format!("x{i}[u] = a{i}[p{i}]; "),
+            (true, false) => format!("x{i}[u] = vld<{}, VN>(a{i} + p{i} + t * VN); ", ins[i]),
+            _ => format!("x{i}[u] = a{i}[p{i} + t * sc{i}]; "),
         })
         .collect();
     let store = if vec {
@@ -504,7 +525,7 @@ fn rows_source(out_t: &str, ins: &[&str], params: &str, vec: bool, scalar: u8, w
         r#"// A 2-D grid of tiles over R rows of C elements: no division per element. Each thread
 // takes UNR items (vectors, or elements) of its tile, `1 << lgc` of them along its row
 // and the rest down its column, issues all their loads first, then computes and stores.
-extern "C" __global__ void k_rows({out_t}* __restrict__ out{params}{sparams}, {ix} R, {ix} C, int lgc) {{
+extern "C" __global__ void k_rows({out_t}* __restrict__ out{params}{rparams}{cparams}, {ix} R, {ix} C, int lgc) {{
     const {ix} nc = C / {per};
     const int uc = 1 << lgc;
     const {ix} rt = ({ix})blockDim.y * (UNR >> lgc);
@@ -516,7 +537,7 @@ extern "C" __global__ void k_rows({out_t}* __restrict__ out{params}{sparams}, {i
             for (int u = 0; u < UNR; ++u) {{
                 {ix} r = r0 + ({ix})(u >> lgc) * blockDim.y;
                 {ix} t = c0 + ({ix})(u & (uc - 1)) * blockDim.x;
-                if (r < R && t < nc) {{ {loads} }}
+                if (r < R && t < nc) {{ {starts}{loads} }}
             }}
 #pragma unroll
             for (int u = 0; u < UNR; ++u) {{
@@ -533,11 +554,81 @@ extern "C" __global__ void k_rows({out_t}* __restrict__ out{params}{sparams}, {i
     )
 }
 
+/// The axis order a map's output follows (outermost first, size-1 axes leading) when it
+/// is not row-major: every operand of the full shape (no broadcast axis) is dense in that
+/// one order, a permutation of row-major with positive strides, and none is row-major.
+/// `None` otherwise (a contiguous operand, a stepped or overlapping view, operands dense
+/// in different orders, fewer than two axes).
+pub(crate) fn follow_order<'a>(layouts: impl IntoIterator<Item = &'a Layout>, shape: &[usize]) -> Option<Dims> {
+    let nd = shape.len();
+    // An empty map has nothing to order (and a size-0 axis is in neither group below).
+    if nd < 2 || shape.contains(&0) {
+        return None;
+    }
+    let mut order: Option<Dims> = None;
+    for l in layouts {
+        let full = l.shape[..] == *shape && (0..nd).all(|a| shape[a] == 1 || l.strides[a] != 0);
+        if !full {
+            continue;
+        }
+        if l.is_contiguous() {
+            return None;
+        }
+        let mut axes: Dims = (0..nd).filter(|&a| shape[a] > 1).collect();
+        if axes.iter().any(|&a| l.strides[a] <= 0) {
+            return None;
+        }
+        axes.sort_by_key(|&a| std::cmp::Reverse(l.strides[a]));
+        let mut want = 1isize;
+        for &a in axes.iter().rev() {
+            if l.strides[a] != want {
+                return None;
+            }
+            want *= shape[a] as isize;
+        }
+        match &order {
+            Some(o) if *o != axes => return None,
+            _ => order = Some(axes),
+        }
+    }
+    let axes = order?;
+    Some((0..nd).filter(|&a| shape[a] == 1).chain(axes).collect())
+}
+
 /// Runs `fop` (defined by `fsrc`, with the parameter types of `ins`) over `shape`,
-/// writing a new contiguous storage of `out_dtype`. `what`, `out_dtype`, the input
-/// dtypes and the kernel variant identify the kernel: `fsrc` runs (and a key is
-/// formatted) only the first time a device needs it.
+/// writing a new storage of `out_dtype`: row-major, or in the operands' own axis order
+/// ([`follow_order`]) unless `what` is a copy. `what`, `out_dtype`, the input dtypes and
+/// the kernel variant identify the kernel: `fsrc` runs (and a key is formatted) only the
+/// first time a device needs it.
 pub(crate) fn map(
+    cs: &GpuStream<'_>,
+    what: MapFn,
+    fsrc: impl FnOnce() -> String,
+    out_dtype: DType,
+    ins: &[In<'_>],
+    shape: &[usize],
+) -> Result<Storage> {
+    let order = if what == MapFn::Copy { None } else { follow_order(ins.iter().map(|i| &i.s.layout), shape) };
+    let Some(perm) = order else {
+        return map_row_major(cs, what, fsrc, out_dtype, ins, shape);
+    };
+    // The same map over the axes in memory order: every full operand is contiguous there.
+    let phys: Dims = perm.iter().map(|&a| shape[a]).collect();
+    let views: SmallVec<[Storage; 3]> =
+        ins.iter().map(|i| i.s.with_layout(i.s.layout.broadcast_to(shape).permute(&perm))).collect();
+    let pins: SmallVec<[In<'_>; 3]> =
+        views.iter().zip(ins).map(|(s, i)| In { s, ctype: i.ctype, size: i.size }).collect();
+    let out = map_row_major(cs, what, fsrc, out_dtype, &pins, &phys)?;
+    let mut inverse: Dims = smallvec::smallvec![0; perm.len()];
+    for (j, &a) in perm.iter().enumerate() {
+        inverse[a] = j;
+    }
+    let layout = out.layout.permute(&inverse);
+    Ok(out.with_layout(layout))
+}
+
+/// [`map`] with a row-major output.
+fn map_row_major(
     cs: &GpuStream<'_>,
     what: MapFn,
     fsrc: impl FnOnce() -> String,
@@ -607,13 +698,8 @@ pub(crate) fn map(
     // a recorded launch needs none until its batch sends it.
     let mut b = Launch::raw(func);
     b.arg(&out_ptr);
-    match &plan {
-        Plan::Strided(..) => ops.iter().for_each(|o| {
-            b.arg(&o.addr);
-        }),
-        _ => ops.iter().for_each(|o| {
-            b.arg(&o.first());
-        }),
+    for o in &ops {
+        b.arg(&o.first());
     }
     let steps = |items: usize| {
         let blocks = items.div_ceil(BLOCK as usize * VEC_UNROLL).clamp(1, MAX_BLOCKS) as u32;
@@ -632,12 +718,15 @@ pub(crate) fn map(
             index_arg(&mut b, *wide, *n as i64);
             steps(*n)
         }
-        Plan::Rows { r, c, st, vec: v, wide, tile, .. } => {
-            for s in &st[..ins.len()] {
-                index_arg(&mut b, *wide, s[0]);
-                if !v {
-                    index_arg(&mut b, *wide, s[1]);
+        Plan::Rows { r, c, st, vec: v, wide, tile, outer, .. } => {
+            match outer {
+                Some(lay) => {
+                    b.arg(lay);
                 }
+                None => st[..ins.len()].iter().for_each(|s| index_arg(&mut b, *wide, s[0])),
+            }
+            if !v {
+                st[..ins.len()].iter().for_each(|s| index_arg(&mut b, *wide, s[1]));
             }
             index_arg(&mut b, *wide, *r as i64);
             index_arg(&mut b, *wide, *c as i64);
@@ -645,11 +734,6 @@ pub(crate) fn map(
             let (bx, by, lgc, gx, gy) = rows_geometry(*r, items, *tile);
             b.arg(&(lgc as i32));
             LaunchConfig { grid_dim: (gx, gy, 1), block_dim: (bx, by, 1), shared_mem_bytes: 0 }
-        }
-        Plan::Strided(lay, n) => {
-            b.arg(lay);
-            b.arg(&(*n as i64));
-            grid_for(*n)
         }
     };
     // SAFETY: the arguments match the generated signature of the plan's variant; every
@@ -725,21 +809,30 @@ mod tests {
                                 // Column strides the vector kernel assumes: 0 (masked) or 1.
                                 assert_eq!(st[o][1], (scalar & (1 << o) == 0) as i64, "{p:?}");
                             }
-                            first[o] + narrow(*wide, narrow(*wide, r * st[o][0]) + narrow(*wide, col * st[o][1]))
-                        }
-                        Plan::Strided(lay, _) => {
-                            let mut r = i as i64;
-                            let mut off = lay.off[o];
-                            for d in (0..lay.ndim as usize).rev() {
-                                off += (r % lay.shape[d]) * lay.st[o][d];
-                                r /= lay.shape[d];
-                            }
-                            off
+                            first[o] + narrow(*wide, narrow(*wide, row_start(p, o, r)) + narrow(*wide, col * st[o][1]))
                         }
                     })
                     .collect()
             })
             .collect()
+    }
+
+    /// Where row `r` of a `Rows` plan starts in operand `o` (from its first element), as
+    /// the kernel forms it: a stride times the row, or the outer coordinates' sum.
+    fn row_start(p: &Plan, o: usize, r: i64) -> i64 {
+        let Plan::Rows { st, outer, .. } = p else { unreachable!() };
+        match outer {
+            None => r * st[o][0],
+            Some(l) => {
+                let (mut rem, mut at) = (r, 0);
+                for d in (0..l.ndim as usize).rev() {
+                    at += (rem % l.shape[d]) * l.st[o][d];
+                    rem /= l.shape[d];
+                }
+                assert_eq!(rem, 0, "{p:?}: row {r} past the outer axes");
+                at
+            }
+        }
     }
 
     /// The claims a plan's vector accesses rest on: aligned first elements and output.
@@ -752,14 +845,14 @@ mod tests {
                 }
             }
         }
-        if let Plan::Rows { r, c, st, vec: true, scalar, .. } = p {
+        if let Plan::Rows { r, c, vec: true, scalar, .. } = p {
             // Every vector the kernel reads or writes starts on a 16-byte boundary.
             assert_eq!(c % vn, 0, "{p:?}");
             for row in 0..*r as u64 {
                 assert_eq!((out_addr + row * (c * out_size) as u64) % (out_size * vn) as u64, 0, "{p:?}");
                 for (o, op) in ops.iter().enumerate() {
                     if scalar & (1 << o) == 0 {
-                        let at = op.first() as i64 + row as i64 * st[o][0] * op.size as i64;
+                        let at = op.first() as i64 + row_start(p, o, row as i64) * op.size as i64;
                         assert_eq!(at % (op.size * vn) as i64, 0, "{p:?}: operand {o} row {row}");
                     }
                 }
@@ -876,8 +969,14 @@ mod tests {
             }
         }
         println!("{seen:?}");
-        for v in ["Vec", "Contig", "Rows { vec: true", "Rows { vec: false", "Strided"] {
-            assert!(seen.keys().any(|k| k.starts_with(v)), "no case planned {v}: {seen:?}");
+        let rows = |vec: bool| if vec { "Rows { vec: true" } else { "Rows { vec: false" };
+        let mut kinds = vec![("Vec", None), ("Contig", None)];
+        for (vec, deep) in [(true, false), (true, true), (false, false), (false, true)] {
+            kinds.push((rows(vec), Some(deep)));
+        }
+        for (v, deep) in kinds {
+            let hit = |k: &String| k.starts_with(v) && deep.is_none_or(|d| k.contains(&format!("deep: {d}")));
+            assert!(seen.keys().any(hit), "no case planned {v} (deep {deep:?}): {seen:?}");
         }
     }
 
@@ -1020,10 +1119,64 @@ mod tests {
             tall.strides[0] = 1;
             assert!(rows(&[op(&tall, size)], &[4, 2], size, out).2);
         }
-        // Three axes stay strided.
+        // Three axes: rows of the last, their starts from the outer two (vectors here).
         let a = Layout::contiguous(&[4, 1, 8]);
         let b = Layout::contiguous(&[4, 6, 8]);
-        assert_eq!(plan(&[op(&a, 4), op(&b, 4)], &[4, 6, 8], 4, out).unwrap().variant(), Variant::Strided);
+        let p = plan(&[op(&a, 4), op(&b, 4)], &[4, 6, 8], 4, out).unwrap();
+        assert_eq!(p.variant(), Variant::Rows { vec: true, scalar: 0, wide: false, deep: true });
+        let Plan::Rows { r: 24, c: 8, outer: Some(l), .. } = p else { panic!("{p:?}") };
+        assert_eq!((l.ndim, &l.shape[..2], &l.st[0][..2], &l.st[1][..2]), (2, &[4, 6][..], &[8, 0][..], &[48, 8][..]));
+        // A batch of row swaps (`[0, 2, 1, 3]` of a contiguous array) reads whole rows.
+        let t = Layout::contiguous(&[3, 5, 7, 16]).permute(&[0, 2, 1, 3]);
+        let p = plan(&[op(&t, 2)], &[3, 7, 5, 16], 2, out).unwrap();
+        assert_eq!(p.variant(), Variant::Rows { vec: true, scalar: 0, wide: false, deep: true });
+    }
+
+    /// A map follows its operands' memory order only when every full operand is dense in
+    /// the same non-row-major order; the order is a permutation of the axes that makes
+    /// each such operand row-major.
+    #[test]
+    fn follow_order_finds_a_shared_dense_order() {
+        let t2 = Layout::contiguous(&[7, 5]).permute(&[1, 0]);
+        assert_eq!(follow_order([&t2], &[5, 7]).as_deref(), Some(&[1, 0][..]));
+        // A batch of transposes, and a permuted 4-axis array at an offset.
+        let t3 = Layout::contiguous(&[3, 7, 5]).permute(&[0, 2, 1]);
+        assert_eq!(follow_order([&t3], &[3, 5, 7]).as_deref(), Some(&[0, 2, 1][..]));
+        let mut p4 = Layout::contiguous(&[4, 3, 6, 5]).permute(&[2, 0, 3, 1]);
+        p4.offset = 9;
+        let order = follow_order([&p4], &[6, 4, 5, 3]).unwrap();
+        assert!(p4.permute(&order).is_contiguous(), "{order:?}");
+        // Size-1 axes lead; broadcast operands (a row, a scalar) do not vote.
+        let t1 = Layout::contiguous(&[7, 1, 5]).permute(&[2, 1, 0]);
+        let row = Layout::contiguous(&[1, 1, 7]);
+        let scalar = Layout::contiguous(&[]);
+        let order = follow_order([&t1, &row, &scalar], &[5, 1, 7]).unwrap();
+        assert_eq!(&order[..], &[1, 2, 0]);
+        assert!(t1.permute(&order).is_contiguous());
+        // Two operands transposed alike agree; mixed with a row-major one, row-major wins.
+        assert_eq!(follow_order([&t2, &t2], &[5, 7]).as_deref(), Some(&[1, 0][..]));
+        let c = Layout::contiguous(&[5, 7]);
+        assert_eq!(follow_order([&t2, &c], &[5, 7]), None);
+        assert_eq!(follow_order([&c, &t2], &[5, 7]), None);
+        assert_eq!(follow_order([&c], &[5, 7]), None);
+        // Different dense orders, a stepped view, a reversed view, one axis: row-major.
+        let other = Layout::contiguous(&[3, 5, 7]).permute(&[1, 0, 2]).permute(&[1, 0, 2]);
+        assert_eq!(follow_order([&t3, &Layout::contiguous(&[5, 3, 7]).permute(&[1, 0, 2])], &[3, 5, 7]), None);
+        assert_eq!(follow_order([&other], &[3, 5, 7]), None);
+        let mut step = Layout::contiguous(&[14, 5]).permute(&[1, 0]);
+        step.strides[1] *= 2;
+        step.shape[1] = 7;
+        assert_eq!(follow_order([&step], &[5, 7]), None);
+        let mut rev = t2.clone();
+        rev.strides[0] = -1;
+        rev.offset = 4;
+        assert_eq!(follow_order([&rev], &[5, 7]), None);
+        assert_eq!(follow_order([&Layout::contiguous(&[9])], &[9]), None);
+        // Only broadcast operands: nothing to follow.
+        assert_eq!(follow_order([&row, &scalar], &[5, 1, 7]), None);
+        // An empty array: nothing to order.
+        let empty = Layout::contiguous(&[3, 0, 2]).permute(&[2, 1, 0]);
+        assert_eq!(follow_order([&empty], &[2, 0, 3]), None);
     }
 
     /// Simulates `k_rows`'s loops on the host: how often each (row, item) is visited.
@@ -1104,13 +1257,17 @@ mod tests {
 
     /// Every variant a launch may need, for every dtype (unary, binary, predicate, where).
     fn variants(k: usize) -> Vec<Variant> {
-        let mut v = vec![Variant::Strided];
+        let mut v = Vec::new();
         for wide in [false, true] {
             v.push(Variant::Contig { wide });
-            v.push(Variant::Rows { vec: false, scalar: 0, wide });
+            for deep in [false, true] {
+                v.push(Variant::Rows { vec: false, scalar: 0, wide, deep });
+            }
             for scalar in 0..(1u8 << k) {
                 v.push(Variant::Vec { scalar, wide });
-                v.push(Variant::Rows { vec: true, scalar, wide });
+                for deep in [false, true] {
+                    v.push(Variant::Rows { vec: true, scalar, wide, deep });
+                }
             }
         }
         v
