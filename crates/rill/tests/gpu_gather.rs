@@ -619,3 +619,43 @@ fn embedding_gradient_scatters_repeated_rows() {
         });
     }
 }
+
+/// Takes along the last axis with thousands of indices (several chunks of the column
+/// gather, few and many rows, negative indices, every element size) against the float64
+/// reference, and a bad index late in a later chunk: the first bad position is reported.
+#[test]
+fn column_takes_of_many_indices_match_and_report_the_first_bad_one() {
+    for dev in devices() {
+        let mut rng = Rng::new(13);
+        for (case, (outer, size, ni)) in
+            [(1usize, 7usize, 9000usize), (3, 4096, 4096), (700, 33, 5000), (2, 70_000, 12_289), (64, 1, 100)]
+                .into_iter()
+                .enumerate()
+        {
+            let dt = MOVE_DTYPES[case % MOVE_DTYPES.len()];
+            let it = INDEX_DTYPES[case % INDEX_DTYPES.len()];
+            let it = if it == DType::U8 && size > 256 { DType::I64 } else { it };
+            let vals = ints(&mut rng, outer * size);
+            let iv = indices(&mut rng, ni, size, it);
+            let what = format!("{dev:?} {dt} {it} x[{outer}, {size}] {ni} indices");
+            common::on(dev, || {
+                let x = Array::from_slice(&vals, &[outer, size]).unwrap().astype(dt).unwrap();
+                let got = x.take(&index_array(&iv, &[ni], it), 1).unwrap();
+                assert_eq!(got.shape(), &[outer, ni], "{what}");
+                let want = take_ref(&vals, &[outer, size], &iv, 1);
+                assert_close(&got.to_f64_vec().unwrap(), &want, 0.0, &what);
+                // Two bad positions past the first chunk: the earlier one is reported.
+                if ni > 5000 && (it != DType::U8 || size + 9 < 256) {
+                    let mut bad = iv.clone();
+                    let (p, q) = (ni - 1 - (rng.next_u64() % 700) as usize, ni - 1);
+                    bad[p] = size as i64 + 3;
+                    if q != p {
+                        bad[q] = size as i64 + 9;
+                    }
+                    let t = x.take(&index_array(&bad, &[ni], it), 1).unwrap();
+                    is_index_err(t.to_f64_vec(), size as i64 + 3, 1, size, &what);
+                }
+            });
+        }
+    }
+}

@@ -6,7 +6,10 @@
 //! first, as a take always did before.
 //!
 //! Rows of the gather are copied as the widest vectors (up to 16 bytes) that the inner
-//! extent and the two addresses allow; positions are 32-bit when everything fits.
+//! extent and the two addresses allow; positions are 32-bit when everything fits. A take
+//! along the last axis (single elements: `x[o, idx[k]]`) runs `k_take_cols`: a block keeps
+//! up to [`COL_SPAN`] resolved indices in registers and gathers them from whole rows of
+//! `x` in turn, so a row's random reads hit the block's L1 and no position is divided.
 
 use cudarc::driver::LaunchConfig;
 
@@ -31,6 +34,66 @@ pub(crate) fn vec_type(v: usize) -> &'static str {
         8 => "u64",
         _ => "v16",
     }
+}
+
+/// Indices a thread of `k_take_cols` holds, and the indices a block covers per row.
+const COL_UNROLL: usize = 16;
+pub(crate) const COL_SPAN: usize = COL_UNROLL * BLOCK as usize;
+
+/// The column gather `k_take_cols` for `v`-byte elements, index C type `it`, positions of
+/// type `u32` (`wide` false) or `u64`: `out[o][k] = x[o][idx[k]]`. Work items are
+/// (chunk of `COL_SPAN` indices, row), chunk-major, spread over the grid; a block resolves
+/// and checks a chunk's indices once and reuses them for every row it takes.
+pub(crate) fn take_cols_source(v: usize, it: &str, wide: bool) -> String {
+    let vt = vec_type(v);
+    let ix = if wide { "u64" } else { "u32" };
+    let report = check::report_source(it);
+    format!(
+        r#"{PRELUDE}{report}
+struct __attribute__((aligned(16))) v16 {{ u64 a, b; }};
+typedef {ix} ix;
+#define UNR {COL_UNROLL}
+extern "C" __global__ void __launch_bounds__({BLOCK}) k_take_cols({vt}* out, const {vt}* x, const {it}* idx,
+        u64* words, u64* host, ix outer, ix nidx, ix size) {{
+    const u64 NONE = 0xffffffffffffffffull;
+    u64 bad = NONE;
+    const ix span = (ix){BLOCK} * UNR;
+    const ix items = (nidx + span - 1) / span * outer;
+    i64 jj[UNR];
+    ix cur = ~(ix)0;
+    for (ix item = blockIdx.x; item < items; item += gridDim.x) {{
+        const ix ch = item / outer, o = item - ch * outer;
+        const ix k0 = ch * span + threadIdx.x;
+        if (ch != cur) {{
+            cur = ch;
+#pragma unroll
+            for (int u = 0; u < UNR; ++u) {{
+                const ix k = k0 + (ix)u * {BLOCK};
+                i64 j = -1;
+                if (k < nidx) {{
+                    j = (i64)idx[k];
+                    if (j < 0) j += (i64)size;
+                    if (j < 0 || j >= (i64)size) {{
+                        if ((u64)k < bad) bad = (u64)k;
+                        j = -1;
+                    }}
+                }}
+                jj[u] = j;
+            }}
+        }}
+        {vt} val[UNR];
+#pragma unroll
+        for (int u = 0; u < UNR; ++u) val[u] = jj[u] >= 0 ? x[o * size + (ix)jj[u]] : {vt}{{}};
+#pragma unroll
+        for (int u = 0; u < UNR; ++u) {{
+            const ix k = k0 + (ix)u * {BLOCK};
+            if (k < nidx) out[o * nidx + k] = val[u];
+        }}
+    }}
+    rill_report(bad, words, host, idx);
+}}
+"#
+    )
 }
 
 /// The gather kernel `k_take` for `v`-byte vectors, index C type `it`, positions of type
@@ -180,13 +243,41 @@ pub(crate) fn take(
     let x_v = xs.layout.numel() * es / v;
     let wide = n_v.max(x_v).max(nidx).max(size) >= (1usize << 31);
     let check_only = n == 0;
-    let key = format!("take:{v}:{}:{}", idx.dtype.name(), if wide { 64 } else { 32 });
     let it = ctype(idx.dtype);
+    let (pw, ph) = slot.as_ref().map(|s| (s.dev(), s.host())).unwrap_or((0, 0));
+    let sms = cs.dev.sms.max(1) as usize;
+    let bits = if wide { 64 } else { 32 };
+    if inner == 1 && !check_only {
+        let outer = n / nidx;
+        let key = format!("take_cols:{es}:{}:{bits}", idx.dtype.name());
+        let f = nvrtc::function(cs.driver(), &cs.dev, &key, "k_take_cols", || take_cols_source(es, it, wide))?;
+        let items = nidx.div_ceil(COL_SPAN) * outer;
+        let blocks = items.clamp(1, sms * 16);
+        let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        let _ = cs.bind();
+        let mut lb = Launch::new(&f);
+        lb.arg(&po).arg(&px).arg(&pi).arg(&pw).arg(&ph);
+        if wide {
+            let a = [outer as u64, nidx as u64, size as u64];
+            lb.arg(&a[0]).arg(&a[1]).arg(&a[2]);
+        } else {
+            let a = [outer as u32, nidx as u32, size as u32];
+            lb.arg(&a[0]).arg(&a[1]).arg(&a[2]);
+        }
+        // SAFETY: `out` holds outer * nidx elements and `x` (contiguous) outer * size; `idx`
+        // holds nidx contiguous elements; a position outside `[0, size)` is never read; the
+        // slot (or nulls) is this take's alone until its verdict is read.
+        unsafe { lb.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))?;
+        if let Some(s) = slot {
+            checks.watch(&out, s, "take", axis, size);
+        }
+        return Ok(out);
+    }
+    let key = format!("take:{v}:{}:{bits}", idx.dtype.name());
     let f = nvrtc::function(cs.driver(), &cs.dev, &key, "k_take", || take_source(v, it, wide))?;
     let items = if check_only { nidx } else { n_v };
-    let blocks = items.div_ceil(BLOCK as usize).clamp(1, cs.dev.sms.max(1) as usize * 32);
+    let blocks = items.div_ceil(BLOCK as usize).clamp(1, sms * 32);
     let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
-    let (pw, ph) = slot.as_ref().map(|s| (s.dev(), s.host())).unwrap_or((0, 0));
     let co = check_only as i32;
     let _ = cs.bind();
     let mut lb = Launch::new(&f);
@@ -221,6 +312,14 @@ mod tests {
             for v in [1, 2, 4, 8, 16] {
                 for wide in [false, true] {
                     if !check_compiles(&format!("test:take:{v}:{it}:{wide}"), &take_source(v, ctype(it), wide)) {
+                        return;
+                    }
+                    if v <= 8
+                        && !check_compiles(
+                            &format!("test:take_cols:{v}:{it}:{wide}"),
+                            &take_cols_source(v, ctype(it), wide),
+                        )
+                    {
                         return;
                     }
                 }
