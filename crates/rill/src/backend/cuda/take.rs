@@ -36,6 +36,14 @@ pub(crate) fn vec_type(v: usize) -> &'static str {
     }
 }
 
+/// What both gather kernels start with: the prelude, the index check's report for index
+/// C type `it`, the 16-byte vector type and the position type `ix` (u64 when `wide`).
+fn gather_head(it: &str, wide: bool) -> String {
+    let ix = if wide { "u64" } else { "u32" };
+    let report = check::report_source(it);
+    format!("{PRELUDE}{report}\nstruct __attribute__((aligned(16))) v16 {{ u64 a, b; }};\ntypedef {ix} ix;")
+}
+
 /// Indices a thread of `k_take_cols` holds, and the indices a block covers per row.
 const COL_UNROLL: usize = 16;
 pub(crate) const COL_SPAN: usize = COL_UNROLL * BLOCK as usize;
@@ -46,12 +54,9 @@ pub(crate) const COL_SPAN: usize = COL_UNROLL * BLOCK as usize;
 /// and checks a chunk's indices once and reuses them for every row it takes.
 pub(crate) fn take_cols_source(v: usize, it: &str, wide: bool) -> String {
     let vt = vec_type(v);
-    let ix = if wide { "u64" } else { "u32" };
-    let report = check::report_source(it);
+    let head = gather_head(it, wide);
     format!(
-        r#"{PRELUDE}{report}
-struct __attribute__((aligned(16))) v16 {{ u64 a, b; }};
-typedef {ix} ix;
+        r#"{head}
 #define UNR {COL_UNROLL}
 extern "C" __global__ void __launch_bounds__({BLOCK}) k_take_cols({vt}* out, const {vt}* x, const {it}* idx,
         u64* words, u64* host, ix outer, ix nidx, ix size) {{
@@ -100,12 +105,9 @@ extern "C" __global__ void __launch_bounds__({BLOCK}) k_take_cols({vt}* out, con
 /// `u32` (`wide` false) or `u64`.
 pub(crate) fn take_source(v: usize, it: &str, wide: bool) -> String {
     let vt = vec_type(v);
-    let ix = if wide { "u64" } else { "u32" };
-    let report = check::report_source(it);
+    let head = gather_head(it, wide);
     format!(
-        r#"{PRELUDE}{report}
-struct __attribute__((aligned(16))) v16 {{ u64 a, b; }};
-typedef {ix} ix;
+        r#"{head}
 // out[o][k][c] = x[o][idx[k]][c] over vectors; `words` (two device words, zero on entry
 // and on exit) and `host` (position, value) are a check slot, or null: no report.
 extern "C" __global__ void __launch_bounds__({BLOCK}) k_take({vt}* out, const {vt}* x, const {it}* idx,
