@@ -567,12 +567,15 @@ pub(crate) fn follow_order<'a>(layouts: impl IntoIterator<Item = &'a Layout>, sh
     }
     let mut order: Option<Dims> = None;
     for l in layouts {
-        let full = l.shape[..] == *shape && (0..nd).all(|a| shape[a] == 1 || l.strides[a] != 0);
-        if !full {
+        if l.shape[..] != *shape {
             continue;
         }
+        // Checked first: the common operand, and full (no axis is empty here).
         if l.is_contiguous() {
             return None;
+        }
+        if (0..nd).any(|a| shape[a] > 1 && l.strides[a] == 0) {
+            continue; // broadcast along an axis: it does not vote
         }
         let mut axes: Dims = (0..nd).filter(|&a| shape[a] > 1).collect();
         if axes.iter().any(|&a| l.strides[a] <= 0) {
@@ -1153,6 +1156,9 @@ mod tests {
         let order = follow_order([&t1, &row, &scalar], &[5, 1, 7]).unwrap();
         assert_eq!(&order[..], &[1, 2, 0]);
         assert!(t1.permute(&order).is_contiguous());
+        // A broadcast view of the full shape (stride 0 on an axis) does not vote either.
+        let spread = Layout::contiguous(&[1, 7]).broadcast_to(&[5, 7]);
+        assert_eq!(follow_order([&spread, &t2], &[5, 7]).as_deref(), Some(&[1, 0][..]));
         // Two operands transposed alike agree; mixed with a row-major one, row-major wins.
         assert_eq!(follow_order([&t2, &t2], &[5, 7]).as_deref(), Some(&[1, 0][..]));
         let c = Layout::contiguous(&[5, 7]);
