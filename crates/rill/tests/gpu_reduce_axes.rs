@@ -374,6 +374,12 @@ fn shaped_cases() -> Vec<Case> {
             v.push(plain(&[17, 1025, 33], d, op, &[1]));
             v.push(plain(&[65536, 24], d, op, &[-1]));
             v.push(plain(&[4, 500, 1500], d, op, &[-1]));
+            // Rows past a warp's short-row length, enough of them for a warp each (at 132
+            // SMs), aligned and not.
+            v.push(plain(&[4300, 1100], d, op, &[-1]));
+            let mut s = plain(&[4300, 1100], d, op, &[-1]);
+            s.view = View::Sliced { axis: 1, step: 1 };
+            v.push(s);
             let mut t = plain(&[2048, 1000], d, op, ax0);
             t.view = View::Transposed(vec![1, 0]);
             v.push(t.clone());

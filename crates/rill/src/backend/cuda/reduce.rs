@@ -20,8 +20,9 @@
 //! (`mean`'s sum), without storing the cast. Every combine happens in an order fixed by the
 //! shape and the launch plan (no float atomics), so a result has the same bits every run.
 //! Three launch shapes for rows, chosen from rows/cols and the number of SMs:
-//! - short rows (`cols <= WARP_COLS`): `g` lanes of a warp per row (`k_warp`, `g` from the
-//!   row length, 16-byte vector loads of the aligned middle of each stored row);
+//! - short rows (`cols <= WARP_COLS`), and enough stored rows of up to [`WARP_ROW_BYTES`]
+//!   to give every SM 32 warps: `g` lanes of a warp per row (`k_warp`, `g` from the row
+//!   length, 16-byte vector loads of the aligned middle of each stored row);
 //! - many long rows: one block per row (`k_block`, 16-byte vector loads of the aligned
 //!   middle of each row, warp shuffles, one shared slot per warp);
 //! - few long rows (a full reduction): each row is split over many blocks (for a stored
@@ -427,10 +428,28 @@ fn split_rows(sms: usize) -> usize {
     2 * sms
 }
 
+/// Rows per SM from which a stored array's rows longer than [`WARP_COLS`] (up to
+/// [`warp_row_bytes`]) are still reduced by one warp each: enough warps to fill every SM.
+const WARP_ROWS_PER_SM: usize = 32;
+/// Bytes of a stored row up to which many rows go to a warp each rather than a block
+/// each: a block's two barriers and its one or two vectors per thread cost more than a
+/// warp's loop over 16 vectors per lane, with eight in flight.
+const WARP_ROW_BYTES: usize = 8192;
+
+/// [`WARP_ROW_BYTES`] unless `RILL_REDUCE_WARP_ROW_BYTES` says otherwise (a tuning knob
+/// for comparing the two row plans; 0 keeps a block per long row).
+pub(crate) fn warp_row_bytes() -> usize {
+    static BYTES: crate::sync::OnceLock<usize> = crate::sync::OnceLock::new();
+    *BYTES.get_or_init(|| {
+        std::env::var("RILL_REDUCE_WARP_ROW_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(WARP_ROW_BYTES)
+    })
+}
+
 /// How a `rows x cols` reduction is launched: `vn` elements per vector read, `split`
-/// threads per block when a row is split over several blocks.
-fn plan(rows: usize, cols: usize, vn: usize, sms: usize, split: u32) -> Plan {
-    if cols <= WARP_COLS {
+/// threads per block when a row is split over several blocks, and `warp_cols`: the
+/// longest rows that still go to a warp each when there are many of them (0 for none).
+fn plan(rows: usize, cols: usize, vn: usize, sms: usize, split: u32, warp_cols: usize) -> Plan {
+    if cols <= WARP_COLS || (cols <= warp_cols && rows >= sms * WARP_ROWS_PER_SM) {
         // About one vector per lane: short rows leave no lanes idle.
         let lanes = cols.div_ceil(vn).next_power_of_two().clamp(1, 32) as u32;
         return Plan::Warp { lanes };
@@ -796,7 +815,7 @@ pub(crate) fn reduce_to(
     let mut src = Some(move || reduce_source(&reduce_spec_to(op, d, od), vn, &Elems::Array));
     let mut get =
         |name: &str| nvrtc::function(cs.driver(), dev, &key, name, || src.take().map(|f| f()).unwrap_or_default());
-    let how = plan(rows, f.red, vn, dev.sms as usize, SPLIT_BLOCK);
+    let how = plan(rows, f.red, vn, dev.sms as usize, SPLIT_BLOCK, warp_row_bytes() / d.size());
     launch(cs, &mut get, d, how, po, &[px], &[f.ni as i64, f.s1, f.s2], rows, f.red)?;
     Ok(out)
 }
@@ -804,7 +823,7 @@ pub(crate) fn reduce_to(
 /// The launch plan of a reduction of `rows x cols` elements of `d` read one at a time
 /// ([`Elems::Computed`]).
 pub(crate) fn plan_computed(rows: usize, cols: usize, sms: usize) -> Plan {
-    plan(rows, cols, 1, sms, RBLOCK)
+    plan(rows, cols, 1, sms, RBLOCK, 0)
 }
 
 /// The names of the reduction module's kernels, in the order [`launch`] may ask for them.
@@ -1163,21 +1182,26 @@ mod tests {
         let sms = 132;
         // A full reduction is split over many blocks: for a stored array four blocks of
         // 512 threads per SM.
-        assert_eq!(plan(1, 1 << 28, 4, sms, SPLIT_BLOCK), Plan::Block { splits: sms * 4, threads: 512 });
+        assert_eq!(plan(1, 1 << 28, 4, sms, SPLIT_BLOCK, 0), Plan::Block { splits: sms * 4, threads: 512 });
         // Computed elements: eight blocks of 256.
-        assert_eq!(plan(1, 1 << 28, 1, sms, RBLOCK), Plan::Block { splits: sms * 8, threads: 256 });
+        assert_eq!(plan(1, 1 << 28, 1, sms, RBLOCK, 0), Plan::Block { splits: sms * 8, threads: 256 });
         // Short rows: lanes of a warp each (about a vector per lane); many long rows: a
         // block each.
-        assert_eq!(plan(1 << 20, 16, 4, sms, SPLIT_BLOCK), Plan::Warp { lanes: 4 });
-        assert_eq!(plan(1 << 20, 1024, 8, sms, SPLIT_BLOCK), Plan::Warp { lanes: 32 });
-        assert_eq!(plan(1 << 20, 3, 8, sms, SPLIT_BLOCK), Plan::Warp { lanes: 1 });
-        assert_eq!(plan(1 << 20, 100, 1, sms, RBLOCK), Plan::Warp { lanes: 32 });
-        assert_eq!(plan(7, 0, 4, sms, SPLIT_BLOCK), Plan::Warp { lanes: 1 });
-        assert_eq!(plan(65536, 4096, 4, sms, SPLIT_BLOCK), Plan::Block { splits: 1, threads: 256 });
+        assert_eq!(plan(1 << 20, 16, 4, sms, SPLIT_BLOCK, 0), Plan::Warp { lanes: 4 });
+        assert_eq!(plan(1 << 20, 1024, 8, sms, SPLIT_BLOCK, 0), Plan::Warp { lanes: 32 });
+        assert_eq!(plan(1 << 20, 3, 8, sms, SPLIT_BLOCK, 0), Plan::Warp { lanes: 1 });
+        assert_eq!(plan(1 << 20, 100, 1, sms, RBLOCK, 0), Plan::Warp { lanes: 32 });
+        assert_eq!(plan(7, 0, 4, sms, SPLIT_BLOCK, 0), Plan::Warp { lanes: 1 });
+        assert_eq!(plan(65536, 4096, 4, sms, SPLIT_BLOCK, 0), Plan::Block { splits: 1, threads: 256 });
+        // Many rows up to `warp_cols` long: a warp each, once they give every SM 32 warps.
+        assert_eq!(plan(65536, 4096, 8, sms, SPLIT_BLOCK, 4096), Plan::Warp { lanes: 32 });
+        assert_eq!(plan(sms * 32, 4096, 8, sms, SPLIT_BLOCK, 4096), Plan::Warp { lanes: 32 });
+        assert_eq!(plan(sms * 32 - 1, 4096, 8, sms, SPLIT_BLOCK, 4096), Plan::Block { splits: 1, threads: 256 });
+        assert_eq!(plan(65536, 4097, 8, sms, SPLIT_BLOCK, 4096), Plan::Block { splits: 1, threads: 256 });
         // Few rows that are not long enough to split stay one block per row.
-        assert_eq!(plan(3, 2000, 4, sms, SPLIT_BLOCK), Plan::Block { splits: 1, threads: 256 });
-        assert_eq!(plan(3, 40000, 4, sms, RBLOCK), Plan::Block { splits: 9, threads: 256 });
-        assert_eq!(plan(3, 40000, 4, sms, SPLIT_BLOCK), Plan::Block { splits: 4, threads: 512 });
+        assert_eq!(plan(3, 2000, 4, sms, SPLIT_BLOCK, 0), Plan::Block { splits: 1, threads: 256 });
+        assert_eq!(plan(3, 40000, 4, sms, RBLOCK, 0), Plan::Block { splits: 9, threads: 256 });
+        assert_eq!(plan(3, 40000, 4, sms, SPLIT_BLOCK, 0), Plan::Block { splits: 4, threads: 512 });
     }
 
     /// Every plan over generated shapes stays inside the launch limits, covers every column
@@ -1188,14 +1212,16 @@ mod tests {
         for sms in [1, 78, 132] {
             for &rows in &sizes {
                 for &cols in &sizes {
-                    for vn in [1, 2, 4, 8, 16] {
-                        match plan(rows, cols, vn, sms, SPLIT_BLOCK) {
+                    for (vn, warp_cols) in [1, 2, 4, 8, 16].into_iter().flat_map(|v| [(v, 0), (v, 8192 / v)]) {
+                        match plan(rows, cols, vn, sms, SPLIT_BLOCK, warp_cols) {
                             Plan::Warp { lanes } => {
-                                assert!(cols <= WARP_COLS && lanes.is_power_of_two() && lanes <= 32);
+                                assert!(cols <= WARP_COLS.max(warp_cols) && lanes.is_power_of_two() && lanes <= 32);
+                                assert!(cols <= WARP_COLS || rows >= sms * WARP_ROWS_PER_SM);
                                 assert!((lanes as usize) < 2 * cols.div_ceil(vn).max(1));
                             }
                             Plan::Block { splits, threads } => {
                                 assert!(cols > WARP_COLS && splits >= 1);
+                                assert!(cols > warp_cols || rows < sms * WARP_ROWS_PER_SM);
                                 assert!(splits == 1 || rows <= split_rows(sms), "{rows} {cols}");
                                 assert!(splits == 1 || threads == SPLIT_BLOCK);
                             }
