@@ -1,10 +1,11 @@
 //! Optimizers written in rill ops: Adam and AdamW.
 //!
 //! [`Adam::update`] is the update step as ops on arrays, so it runs eagerly or inside
-//! [`compile`](crate::compile()), where it becomes few kernels for any number of
-//! parameters: each of the three programs (the first moment, the second moment, the
-//! parameter) is the same for every parameter of a dtype, and `compile` runs one program
-//! over many tensors as one kernel (multi-tensor apply, see the `compile` module docs).
+//! [`compile`](crate::compile()), where it becomes one kernel for any number of
+//! parameters: the first moment, the second moment and the parameter become one program
+//! of three outputs (an elementwise cluster), the same for every parameter of a dtype,
+//! and `compile` runs one program over many tensors as one kernel (multi-tensor apply,
+//! see the `compile` module docs).
 //! The step-dependent numbers (the bias corrections and the learning rate) are inputs
 //! ([`Adam::scalars`]), not constants, so a compiled step is traced once and replayed for
 //! every step. [`AdamState`] keeps the moments and the step count and calls one compiled

@@ -10,11 +10,19 @@
 //!   shape becomes a `ResidualNorm` block; when the sum is also read elsewhere (pre-norm
 //!   transformers return it), the block stores both (`[2, ..]`) and the sum and the norm
 //!   become views of it (not in a shapeless tape).
-//! - **Multi-tensor apply.** `Fused` nodes with the same program, at the same depth of
-//!   the graph (so none reads another), whose inputs each have the node's shape or one
-//!   element, become one `Multi` block over all of them, and each becomes a view of its
-//!   piece of the block's output (not in a shapeless tape). An optimizer step over many
-//!   parameters is then one kernel per distinct program.
+//! - **Elementwise clusters.** Elementwise nodes (`Fused` groups and single ops) of one
+//!   shape, dtype and stream that read one another, whose inputs each have that shape or
+//!   one element, become one program of several outputs: every member that is an output
+//!   or read outside the cluster is stored (an optimizer's moments and the parameter
+//!   update that reads them: one pass over the four inputs instead of three passes). The
+//!   program is a single-member `Multi` block and the members views of its pieces (not in
+//!   a shapeless tape). A cluster stays apart when a node outside it is made from a member
+//!   and read by another (the block would read its own output).
+//! - **Multi-tensor apply.** `Fused` nodes and the clusters' blocks with the same program,
+//!   at the same depth of the graph (so none reads another), whose inputs each have the
+//!   node's shape or one element, become one `Multi` block over all of them, and each
+//!   becomes a view of its piece of the block's output (not in a shapeless tape). An
+//!   optimizer step over many parameters is then one kernel.
 //!
 //! Before fusion (`attention`, on the simplified tape):
 //! - **Attention.** `softmax(q @ swapaxes(k) [* c] [+ mask], -1) @ v` with scalar `c`
@@ -87,6 +95,10 @@ pub(crate) fn blocks(tape: &mut Tape, fixed_shapes: bool) {
     // Blocks and views appended at the end are read by earlier nodes: order first (the
     // liveness walk and the depths assume inputs come before their readers).
     if changed {
+        order_reads(tape);
+        dce(tape);
+    }
+    if fixed_shapes && multi_output(tape) {
         order_reads(tape);
         dce(tape);
     }
@@ -264,6 +276,198 @@ fn residual_norms(tape: &mut Tape, fixed_shapes: bool) -> bool {
     changed
 }
 
+/// The representative of `i` in a union-find forest.
+fn root(parent: &mut [usize], mut i: usize) -> usize {
+    while parent[i] != i {
+        parent[i] = parent[parent[i]];
+        i = parent[i];
+    }
+    i
+}
+
+/// Elementwise clusters (see the module docs); true when any block was made.
+fn multi_output(tape: &mut Tape) -> bool {
+    let n = tape.nodes.len();
+    let (count, is_out) = uses(tape);
+    // Candidates: elementwise nodes (`Fused` groups and single ops) of more than one
+    // element whose external inputs each have the node's shape or one element (what a
+    // multi-tensor member reads), with their programs.
+    let progs: Vec<Option<(FusedProgram, Vec<Ref>)>> = (0..n)
+        .map(|i| {
+            let node = &tape.nodes[i];
+            if node.rule.is_some() || node.shape.iter().product::<usize>() <= 1 {
+                return None;
+            }
+            let (p, ext) = program_of(tape, i)?;
+            let fits = ext.iter().all(|&r| {
+                let s = ref_shape(tape, r);
+                s == node.shape.as_slice() || s.iter().product::<usize>() == 1
+            });
+            (p.more.is_empty() && fits).then_some((p, ext))
+        })
+        .collect();
+    let candidate: Vec<bool> = progs.iter().map(Option::is_some).collect();
+    // A candidate joins the candidates it reads that have its shape, dtype and stream.
+    let mut parent: Vec<usize> = (0..n).collect();
+    for i in (0..n).filter(|&i| candidate[i]) {
+        for &r in progs[i].iter().flat_map(|(_, ext)| ext) {
+            if let Ref::Node(j) = r {
+                let (a, b) = (&tape.nodes[i], &tape.nodes[j]);
+                if candidate[j] && a.shape == b.shape && a.dtype == b.dtype && a.stream == b.stream {
+                    let (ri, rj) = (root(&mut parent, i), root(&mut parent, j));
+                    parent[ri.max(rj)] = ri.min(rj);
+                }
+            }
+        }
+    }
+    let mut clusters: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for i in (0..n).filter(|&i| candidate[i]) {
+        let r = root(&mut parent, i);
+        clusters[r].push(i);
+    }
+    // Each node's readers (kept up to date as blocks are made).
+    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (c, node) in tape.nodes.iter().enumerate() {
+        for r in node.inputs.iter().copied().chain(node.rule.iter().flat_map(|r| r.refs())) {
+            if let Ref::Node(i) = r {
+                readers[i].push(c);
+            }
+        }
+    }
+    let mut member = vec![false; n];
+    let mut changed = false;
+    for cluster in clusters.into_iter().filter(|c| c.len() >= 2) {
+        for &m in &cluster {
+            member[m] = true;
+        }
+        let made = cluster_block(tape, &mut readers, &progs, &cluster, &member, (&count, &is_out));
+        for &m in &cluster {
+            member[m] = false;
+        }
+        changed |= made;
+    }
+    changed
+}
+
+/// Replaces the nodes of `cluster` (ascending, so in tape order; `member` marks them) by
+/// views of one single-member `Multi` block computing every member that is read outside
+/// the cluster or is an output; false (the tape unchanged) when a node outside the
+/// cluster both reads a member and feeds one (the block would read its own output).
+fn cluster_block(
+    tape: &mut Tape,
+    readers: &mut Vec<Vec<usize>>,
+    progs: &[Option<(FusedProgram, Vec<Ref>)>],
+    cluster: &[usize],
+    member: &[bool],
+    (count, is_out): (&[u32], &[bool]),
+) -> bool {
+    let (first, last) = (cluster[0], cluster[cluster.len() - 1]);
+    // The nodes made from a member outside the cluster: the block would read its own
+    // output if a member read one of them. (Earlier blocks appended nodes past the tape's
+    // order, so this walks the readers instead of the indices.)
+    let mut made = vec![false; tape.nodes.len()];
+    let mut stack: Vec<usize> = cluster.iter().flat_map(|&m| readers[m].iter().copied()).collect();
+    while let Some(x) = stack.pop() {
+        if (x < member.len() && member[x]) || made[x] {
+            continue;
+        }
+        made[x] = true;
+        stack.extend(readers[x].iter().copied());
+    }
+    let through = |r: &Ref| matches!(*r, Ref::Node(j) if made[j]);
+    if cluster.iter().any(|&m| tape.nodes[m].inputs.iter().any(through)) {
+        return false;
+    }
+    // The merged program: members in tape order, a member's reads of another member
+    // replaced by that member's output register (the bits the member stored).
+    let mut b = Builder::default();
+    let mut ext: Vec<Ref> = Vec::new();
+    let mut out_reg = vec![usize::MAX; last + 1 - first];
+    let mut outputs = Vec::new();
+    for &m in cluster {
+        let Some((p, inputs)) = &progs[m] else { return false };
+        let mut regs: Vec<usize> = Vec::with_capacity(p.insts.len());
+        for (inst, &d) in p.insts.iter().zip(&p.dtypes) {
+            let r = match *inst {
+                Inst::Load(k) => match inputs[k] {
+                    Ref::Node(j) if j >= first && member[j] => out_reg[j - first],
+                    r => {
+                        let e = ext.iter().position(|&x| x == r).unwrap_or_else(|| {
+                            ext.push(r);
+                            ext.len() - 1
+                        });
+                        b.load(e, p.input_dtypes[k])
+                    }
+                },
+                Inst::Const(v) => b.constant(v, d),
+                Inst::Unary(op, a) => b.push(Inst::Unary(op, regs[a]), d),
+                Inst::Binary(op, a, c) => b.push(Inst::Binary(op, regs[a], regs[c]), d),
+                Inst::Where(c, x, y) => b.push(Inst::Where(regs[c], regs[x], regs[y]), d),
+                Inst::Cast(a) => b.push(Inst::Cast(regs[a]), d),
+            };
+            regs.push(r);
+        }
+        out_reg[m - first] = regs[p.out];
+        // Stored when something outside the cluster reads it (outputs count as readers).
+        let inside = cluster.iter().filter(|&&c| tape.nodes[c].inputs.contains(&Ref::Node(m))).count() as u32;
+        if is_out[m] || count[m] > inside {
+            outputs.push(m);
+        }
+    }
+    let Some((&head, rest)) = outputs.split_first() else { return false };
+    let more = rest.iter().map(|&m| out_reg[m - first]).collect();
+    let program = b.finish_outputs(out_reg[head - first], more);
+    let like = tape.nodes[head].clone();
+    let size: usize = like.shape.iter().product();
+    let scalar: Vec<bool> = ext.iter().map(|&r| ref_shape(tape, r).iter().product::<usize>() == 1).collect();
+    let k = tape.nodes.len();
+    let kind = BlockKind::Multi { program, sizes: vec![size], scalar };
+    for &r in &ext {
+        if let Ref::Node(j) = r {
+            readers[j].push(k);
+        }
+    }
+    tape.nodes.push(TapeNode { prim: block(kind), inputs: ext, shape: vec![size * outputs.len()], ..like.clone() });
+    readers.push(Vec::new());
+    for (j, &m) in outputs.iter().enumerate() {
+        let slice = Primitive::Slice { start: vec![j * size], step: vec![1] };
+        tape.nodes.push(view(slice, Ref::Node(k), vec![size], &like));
+        let s = tape.nodes.len() - 1;
+        readers[k].push(s);
+        readers.push(vec![m]);
+        let shape = tape.nodes[m].shape.clone();
+        // The member's old inputs keep it as a reader: the member now depends on all of
+        // them through the block, so the readers over-approximate and never miss a path.
+        tape.nodes[m] = view(Primitive::Reshape, Ref::Node(s), shape, &like);
+    }
+    true
+}
+
+/// A multi-tensor candidate: a `Fused` node, or a single-member block of
+/// [`multi_output`], as (program, elements per output, scalar mask).
+fn multi_member(tape: &Tape, i: usize) -> Option<(&FusedProgram, usize, Vec<bool>)> {
+    let node = &tape.nodes[i];
+    if node.rule.is_some() {
+        return None;
+    }
+    match &node.prim {
+        Primitive::Fused(p) => {
+            let size: usize = node.shape.iter().product();
+            let mask: Vec<bool> =
+                node.inputs.iter().map(|&r| ref_shape(tape, r).iter().product::<usize>() == 1).collect();
+            let fits = node.inputs.iter().zip(&mask).all(|(&r, &s)| s || ref_shape(tape, r) == node.shape.as_slice());
+            (size > 1 && fits && !mask.iter().all(|&s| s)).then_some((&**p, size, mask))
+        }
+        Primitive::Block(b) => match &b.kind {
+            BlockKind::Multi { program, sizes, scalar } if sizes.len() == 1 => {
+                Some((program, sizes[0], scalar.clone()))
+            }
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// Multi-tensor apply (see the module docs); true when any block was made.
 fn multi_tensor(tape: &mut Tape) -> bool {
     let n = tape.nodes.len();
@@ -274,25 +478,19 @@ fn multi_tensor(tape: &mut Tape) -> bool {
             tape.nodes[i].inputs.iter().filter_map(|r| if let Ref::Node(j) = *r { Some(depth[j] + 1) } else { None });
         depth[i] = d.max().unwrap_or(0);
     }
-    // Candidates: (node, scalar mask); grouped by program, mask, dtype, stream, depth.
+    let member = |i: usize| multi_member(tape, i);
+    // Grouped by program, mask, dtype, stream, depth: (first node, its mask, members).
     let mut classes: Vec<(usize, Vec<bool>, Vec<usize>)> = Vec::new();
     for i in 0..n {
+        let Some((p, _, mask)) = member(i) else { continue };
         let node = &tape.nodes[i];
-        let Primitive::Fused(p) = &node.prim else { continue };
-        let size: usize = node.shape.iter().product();
-        let mask: Vec<bool> = node.inputs.iter().map(|&r| ref_shape(tape, r).iter().product::<usize>() == 1).collect();
-        let fits = node.inputs.iter().zip(&mask).all(|(&r, &s)| s || ref_shape(tape, r) == node.shape.as_slice());
-        if size <= 1 || !fits || mask.iter().all(|&s| s) || node.rule.is_some() {
-            continue;
-        }
         let same = |&(k, ref m, _): &(usize, Vec<bool>, Vec<usize>)| {
             let o = &tape.nodes[k];
-            let Primitive::Fused(q) = &o.prim else { return false };
             *m == mask
                 && depth[k] == depth[i]
                 && o.dtype == node.dtype
                 && o.stream == node.stream
-                && (Arc::ptr_eq(p, q) || **p == **q)
+                && member(k).is_some_and(|(q, _, _)| std::ptr::eq(p, q) || *p == *q)
         };
         match classes.iter_mut().find(|c| same(c)) {
             Some(c) => c.2.push(i),
@@ -302,21 +500,24 @@ fn multi_tensor(tape: &mut Tape) -> bool {
     let mut changed = false;
     for (first, scalar, members) in classes.into_iter().filter(|c| c.2.len() >= 2) {
         let like = tape.nodes[first].clone();
-        let Primitive::Fused(p) = &like.prim else { continue };
-        let sizes: Vec<usize> = members.iter().map(|&m| tape.nodes[m].shape.iter().product()).collect();
+        let Some((p, _, _)) = multi_member(tape, first) else { continue };
+        let program = p.clone();
+        let outs = program.output_count();
+        let sizes: Vec<usize> =
+            members.iter().filter_map(|&m| multi_member(tape, m).map(|(_, size, _)| size)).collect();
         let inputs: Vec<Ref> = members.iter().flat_map(|&m| tape.nodes[m].inputs.clone()).collect();
         let total: usize = sizes.iter().sum();
         let b = tape.nodes.len();
-        let kind = BlockKind::Multi { program: (**p).clone(), sizes: sizes.clone(), scalar };
-        tape.nodes.push(TapeNode { prim: block(kind), inputs, shape: vec![total], ..like.clone() });
+        let kind = BlockKind::Multi { program, sizes: sizes.clone(), scalar };
+        tape.nodes.push(TapeNode { prim: block(kind), inputs, shape: vec![total * outs], ..like.clone() });
         let mut off = 0;
         for (&m, &size) in members.iter().zip(&sizes) {
             let slice = Primitive::Slice { start: vec![off], step: vec![1] };
-            tape.nodes.push(view(slice, Ref::Node(b), vec![size], &like));
+            tape.nodes.push(view(slice, Ref::Node(b), vec![size * outs], &like));
             let s = tape.nodes.len() - 1;
             let shape = tape.nodes[m].shape.clone();
             tape.nodes[m] = view(Primitive::Reshape, Ref::Node(s), shape, &like);
-            off += size;
+            off += size * outs;
         }
         changed = true;
     }

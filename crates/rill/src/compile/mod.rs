@@ -88,9 +88,11 @@
 //! residual), which a GPU runs as one cuBLASLt call with an epilogue when the program is
 //! `act(c * x @ w + bias + residual)` with ReLU or the tanh GELU (`c` a constant) (else the product and one
 //! generated kernel); `layer_norm(x + r)` / `rms_norm(x + r)`, the sum also stored when
-//! something else reads it, as one kernel; and one elementwise program applied to many
-//! tensors (an optimizer step over every parameter, see [`crate::optim`]) as one kernel
-//! over all of them. On the CPU each block gives the bits of the ops it replaces; on a
+//! something else reads it, as one kernel; elementwise nodes of one shape that read one
+//! another (shared intermediates, several returned values) as one program storing each
+//! value read outside; and one elementwise program applied to many tensors (an
+//! optimizer step over every parameter, see [`crate::optim`]) as one kernel over all of
+//! them. On the CPU each block gives the bits of the ops it replaces; on a
 //! GPU a cuBLASLt epilogue computes on the f32 accumulator, so f16/bf16 results may
 //! differ from the ops' in the last bit. Some outputs are then views of the block's one
 //! buffer (each member of a multi-tensor block, a kept sum). Before fusion, attention

@@ -54,6 +54,9 @@ pub struct FusedProgram {
     pub(crate) insts: Vec<Inst>,
     pub(crate) dtypes: Vec<DType>,
     pub(crate) out: Reg,
+    /// Further outputs, of `out`'s dtype, stored after it (empty for a `Fused` node's
+    /// program; a multi-tensor block's program may have several, see [`BlockKind::Multi`]).
+    pub(crate) more: Vec<Reg>,
     /// Kernels a backend built for this program (not part of its value).
     pub(crate) kernels: KernelMemo,
 }
@@ -119,6 +122,18 @@ impl FusedProgram {
     pub fn output_dtype(&self) -> DType {
         self.dtypes[self.out]
     }
+    /// The output registers: `out`, then the further outputs.
+    pub(crate) fn outputs(&self) -> impl Iterator<Item = Reg> + '_ {
+        std::iter::once(self.out).chain(self.more.iter().copied())
+    }
+    /// Number of outputs (1 unless a multi-tensor block stores several).
+    pub(crate) fn output_count(&self) -> usize {
+        1 + self.more.len()
+    }
+    /// The same program computing only register `r` as its output.
+    pub(crate) fn with_output(&self, r: Reg) -> FusedProgram {
+        FusedProgram { out: r, more: Vec::new(), ..self.clone() }
+    }
     /// Number of instructions (registers).
     pub fn len(&self) -> usize {
         self.insts.len()
@@ -146,7 +161,11 @@ impl fmt::Display for FusedProgram {
                 Inst::Cast(a) => writeln!(f, "cast r{a}")?,
             }
         }
-        write!(f, "out r{}", self.out)
+        write!(f, "out r{}", self.out)?;
+        for r in &self.more {
+            write!(f, ", r{r}")?;
+        }
+        Ok(())
     }
 }
 
@@ -227,11 +246,16 @@ impl Builder {
     }
     /// Finishes with `out` as the output register.
     pub fn finish(self, out: Reg) -> FusedProgram {
+        self.finish_outputs(out, Vec::new())
+    }
+    /// Finishes with `out` and the further outputs `more` (of `out`'s dtype).
+    pub fn finish_outputs(self, out: Reg, more: Vec<Reg>) -> FusedProgram {
         FusedProgram {
             input_dtypes: self.inputs,
             insts: self.prog,
             dtypes: self.dtypes,
             out,
+            more,
             kernels: KernelMemo::default(),
         }
     }
@@ -318,7 +342,8 @@ pub(crate) enum BlockKind {
     /// One program applied to `sizes.len()` tensors (multi-tensor apply): the inputs are
     /// the members' inputs, member by member (`program.input_dtypes().len()` each); input
     /// `k` of every member has the member's `sizes` elements, or one when `scalar[k]`. The
-    /// output is 1-D: the members' results one after the other.
+    /// output is 1-D: the members' results one after the other, each member's as its
+    /// program's outputs one after the other (`output_count() * size` elements).
     Multi { program: FusedProgram, sizes: Vec<usize>, scalar: Vec<bool> },
 }
 
@@ -371,7 +396,14 @@ pub(crate) fn renumber_inputs(prog: &FusedProgram, perm: &[usize]) -> FusedProgr
             ref i => i.clone(),
         })
         .collect();
-    FusedProgram { input_dtypes, insts, dtypes: prog.dtypes.clone(), out: prog.out, kernels: KernelMemo::default() }
+    FusedProgram {
+        input_dtypes,
+        insts,
+        dtypes: prog.dtypes.clone(),
+        out: prog.out,
+        more: prog.more.clone(),
+        kernels: KernelMemo::default(),
+    }
 }
 
 /// The cuBLASLt epilogue `prog` is, when it is `act(sum)` or `sum` with `sum` a sum of
@@ -462,6 +494,19 @@ fn run_program(prog: &FusedProgram, ins: &[Array]) -> crate::error::Result<Array
     Ok(regs[prog.out].clone())
 }
 
+/// `prog`'s outputs run with ops on `ins`, one after the other as a 1-D array of
+/// `size` elements per output (a multi-tensor member's piece of the block).
+fn run_outputs(prog: &FusedProgram, ins: &[Array], size: usize) -> crate::error::Result<Array> {
+    let parts = prog
+        .outputs()
+        .map(|r| fit(run_program(&prog.with_output(r), ins)?, &[size]))
+        .collect::<crate::error::Result<Vec<_>>>()?;
+    match parts.as_slice() {
+        [one] => Ok(one.clone()),
+        _ => crate::ops::movement::copies::concatenate(&parts.iter().collect::<Vec<_>>(), 0),
+    }
+}
+
 fn fit(a: Array, shape: &[usize]) -> crate::error::Result<Array> {
     super::grad::broadcast(a, shape)
 }
@@ -512,7 +557,7 @@ fn unfuse(p: &Primitive, ins: &[Array], shape: &[usize]) -> crate::error::Result
                             if scalar[k] { flat.broadcast_to(&[size]) } else { Ok(flat) }
                         })
                         .collect::<crate::error::Result<Vec<_>>>()?;
-                    parts.push(fit(run_program(program, &member)?, &[size])?);
+                    parts.push(run_outputs(program, &member, size)?);
                 }
                 crate::ops::movement::copies::concatenate(&parts.iter().collect::<Vec<_>>(), 0)
             }

@@ -200,6 +200,8 @@ impl ProgramKey {
         use crate::primitives::fused::Inst;
         let mut k = Vec::with_capacity(2 + p.input_dtypes.len() + 3 * p.insts.len());
         k.push(p.out as u64);
+        k.push(p.more.len() as u64);
+        k.extend(p.more.iter().map(|&r| r as u64));
         k.push(p.input_dtypes.len() as u64);
         k.extend(p.input_dtypes.iter().map(|&d| d as u64));
         for (inst, &d) in p.insts.iter().zip(&p.dtypes) {

@@ -441,3 +441,55 @@ pub fn attention_blocks(g: Device, seed: u64, count: usize) -> usize {
     }
     count
 }
+
+/// Generated elementwise graphs of one shape with shared intermediates and several
+/// outputs (what `compile` merges into one block of several outputs): full-shape and 0-d
+/// inputs, three to ten ops each reading a full-shape value (an input or an earlier op)
+/// and any value, the last op and a random third of the others returned.
+pub fn cluster_cases(seed: u64, count: usize) -> Vec<Case> {
+    let mut rng = Rng::new(seed);
+    let mut pick = move |n: usize| rng.next_u64() as usize % n;
+    let mut rng2 = Rng::new(seed ^ 0x9e37);
+    (0..count)
+        .map(|c| {
+            let dtype = DTYPES[c % DTYPES.len()];
+            let nd = 1 + pick(3);
+            let mut shape: Vec<usize> = (0..nd).map(|_| 1 + pick(9)).collect();
+            shape[0] += 1; // more than one element
+            let (full, scalars) = (2 + pick(3), pick(3));
+            let mut inputs: Vec<(Vec<f64>, Vec<usize>)> = (0..full).map(|_| vals(&mut rng2, &shape, 1.0)).collect();
+            inputs.extend((0..scalars).map(|_| vals(&mut rng2, &[], 1.0)));
+            let n_ops = 3 + pick(8);
+            // (kind, full-shape operand, any operand), as value indices: the inputs, then
+            // the ops.
+            let mut ops: Vec<(usize, usize, usize)> = Vec::new();
+            for k in 0..n_ops {
+                let fulls: Vec<usize> = (0..full).chain((0..k).map(|j| full + scalars + j)).collect();
+                let a = fulls[pick(fulls.len())];
+                let b = pick(full + scalars + k);
+                ops.push((pick(7), a, b));
+            }
+            let mut outs: Vec<usize> = (0..n_ops - 1).filter(|_| pick(3) == 0).collect();
+            outs.push(n_ops - 1);
+            let what = format!("cluster {c} {dtype} {shape:?} ops {ops:?} outputs {outs:?}");
+            let f: F = std::sync::Arc::new(move |x: &[Array]| {
+                let mut v: Vec<Array> = x.to_vec();
+                for &(kind, a, b) in &ops {
+                    let (a, b) = (&v[a], &v[b]);
+                    let y = match kind {
+                        0 => a.add(b)?,
+                        1 => a.sub(b)?,
+                        2 => a.mul(b)?,
+                        3 => a.maximum(b)?,
+                        4 => a.minimum(b)?,
+                        5 => a.tanh()?.add(b)?,
+                        _ => a.mul(0.5)?.sin()?,
+                    };
+                    v.push(y);
+                }
+                Ok(outs.iter().map(|&o| v[x.len() + o].clone()).collect())
+            });
+            Case { what, f, inputs, dtype, expect: vec![] }
+        })
+        .collect()
+}

@@ -60,7 +60,12 @@ pub(crate) fn eval_block(b: &FusedBlock, inputs: &[&Storage], shape: &[usize], d
                 ));
             }
             let total: usize = sizes.iter().sum();
-            let mut buf = CpuBuffer::alloc(dtype, total)?;
+            // Several outputs: the program once per output (the interpreter stores one).
+            let programs: Vec<_> = program.outputs().map(|r| program.with_output(r)).collect();
+            if numel(shape) != total * programs.len() {
+                return Err(Error::invalid(b.name(), format!("shape {shape:?} for {total} elements per output")));
+            }
+            let mut buf = CpuBuffer::alloc(dtype, total * programs.len())?;
             crate::with_dtype!(dtype, T => {
                 let out = buf.typed_mut::<T>();
                 let mut off = 0;
@@ -72,8 +77,10 @@ pub(crate) fn eval_block(b: &FusedBlock, inputs: &[&Storage], shape: &[usize], d
                         .map(|(s, &one)| crate::backend::cpu::movement::reshape(s, if one { &[] } else { std::slice::from_ref(&size) }))
                         .collect::<Result<_>>()?;
                     let refs: Vec<&Storage> = flat.iter().collect();
-                    fused::eval_fused_into(program, &refs, &[size], dtype, &mut out[off..off + size])?;
-                    off += size;
+                    for p in &programs {
+                        fused::eval_fused_into(p, &refs, &[size], dtype, &mut out[off..off + size])?;
+                        off += size;
+                    }
                 }
                 Ok::<(), Error>(())
             })?;

@@ -112,6 +112,9 @@ pub(crate) fn eval_fused_reduce(
 /// Checks the inputs and output dtype of a fused program run over `shape`; returns each
 /// input's layout broadcast to `shape` (merged).
 fn prepare(p: &FusedProgram, inputs: &[&Storage], shape: &[usize], dtype: DType) -> Result<Vec<Layout>> {
+    if !p.more.is_empty() {
+        return Err(Error::invalid("fused", "a program of several outputs runs only in a multi-tensor block"));
+    }
     if inputs.len() != p.input_dtypes.len() || dtype != p.output_dtype() {
         return Err(Error::invalid(
             "fused",

@@ -14,7 +14,8 @@
 //! - A multi-tensor block is one generated kernel for up to [`MAX_MEMBERS`] tensors per
 //!   launch: the program as `fused_op` (the fused kernels' own source), a table of each
 //!   member's pointers and element count passed by value, `blockIdx.y` picking the
-//!   member and a grid-stride loop over its elements.
+//!   member and a grid-stride loop over its elements. A program of several outputs
+//!   stores each through a reference, `n` elements after the one before.
 
 use cudarc::driver::LaunchConfig;
 
@@ -129,7 +130,15 @@ pub(crate) fn multi_source(p: &FusedProgram, scalar: &[bool], t: usize) -> Strin
         s,
         "  for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)"
     );
-    let _ = writeln!(s, "    out[i] = fused_op({});", args.join(", "));
+    if p.more.is_empty() {
+        let _ = writeln!(s, "    out[i] = fused_op({});", args.join(", "));
+    } else {
+        // A member's outputs one after the other, `n` elements each.
+        args.extend(
+            (0..p.output_count()).map(|j| if j == 0 { "out[i]".to_string() } else { format!("out[{j} * n + i]") }),
+        );
+        let _ = writeln!(s, "    fused_op({});", args.join(", "));
+    }
     let _ = writeln!(s, "}}");
     s
 }
@@ -147,7 +156,12 @@ fn multi(
 ) -> Result<Storage> {
     let k = scalar.len();
     let total: usize = sizes.iter().sum();
-    if inputs.len() != k * sizes.len() || p.input_dtypes().len() != k || shape != [total] || dtype != p.output_dtype() {
+    let outs = p.output_count();
+    if inputs.len() != k * sizes.len()
+        || p.input_dtypes().len() != k
+        || shape != [total * outs]
+        || dtype != p.output_dtype()
+    {
         return Err(Error::invalid(b.name(), "inputs do not fit the block"));
     }
     for (i, s) in inputs.iter().enumerate() {
@@ -182,7 +196,7 @@ fn multi(
     let mut off = 0u64;
     for &n in sizes {
         offsets.push(off);
-        off += n as u64;
+        off += (n * outs) as u64;
     }
     let _ = cs.bind();
     for start in (0..sizes.len()).step_by(t) {
@@ -242,6 +256,26 @@ mod tests {
             let t = members_per_launch(4);
             if !check_compiles(&format!("test:multi:{}", d.name()), &multi_source(&p, &[false, true, false, false], t))
             {
+                return;
+            }
+        }
+    }
+
+    /// The update of `update` that also stores `sqrt(v) + eps` and `m / den`: a program
+    /// of three outputs, each stored `n` elements after the one before.
+    #[test]
+    fn multi_output_kernels_store_every_output() {
+        for d in [DType::F32, DType::F16, DType::BF16, DType::F64] {
+            let one = update(d);
+            // Registers of `update`: p, lr, m, v, sqrt, eps, den, q, step, out.
+            let p = FusedProgram { more: vec![6, 7], ..one };
+            let src = multi_source(&p, &[false, true, false, false], members_per_launch(4));
+            assert!(
+                src.contains("fused_op(in0[i], s1, in2[i], in3[i], out[i], out[1 * n + i], out[2 * n + i]);"),
+                "{src}"
+            );
+            assert!(src.contains("o2 = "), "{src}");
+            if !check_compiles(&format!("test:multi3:{}", d.name()), &src) {
                 return;
             }
         }

@@ -69,6 +69,9 @@ fn kernel(cs: &GpuStream<'_>, p: &FusedProgram, plan: &Plan) -> Result<CudaFunct
 
 /// Checks that `inputs` fit `p` run over `shape` with output `dtype`.
 fn check(p: &FusedProgram, inputs: &[Storage], shape: &[usize], dtype: DType) -> Result<()> {
+    if !p.more.is_empty() {
+        return Err(Error::invalid("fused", "a program of several outputs runs only in a multi-tensor block"));
+    }
     if inputs.len() != p.input_dtypes().len() || dtype != p.output_dtype() {
         return Err(Error::invalid(
             "fused",

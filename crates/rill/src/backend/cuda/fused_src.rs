@@ -185,8 +185,14 @@ pub(crate) fn op_function(prog: &FusedProgram) -> String {
     let mut s = String::new();
     let params: Vec<String> =
         prog.input_dtypes.iter().enumerate().map(|(i, &d)| format!("{} v{i}", c_type(d))).collect();
-    let _ =
-        writeln!(s, "__device__ __forceinline__ {} fused_op({}) {{", c_type(prog.output_dtype()), params.join(", "));
+    // Several outputs are stored through references: `fused_op(ins.., out0, out1, ..)`.
+    let out_t = c_type(prog.output_dtype());
+    let mut params = params;
+    if !prog.more.is_empty() {
+        params.extend((0..prog.output_count()).map(|j| format!("{out_t}& o{j}")));
+    }
+    let ret = if prog.more.is_empty() { out_t } else { "void" };
+    let _ = writeln!(s, "__device__ __forceinline__ {ret} fused_op({}) {{", params.join(", "));
     for (r, (inst, &d)) in prog.insts.iter().zip(&prog.dtypes).enumerate() {
         let ty = lane(d);
         let reg = |a: &Reg| format!("r{a}");
@@ -212,14 +218,23 @@ pub(crate) fn op_function(prog: &FusedProgram) -> String {
             let _ = writeln!(s, "  {st}");
         }
     }
-    let o = format!("r{}", prog.out);
-    let store = match prog.output_dtype() {
-        DType::F16 => format!("st_f16({o})"),
-        DType::BF16 => format!("st_bf16({o})"),
-        DType::Bool => format!("(u8)({o} != 0)"),
-        d => format!("({})({o})", c_type(d)),
+    let store = |r: Reg| {
+        let o = format!("r{r}");
+        match prog.output_dtype() {
+            DType::F16 => format!("st_f16({o})"),
+            DType::BF16 => format!("st_bf16({o})"),
+            DType::Bool => format!("(u8)({o} != 0)"),
+            d => format!("({})({o})", c_type(d)),
+        }
     };
-    let _ = writeln!(s, "  return {store};\n}}");
+    if prog.more.is_empty() {
+        let _ = writeln!(s, "  return {};\n}}", store(prog.out));
+    } else {
+        for (j, r) in prog.outputs().enumerate() {
+            let _ = writeln!(s, "  o{j} = {};", store(r));
+        }
+        let _ = writeln!(s, "}}");
+    }
     s
 }
 
