@@ -148,6 +148,12 @@ pub(crate) fn softmax(cs: &GpuStream<'_>, x: &Storage, axis: usize, log: bool) -
 /// `(bx, by)` block (`by` a power of two) on a `gx` grid. The exp and log, and the final
 /// `exp(x - m) * (1 / s)` and `x - m - log(s)`, are those of the register-cached row kernel.
 pub(crate) fn source(d: DType, log: bool) -> String {
+    format!("{PRELUDE}{}", kernels(d, log))
+}
+
+/// The module of [`source`] after the prelude (its fixed-width types and f16/bf16
+/// conversions): what the host test compiles with a prelude of its own.
+fn kernels(d: DType, log: bool) -> String {
     let (t, f) = (ctype(d), ftype(d));
     let sfx = if f == "float" { "f" } else { "" };
     let vn = vec_elems(d);
@@ -167,7 +173,7 @@ pub(crate) fn source(d: DType, log: bool) -> String {
         if log { (format!("log{sfx}(s[k])"), "v - m - g") } else { ("(F)1 / s[k]".to_string(), "exp{sfx}(v - m) * g") };
     let res = res.replace("{sfx}", sfx);
     format!(
-        r#"{PRELUDE}
+        r#"
 #define VN {vn}
 template <typename T, int N> struct alignas(sizeof(T) * N) V {{ T v[N]; }};
 typedef {t} T;
@@ -612,5 +618,338 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The CUDA names the kernels use, for a host C++ compiler: each CUDA thread of a block
+    /// is a host thread, `__syncthreads` a barrier (counted per thread, so that a barrier not
+    /// reached by every thread is seen), `__shared__` arrays statics shared by the block's
+    /// threads (blocks run one at a time), the f32/f64 bit casts and the bf16 conversions of
+    /// the prelude.
+    const HOST_PRELUDE: &str = r#"
+#include <barrier>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <math.h>
+#include <thread>
+#include <vector>
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef int i32;
+typedef long long i64;
+typedef unsigned long long u64;
+struct dim3 { unsigned x = 0, y = 0, z = 0; };
+thread_local dim3 threadIdx, blockIdx;
+dim3 blockDim, gridDim;
+std::barrier<>* block_barrier;
+thread_local int syncs;
+inline void __syncthreads() { ++syncs; block_barrier->arrive_and_wait(); }
+#define __device__
+#define __forceinline__ inline
+#define __global__
+#define __launch_bounds__(n)
+#define __shared__ static
+inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+inline float __uint_as_float(u32 i) { float f; memcpy(&f, &i, 4); return f; }
+inline u32 __float_as_uint(float f) { u32 i; memcpy(&i, &f, 4); return i; }
+inline double __longlong_as_double(long long i) { double d; memcpy(&d, &i, 8); return d; }
+inline float ld_bf16(u16 b) {
+    u32 u = ((u32)b) << 16;
+    if ((b & 0x7fffu) > 0x7f80u) u |= 0x400000u;
+    return __uint_as_float(u);
+}
+inline u16 st_bf16(float f) {
+    u32 x = __float_as_uint(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (u16)((x >> 16) | 0x40u);
+    if ((x & 0x8000u) != 0u && (x & (3u * 0x8000u - 1u)) != 0u) return (u16)((x >> 16) + 1u);
+    return (u16)(x >> 16);
+}
+typedef void (*Launch)(int vec, void* out, const void* x, i64 cols, i64 ni, i64 s1, i64 red, i64 sr);
+"#;
+
+    /// Runs variant `argv[1]` on the input file `argv[2]` (raw elements) into `argv[3]`:
+    /// `vec cols ni s1 red sr gx bx by offset`, the output first filled
+    /// with the bytes 0x5a (a large finite value in every dtype: an element never written
+    /// cannot pass). Exit 3: the threads of a block passed different numbers of barriers.
+    const HOST_MAIN: &str = r#"
+int main(int argc, char** argv) {
+    if (argc != 14) return 2;
+    int v = atoi(argv[1]);
+    int vec = atoi(argv[4]);
+    i64 cols = atoll(argv[5]), ni = atoll(argv[6]), s1 = atoll(argv[7]), red = atoll(argv[8]), sr = atoll(argv[9]);
+    unsigned gx = atoi(argv[10]), bx = atoi(argv[11]), by = atoi(argv[12]);
+    i64 off = atoll(argv[13]);
+    size_t es = SIZES[v];
+    FILE* f = fopen(argv[2], "rb");
+    if (!f) return 2;
+    fseek(f, 0, SEEK_END);
+    size_t bytes = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void* in = nullptr;
+    void* out = nullptr;
+    size_t obytes = (size_t)(cols * red) * es;
+    if (posix_memalign(&in, 64, bytes) || posix_memalign(&out, 64, obytes)) return 2;
+    if (fread(in, 1, bytes, f) != bytes) return 2;
+    fclose(f);
+    memset(out, 0x5a, obytes);
+    blockDim.x = bx;
+    blockDim.y = by;
+    gridDim.x = gx;
+    gridDim.y = 1;
+    // One host thread per thread of a block, running the blocks in turn; a barrier ends
+    // each block (its shared arrays are reused by the next).
+    unsigned nt = bx * by;
+    std::barrier<> bar(nt);
+    block_barrier = &bar;
+    std::vector<int> counts((size_t)gx * nt);
+    std::vector<std::thread> ts;
+    for (unsigned ty = 0; ty < by; ++ty)
+        for (unsigned tx = 0; tx < bx; ++tx)
+            ts.emplace_back([&, tx, ty] {
+                threadIdx.x = tx;
+                threadIdx.y = ty;
+                for (unsigned b = 0; b < gx; ++b) {
+                    blockIdx.x = b;
+                    syncs = 0;
+                    LAUNCH[v](vec, out, (const char*)in + off * es, cols, ni, s1, red, sr);
+                    counts[(size_t)b * nt + ty * bx + tx] = syncs;
+                    bar.arrive_and_wait();
+                }
+                bar.arrive_and_drop();
+            });
+    for (auto& t : ts) t.join();
+    for (unsigned b = 0; b < gx; ++b)
+        for (unsigned t = 0; t < nt; ++t)
+            if (counts[(size_t)b * nt + t] != counts[(size_t)b * nt]) return 3;
+    f = fopen(argv[3], "wb");
+    if (!f || fwrite(out, 1, obytes, f) != obytes) return 2;
+    fclose(f);
+    free(in);
+    free(out);
+    return 0;
+}
+"#;
+
+    /// The dtypes the host test runs (f16 differs from bf16 only in the prelude's
+    /// conversions, which are inline PTX).
+    const HOST_DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F64];
+
+    /// Compiles every host variant (`HOST_DTYPES` x softmax, log-softmax) into one program
+    /// in `dir`, with AddressSanitizer where the compiler has it (out-of-bounds loads and
+    /// stores fail the run). None (after a skip line) without a C++20 compiler.
+    fn host_program(dir: &std::path::Path) -> Option<std::path::PathBuf> {
+        use std::process::Command;
+        let probe = dir.join("probe.cpp");
+        std::fs::write(&probe, "#include <barrier>\nint main() { std::barrier<> b(1); b.arrive_and_wait(); }\n")
+            .ok()?;
+        let works = |flags: &[&str]| {
+            let exe = dir.join("probe");
+            let mut build = Command::new("c++");
+            build.args(["-std=c++20", "-pthread"]).args(flags).arg(&probe).arg("-o").arg(&exe);
+            build.status().is_ok_and(|s| s.success()) && Command::new(&exe).status().is_ok_and(|s| s.success())
+        };
+        let Some(flags) = [&["-fsanitize=address"][..], &[]].into_iter().find(|f| works(f)) else {
+            println!("skipped: no C++20 compiler (c++) to run the kernels on the host");
+            return None;
+        };
+        let mut src = HOST_PRELUDE.to_string();
+        let (mut launches, mut sizes) = (Vec::new(), Vec::new());
+        for (i, (d, log)) in HOST_DTYPES.iter().flat_map(|&d| [(d, false), (d, true)]).enumerate() {
+            // C++ linkage: the kernels of each variant live in their own namespace.
+            let body = kernels(d, log).replace("extern \"C\" ", "");
+            src += &format!(
+                "#undef VN\nnamespace v{i} {{\n{body}\nvoid launch(int vec, void* out, const void* x, i64 cols, i64 ni, i64 s1, i64 red, i64 sr) {{\n    if (vec) k_smcolv((T*)out, (const T*)x, cols, ni, s1, red, sr);\n    else k_smcol1((T*)out, (const T*)x, cols, ni, s1, red, sr);\n}}\n}}\n"
+            );
+            launches.push(format!("v{i}::launch"));
+            sizes.push(d.size().to_string());
+        }
+        src += &format!("Launch LAUNCH[] = {{{}}};\nsize_t SIZES[] = {{{}}};\n", launches.join(", "), sizes.join(", "));
+        src += HOST_MAIN;
+        let path = dir.join("softmax_cols.cpp");
+        std::fs::write(&path, src).unwrap();
+        let exe = dir.join("softmax_cols");
+        let out = Command::new("c++")
+            .args(["-std=c++20", "-pthread", "-O1", "-g", "-Wall", "-Wno-unknown-pragmas"])
+            .args(flags)
+            .arg(&path)
+            .arg("-o")
+            .arg(&exe)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "host build failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        Some(exe)
+    }
+
+    /// `v` rounded to `d`, as its little-endian bytes and its value.
+    fn host_elem(d: DType, v: f64) -> (Vec<u8>, f64) {
+        match d {
+            DType::F32 => ((v as f32).to_le_bytes().to_vec(), v as f32 as f64),
+            DType::BF16 => {
+                let b = half::bf16::from_f64(v);
+                (b.to_bits().to_le_bytes().to_vec(), b.to_f64())
+            }
+            _ => (v.to_le_bytes().to_vec(), v),
+        }
+    }
+
+    fn host_value(d: DType, b: &[u8]) -> f64 {
+        match d {
+            DType::F32 => f32::from_le_bytes(b.try_into().unwrap()) as f64,
+            DType::BF16 => half::bf16::from_bits(u16::from_le_bytes(b.try_into().unwrap())).to_f64(),
+            _ => f64::from_le_bytes(b.try_into().unwrap()),
+        }
+    }
+
+    /// The generated CUDA text itself, run on the host (see [`HOST_PRELUDE`]): contiguous,
+    /// sliced and strided layouts, vector and single-column kernels, plans for one SM and for
+    /// 132 (the axis split over 4 to 64 threads), NaN and infinite entries and a lane of only
+    /// -inf, against the float64 softmax of each lane; out-of-bounds accesses fail under
+    /// AddressSanitizer, an element never written fails the comparison.
+    #[test]
+    fn kernels_run_on_the_host() {
+        let dir = tempfile::tempdir().unwrap();
+        let Some(exe) = host_program(dir.path()) else { return };
+        // (logical shape, strides, offset, axis)
+        let sliced = |shape: &[usize], big: &[usize], start: &[usize], step: &[usize]| {
+            let bl = Layout::contiguous(big);
+            let strides: Vec<isize> = bl.strides.iter().zip(step).map(|(&s, &k)| s * k as isize).collect();
+            let offset = bl.offset_of(start);
+            Layout { shape: shape.to_vec().into(), strides: strides.into(), offset }
+        };
+        let cases: Vec<(Layout, usize)> = vec![
+            (Layout::contiguous(&[2, 6, 16]), 1),
+            (Layout::contiguous(&[3, 70, 40]), 1),
+            (Layout::contiguous(&[2, 129, 24]), 1),
+            (Layout::contiguous(&[3, 5, 2, 16]), 0),
+            (Layout::contiguous(&[3, 5, 2, 16]), 1),
+            (sliced(&[5, 9, 17], &[5, 11, 20], &[0, 1, 2], &[1, 1, 1]), 1),
+            (sliced(&[4, 7, 32], &[4, 15, 32], &[0, 1, 0], &[1, 2, 1]), 1),
+            (sliced(&[3, 37, 16], &[3, 40, 24], &[0, 2, 8], &[1, 1, 1]), 1),
+        ];
+        let mut seed = 11u64;
+        let mut uniform = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 11) as f64 / (1u64 << 53) as f64 * 8.0 - 4.0
+        };
+        let mut runs = [0usize; 2];
+        for (case, (l, axis)) in cases.iter().enumerate() {
+            let (lo, hi) = l.span();
+            assert_eq!(lo, l.offset);
+            let mut vals: Vec<f64> = (0..hi).map(|_| uniform()).collect();
+            if case == 0 {
+                // Lanes of [0, :, c]: c = 0 all -inf, 1 a NaN, 2 +inf, 3 two +inf, 4 -inf entries.
+                for r in 0..6 {
+                    vals[r * 16] = f64::NEG_INFINITY;
+                }
+                vals[2 * 16 + 1] = f64::NAN;
+                vals[3 * 16 + 2] = f64::INFINITY;
+                vals[16 + 3] = f64::INFINITY;
+                vals[5 * 16 + 3] = f64::INFINITY;
+                vals[4] = f64::NEG_INFINITY;
+                vals[5 * 16 + 4] = f64::NEG_INFINITY;
+            }
+            for (vi, (d, log)) in HOST_DTYPES.iter().flat_map(|&d| [(d, false), (d, true)]).enumerate() {
+                let Some(f) = col_form(l, *axis, d.size()) else { continue };
+                let es = d.size();
+                let mut bytes = Vec::with_capacity(hi * es);
+                let mut rounded = Vec::with_capacity(hi);
+                for &v in &vals {
+                    let (b, r) = host_elem(d, v);
+                    bytes.extend(b);
+                    rounded.push(r);
+                }
+                let input = dir.path().join("in.bin");
+                std::fs::write(&input, &bytes).unwrap();
+                // The float64 reference over the logical row-major elements.
+                let n = l.numel();
+                let (nd, shape) = (l.shape.len(), &l.shape);
+                let logical: Vec<f64> = (0..n)
+                    .map(|flat| {
+                        let (mut idx, mut r) = (vec![0; nd], flat);
+                        for k in (0..nd).rev() {
+                            idx[k] = r % shape[k];
+                            r /= shape[k];
+                        }
+                        rounded[l.offset_of(&idx)]
+                    })
+                    .collect();
+                let (outer, red) = (shape[..*axis].iter().product::<usize>(), shape[*axis]);
+                let inner: usize = shape[axis + 1..].iter().product();
+                let mut want = vec![0.0; n];
+                for o in 0..outer {
+                    for i in 0..inner {
+                        let at = |r: usize| o * red * inner + r * inner + i;
+                        let m = (0..red).map(|r| logical[at(r)]).fold(f64::NEG_INFINITY, f64::max);
+                        let s: f64 = (0..red).map(|r| (logical[at(r)] - m).exp()).sum();
+                        for r in 0..red {
+                            let x = logical[at(r)];
+                            want[at(r)] = if log { x - m - s.ln() } else { (x - m).exp() / s };
+                        }
+                    }
+                }
+                let tol = match d {
+                    DType::F64 => 2e-12,
+                    DType::F32 => 4e-5,
+                    _ => 3.2e-2,
+                };
+                // Element offsets 16-byte aligned as the host buffer (64-byte aligned) is.
+                let px = (l.offset * es) as u64;
+                let vn = vec_elems(d);
+                let mut vcs = vec![1];
+                if col_vec(&f, px, vn) > 1 {
+                    vcs.push(vn);
+                }
+                for vc in vcs {
+                    let plans = [plan(f.no * f.ni, f.red, vc, 1), plan(f.no * f.ni, f.red, vc, 132)];
+                    for (k, &p) in plans.iter().enumerate() {
+                        if k == 1 && p == plans[0] {
+                            continue;
+                        }
+                        let output = dir.path().join("out.bin");
+                        let args = [
+                            vi.to_string(),
+                            input.display().to_string(),
+                            output.display().to_string(),
+                            usize::from(vc > 1).to_string(),
+                            (f.no * f.ni).to_string(),
+                            f.ni.to_string(),
+                            f.s1.to_string(),
+                            f.red.to_string(),
+                            f.sr.to_string(),
+                            p.gx.to_string(),
+                            p.bx.to_string(),
+                            p.by.to_string(),
+                            l.offset.to_string(),
+                        ];
+                        let what = format!("{} log={log} {l:?} axis {axis} {p:?}", d.name());
+                        let run = std::process::Command::new(&exe).args(&args).output().unwrap();
+                        assert!(
+                            run.status.success(),
+                            "{what}: {:?}\n{}",
+                            run.status,
+                            String::from_utf8_lossy(&run.stderr)
+                        );
+                        let got: Vec<f64> =
+                            std::fs::read(&output).unwrap().chunks(es).map(|b| host_value(d, b)).collect();
+                        assert_eq!(got.len(), n, "{what}");
+                        for (k, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                            let ok = if w.is_nan() {
+                                g.is_nan()
+                            } else if w.is_infinite() {
+                                g == w
+                            } else {
+                                (g - w).abs() <= tol * (1.0 + w.abs())
+                            };
+                            assert!(ok, "{what}: element {k}: got {g}, want {w}");
+                        }
+                        runs[usize::from(vc > 1)] += 1;
+                    }
+                }
+            }
+        }
+        // Both kernels ran, on most cases.
+        assert!(runs[0] >= 30 && runs[1] >= 15, "{runs:?}");
     }
 }
