@@ -241,3 +241,122 @@ fn softmax_nan_and_infinite_entries_on_the_cpu() {
         }
     }
 }
+
+/// `x` of `shape` holding the values `v` (row-major in `shape`) laid out as view kind
+/// `view`: 0 contiguous, 1 a transpose of a contiguous array (a random permutation), 2 a
+/// slice of one random axis of a larger array (from element 1, step 1 or 2; the elements
+/// left out are random). Returns the array and its values rounded to `dt`, row-major.
+fn view_of(rng: &mut Rng, v: &[f64], shape: &[usize], dt: DType, view: usize) -> (Array, Vec<f64>) {
+    let nd = shape.len();
+    if view == 0 {
+        return array_of(v, shape, dt);
+    }
+    // The view of the base is `base.transpose(q)` (view 1) or a slice of axis `a` (view 2):
+    // its element `i` is the base's element `j` with `j[q[k]] = i[k]`, `j[a] = 1 + step * i[a]`.
+    let mut q: Vec<usize> = (0..nd).collect();
+    let (a, step) = (rng.next_u64() as usize % nd, 1 + rng.next_u64() as usize % 2);
+    let mut base_shape = shape.to_vec();
+    if view == 1 {
+        for i in (1..nd).rev() {
+            q.swap(i, rng.next_u64() as usize % (i + 1));
+        }
+        for k in 0..nd {
+            base_shape[q[k]] = shape[k];
+        }
+    } else {
+        base_shape[a] = 2 + step * shape[a];
+    }
+    let mut base = rng.vec(base_shape.iter().product(), -4.0, 4.0);
+    for (flat, &value) in v.iter().enumerate() {
+        let (mut i, mut r) = (vec![0; nd], flat);
+        for k in (0..nd).rev() {
+            i[k] = r % shape[k];
+            r /= shape[k];
+        }
+        let mut j = vec![0; nd];
+        for k in 0..nd {
+            j[q[k]] = i[k];
+        }
+        if view == 2 {
+            j[a] = 1 + step * i[a];
+        }
+        base[(0..nd).fold(0, |o, k| o * base_shape[k] + j[k])] = value;
+    }
+    let (b, _) = array_of(&base, &base_shape, dt);
+    let x = if view == 1 {
+        b.transpose(&q).unwrap()
+    } else {
+        b.slice_axis(a as isize, Some(1), Some((1 + step * shape[a]) as isize), step as isize).unwrap()
+    };
+    assert_eq!(x.shape(), shape);
+    let xv = x.to_f64_vec().unwrap();
+    // The view holds `v` (rounded): the special entries are where they were put.
+    let (_, want) = array_of(v, shape, dt);
+    assert!(xv.iter().zip(&want).all(|(g, w)| g == w || (g.is_nan() && w.is_nan())));
+    (x, xv)
+}
+
+/// Generated cases for the column softmax (an axis that is not last, read in place on the
+/// GPU: vector and single-column kernels, the axis split over many threads of a block) and
+/// the row path beside it: seeded 2-4-axis shapes with odd, size-1 and vector-width inner
+/// extents, a few larger ones, every axis, contiguous, transposed and sliced inputs, all
+/// float dtypes, softmax and log_softmax, against the float64 reference. Some cases hold
+/// NaN, +inf and -inf entries and a lane of only -inf (NaN, like the reference).
+#[test]
+fn softmax_of_generated_shapes_axes_and_views_matches_reference() {
+    for dev in devices() {
+        on(dev, || {
+            let mut rng = Rng::new(14);
+            let sizes = [1usize, 2, 3, 5, 8, 16, 17, 24, 33, 40, 64];
+            let mut shapes: Vec<Vec<usize>> =
+                vec![vec![3, 700, 40], vec![2, 129, 64], vec![700, 3, 16], vec![2, 6, 16]];
+            while shapes.len() < 28 {
+                let nd = 2 + rng.next_u64() as usize % 3;
+                let s: Vec<usize> = (0..nd).map(|_| sizes[rng.next_u64() as usize % sizes.len()]).collect();
+                if s.iter().product::<usize>() <= 4096 {
+                    shapes.push(s);
+                }
+            }
+            for (case, shape) in shapes.iter().enumerate() {
+                let nd = shape.len();
+                let n: usize = shape.iter().product();
+                let mut v = rng.vec(n, -4.0, 4.0);
+                if shape == &[2, 6, 16] {
+                    // Lanes of [0, :, c] (axis 1): c = 0 all -inf, 1 with a NaN, 2 with +inf,
+                    // 3 with two +inf, 4 with two -inf; [:, 0, 0] (axis 0) is all -inf, and
+                    // lanes along axis 2 hold each kind of entry too.
+                    for r in 0..6 {
+                        v[r * 16] = f64::NEG_INFINITY;
+                    }
+                    v[96] = f64::NEG_INFINITY;
+                    v[2 * 16 + 1] = f64::NAN;
+                    v[3 * 16 + 2] = f64::INFINITY;
+                    v[16 + 3] = f64::INFINITY;
+                    v[5 * 16 + 3] = f64::INFINITY;
+                    v[4] = f64::NEG_INFINITY;
+                    v[5 * 16 + 4] = f64::NEG_INFINITY;
+                } else if case % 5 == 4 {
+                    for _ in 0..3 {
+                        let i = rng.next_u64() as usize % n;
+                        v[i] = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY][rng.next_u64() as usize % 3];
+                    }
+                }
+                for dt in FLOATS {
+                    for view in 0..3 {
+                        let (x, xv) = view_of(&mut rng, &v, shape, dt, view);
+                        for axis in 0..nd {
+                            for log in [false, true] {
+                                let y =
+                                    if log { x.log_softmax(axis as isize) } else { x.softmax(axis as isize) }.unwrap();
+                                assert_eq!((y.shape(), y.dtype()), (&shape[..], dt));
+                                let what = format!("softmax log={log} {dt} {shape:?} view {view} axis {axis}");
+                                let want = ref_softmax(&xv, shape, axis, log);
+                                assert_close(&y.to_f64_vec().unwrap(), &want, 2.0 * tol(dt), &what);
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    }
+}

@@ -15,6 +15,7 @@
 //! | CUDA C prelude (dtypes, conversions) | `source.rs` | nothing |
 //! | elementwise kernels, copies and sources | `elementwise.rs`, `map.rs` | nothing |
 //! | reductions, softmax | `reduce.rs` | nothing |
+//! | softmax over an axis that is not last, read in place by columns | `softmax_cols.rs` | nothing |
 //! | layer/RMS norm | `norm.rs` | nothing |
 //! | argmax/argmin, cumsum | `scan.rs` | nothing |
 //! | take: one gather kernel that checks its own indices | `take.rs` | nothing |
@@ -68,6 +69,7 @@ mod random;
 mod reduce;
 mod scan;
 mod scatter;
+mod softmax_cols;
 mod sort;
 mod source;
 mod take;

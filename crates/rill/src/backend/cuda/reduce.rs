@@ -1086,6 +1086,10 @@ pub(crate) fn softmax(cs: &GpuStream<'_>, x: &Storage, axis: usize, log: bool) -
     if !d.is_float() {
         return Err(super::unsupported("softmax", format!("dtype {d}")));
     }
+    // An axis that is not last, read in place by columns where the layout allows it.
+    if let Some(y) = super::softmax_cols::softmax(cs, x, axis, log)? {
+        return Ok(y);
+    }
     let (xs, rows, cols) = rows_last(cs, x, &[axis])?;
     let out = new_storage(cs, d, &xs.layout.shape)?;
     let po = cuda_of(&out).map(|b| b.ptr()).unwrap_or(0);
