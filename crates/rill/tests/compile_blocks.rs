@@ -13,6 +13,7 @@ use rill::{Array, DType, Device};
 
 #[test]
 fn matmul_epilogues_give_eager_bits() {
+    let _serial = blocks::stats_lock();
     let before = rill::runtime::stats().matmul_epilogue_kernels;
     let cases = blocks::matmul_cases(1, 33);
     for c in &cases {
@@ -24,6 +25,7 @@ fn matmul_epilogues_give_eager_bits() {
 
 #[test]
 fn matmul_epilogue_edges() {
+    let _serial = blocks::stats_lock();
     for c in &blocks::matmul_edge_cases() {
         blocks::run(Device::cpu(), c);
     }
@@ -33,6 +35,7 @@ fn matmul_epilogue_edges() {
 /// computes the product in the matmul's dtype, as eager evaluation does.
 #[test]
 fn a_cast_product_keeps_the_matmul_dtype() {
+    let _serial = blocks::stats_lock();
     let mut rng = common::Rng::new(7);
     for (dt, to) in [(DType::BF16, DType::F32), (DType::F32, DType::F16), (DType::F16, DType::F64)] {
         let x = Array::from_slice(&rng.vec(3 * 8, -1.0, 1.0), &[3, 8]).unwrap().astype(dt).unwrap();
@@ -47,6 +50,7 @@ fn a_cast_product_keeps_the_matmul_dtype() {
 
 #[test]
 fn a_bias_of_the_wrong_shape_errors_as_eager() {
+    let _serial = blocks::stats_lock();
     let x = Array::from_slice(&[1.0f32; 12], &[3, 4]).unwrap();
     let w = Array::from_slice(&[0.5f32; 20], &[4, 5]).unwrap();
     let bias = Array::from_slice(&[1.0f32; 4], &[4]).unwrap();
@@ -58,6 +62,7 @@ fn a_bias_of_the_wrong_shape_errors_as_eager() {
 
 #[test]
 fn residual_norms_give_eager_bits() {
+    let _serial = blocks::stats_lock();
     let before = rill::runtime::stats().residual_norms;
     let cases = blocks::norm_cases(2, 48);
     for c in &cases {
@@ -71,6 +76,7 @@ fn residual_norms_give_eager_bits() {
 
 #[test]
 fn residual_norms_replay_shapeless_on_new_rows() {
+    let _serial = blocks::stats_lock();
     let f = |x: &[Array]| Ok(vec![x[0].add(&x[1])?.layer_norm(Some(&x[2]), None, 1e-5)?]);
     let c = rill::compile_shapeless(f);
     let mut rng = common::Rng::new(4);
@@ -89,6 +95,7 @@ fn residual_norms_replay_shapeless_on_new_rows() {
 
 #[test]
 fn adam_and_adamw_are_one_kernel_per_program() {
+    let _serial = blocks::stats_lock();
     let before = rill::runtime::stats();
     for (seed, adamw, dt) in
         [(1, false, DType::F32), (2, true, DType::F32), (3, true, DType::BF16), (4, false, DType::BF16)]
@@ -110,6 +117,7 @@ fn adam_and_adamw_are_one_kernel_per_program() {
 
 #[test]
 fn elementwise_clusters_give_eager_bits() {
+    let _serial = blocks::stats_lock();
     let cases = blocks::cluster_cases(21, 90);
     let mut merged = 0;
     for c in &cases {
@@ -122,6 +130,7 @@ fn elementwise_clusters_give_eager_bits() {
 
 #[test]
 fn values_read_outside_a_cluster_are_stored_once_in_one_block() {
+    let _serial = blocks::stats_lock();
     // `a` feeds `b` and `c`; `b` is returned and read by `c`: one program stores b and c.
     let f = |x: &[Array]| {
         let a = x[0].mul(2.0)?.add(1.0)?;
@@ -145,6 +154,7 @@ fn values_read_outside_a_cluster_are_stored_once_in_one_block() {
 
 #[test]
 fn a_cluster_around_a_reduction_stays_apart() {
+    let _serial = blocks::stats_lock();
     // `c` reads `a` and the sum of `a`: one block for both would read its own output.
     let f = |x: &[Array]| {
         let a = x[0].mul(2.0)?.add(1.0)?;
@@ -165,6 +175,7 @@ fn a_cluster_around_a_reduction_stays_apart() {
 
 #[test]
 fn one_program_at_two_depths_is_not_merged() {
+    let _serial = blocks::stats_lock();
     // y2 reads y1 and both run the same program: merging them would read its own output.
     let f = |x: &[Array]| {
         let y1 = x[0].mul(2.0)?.add(1.0)?;
@@ -183,6 +194,7 @@ fn one_program_at_two_depths_is_not_merged() {
 
 #[test]
 fn blocks_can_be_turned_off() {
+    let _serial = blocks::stats_lock();
     let f = |x: &[Array]| Ok(vec![x[0].matmul(&x[1])?.add(&x[2])?.relu()?]);
     let x = [
         Array::from_slice(&[1.0f32; 6], &[2, 3]).unwrap(),
@@ -197,6 +209,7 @@ fn blocks_can_be_turned_off() {
 
 #[test]
 fn attention_written_as_ops_becomes_one_attention_node() {
+    let _serial = blocks::stats_lock();
     assert_eq!(blocks::attention_blocks(Device::cpu(), 41, 36), 36);
 }
 
@@ -204,6 +217,7 @@ fn attention_written_as_ops_becomes_one_attention_node() {
 /// log-softmax, a softmax over another axis, a scale that is an array input.
 #[test]
 fn attention_is_not_fused_past_what_else_reads_it() {
+    let _serial = blocks::stats_lock();
     let mut rng = common::Rng::new(5);
     let x: Vec<Array> = [[2usize, 5, 8], [2, 7, 8], [2, 7, 4]]
         .iter()

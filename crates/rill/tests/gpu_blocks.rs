@@ -12,6 +12,7 @@ use rill::DType;
 
 #[test]
 fn gpu_matmul_epilogues() {
+    let _serial = blocks::stats_lock();
     let Some(g) = common::gpu() else { return };
     let before = rill::runtime::stats();
     let cases = blocks::matmul_cases(11, 66);
@@ -33,6 +34,7 @@ fn gpu_matmul_epilogues() {
 
 #[test]
 fn gpu_residual_norms() {
+    let _serial = blocks::stats_lock();
     let Some(g) = common::gpu() else { return };
     let before = rill::runtime::stats().residual_norms;
     let cases = blocks::norm_cases(12, 48);
@@ -47,6 +49,7 @@ fn gpu_residual_norms() {
 
 #[test]
 fn gpu_adam_multi_tensor() {
+    let _serial = blocks::stats_lock();
     let Some(g) = common::gpu() else { return };
     for (seed, adamw, dt) in
         [(1, false, DType::F32), (2, true, DType::F32), (3, true, DType::BF16), (5, false, DType::BF16)]
@@ -62,6 +65,7 @@ fn gpu_adam_multi_tensor() {
 
 #[test]
 fn gpu_elementwise_clusters() {
+    let _serial = blocks::stats_lock();
     let Some(g) = common::gpu() else { return };
     let cases = blocks::cluster_cases(22, 90);
     let mut merged = 0;
@@ -73,6 +77,7 @@ fn gpu_elementwise_clusters() {
 
 #[test]
 fn gpu_attention_written_as_ops() {
+    let _serial = blocks::stats_lock();
     let Some(g) = common::gpu() else { return };
     assert_eq!(blocks::attention_blocks(g, 42, 48), 48);
 }

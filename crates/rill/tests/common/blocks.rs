@@ -14,6 +14,14 @@ pub type F = std::sync::Arc<dyn Fn(&[Array]) -> Result<Vec<Array>> + Send + Sync
 
 pub const DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
 
+/// Held by every test of a binary that compiles functions: `runtime::stats` is
+/// process-wide and the tests of a binary run at once, so a test that counts launches
+/// (multi-tensor blocks, epilogues) must not see another test's.
+pub fn stats_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// One generated case: a function, its inputs (as f64 values and shapes), the dtype and
 /// the block nodes its compiled graph must hold (and the primitives it must not).
 pub struct Case {
