@@ -3,7 +3,7 @@
 //! compared with the same function evaluated eagerly (bit for bit on the CPU, within the
 //! dtype's tolerance on a GPU, where cuBLASLt's epilogues round once) and with the
 //! function evaluated in float64 on the CPU from the same rounded inputs.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::disallowed_types)]
 
 use std::collections::BTreeMap;
 
