@@ -60,8 +60,14 @@ pub(crate) fn eval_block(b: &FusedBlock, inputs: &[&Storage], shape: &[usize], d
                 ));
             }
             let total: usize = sizes.iter().sum();
-            // Several outputs: the program once per output (the interpreter stores one).
-            let programs: Vec<_> = program.outputs().map(|r| program.with_output(r)).collect();
+            // Several outputs: the program once per output (the interpreter stores one);
+            // a single-output program runs as it is, without a copy per call.
+            let split: Vec<_> = if program.more.is_empty() {
+                Vec::new()
+            } else {
+                program.outputs().map(|r| program.with_output(r)).collect()
+            };
+            let programs: Vec<&_> = if split.is_empty() { vec![program] } else { split.iter().collect() };
             if numel(shape) != total * programs.len() {
                 return Err(Error::invalid(b.name(), format!("shape {shape:?} for {total} elements per output")));
             }
@@ -77,7 +83,7 @@ pub(crate) fn eval_block(b: &FusedBlock, inputs: &[&Storage], shape: &[usize], d
                         .map(|(s, &one)| crate::backend::cpu::movement::reshape(s, if one { &[] } else { std::slice::from_ref(&size) }))
                         .collect::<Result<_>>()?;
                     let refs: Vec<&Storage> = flat.iter().collect();
-                    for p in &programs {
+                    for &p in &programs {
                         fused::eval_fused_into(p, &refs, &[size], dtype, &mut out[off..off + size])?;
                         off += size;
                     }

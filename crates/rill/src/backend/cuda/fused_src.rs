@@ -183,11 +183,10 @@ pub(crate) fn plan(dims: &[usize], ins: &[Operand<'_>], out_addr: u64, out_size:
 /// `__device__ OUT fused_op(IN0 v0, ..., IN{K-1} v{K-1})` (stored C types in and out).
 pub(crate) fn op_function(prog: &FusedProgram) -> String {
     let mut s = String::new();
-    let params: Vec<String> =
+    let mut params: Vec<String> =
         prog.input_dtypes.iter().enumerate().map(|(i, &d)| format!("{} v{i}", c_type(d))).collect();
     // Several outputs are stored through references: `fused_op(ins.., out0, out1, ..)`.
     let out_t = c_type(prog.output_dtype());
-    let mut params = params;
     if !prog.more.is_empty() {
         params.extend((0..prog.output_count()).map(|j| format!("{out_t}& o{j}")));
     }
