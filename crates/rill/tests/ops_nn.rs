@@ -242,6 +242,59 @@ fn softmax_nan_and_infinite_entries_on_the_cpu() {
     }
 }
 
+/// Rows of every kernel's length range (the register kernel, the generic kernel past
+/// 32768 elements) holding special entries, on every device and float dtype: a +inf makes
+/// the row NaN, a row of only -inf is NaN, a -inf entry gives 0, like the float64
+/// reference. Each row is also read along the first axis of its transpose (the column
+/// kernels).
+#[test]
+fn long_rows_with_special_entries_match_reference() {
+    let (pi, ni, nan) = (f64::INFINITY, f64::NEG_INFINITY, f64::NAN);
+    for dev in devices() {
+        on(dev, || {
+            let mut rng = Rng::new(13);
+            for d in [9usize, 1000, 20_000, 40_000] {
+                let finite = rng.vec(d, -3.0, 3.0);
+                let mut rows: Vec<Vec<f64>> = Vec::new();
+                let mut one_inf = vec![ni; d];
+                one_inf[d / 3] = pi;
+                rows.push(one_inf);
+                let mut inf_in_finite = finite.clone();
+                inf_in_finite[d - 1] = pi;
+                rows.push(inf_in_finite);
+                let mut two_inf = finite.clone();
+                two_inf[0] = pi;
+                two_inf[d / 2] = pi;
+                rows.push(two_inf);
+                rows.push(vec![ni; d]);
+                let mut nan_in_finite = finite.clone();
+                nan_in_finite[d / 2] = nan;
+                rows.push(nan_in_finite);
+                let mut minus_inf = finite.clone();
+                minus_inf[1] = ni;
+                minus_inf[d - 2] = ni;
+                rows.push(minus_inf);
+                let r = rows.len();
+                let flat: Vec<f64> = rows.concat();
+                for dt in FLOATS {
+                    let (x, xv) = array_of(&flat, &[r, d], dt);
+                    let xt = x.transpose(&[1, 0]).unwrap();
+                    for log in [false, true] {
+                        let want = ref_softmax(&xv, &[r, d], 1, log);
+                        let y = if log { x.log_softmax(-1) } else { x.softmax(-1) }.unwrap();
+                        let what = format!("softmax log={log} {dt} [{r}, {d}] rows");
+                        assert_close(&y.to_f64_vec().unwrap(), &want, 2.0 * tol(dt), &what);
+                        let yt = if log { xt.log_softmax(0) } else { xt.softmax(0) }.unwrap();
+                        let back = yt.transpose(&[1, 0]).unwrap();
+                        let what = format!("softmax log={log} {dt} [{d}, {r}] columns");
+                        assert_close(&back.to_f64_vec().unwrap(), &want, 2.0 * tol(dt), &what);
+                    }
+                }
+            }
+        });
+    }
+}
+
 /// `x` of `shape` holding the values `v` (row-major in `shape`) laid out as view kind
 /// `view`: 0 contiguous, 1 a transpose of a contiguous array (a random permutation), 2 a
 /// slice of one random axis of a larger array (from element 1, step 1 or 2; the elements

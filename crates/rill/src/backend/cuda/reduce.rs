@@ -1053,7 +1053,8 @@ extern "C" __global__ void k_rows({t}* out, const {t}* x, i64 rows, i64 cols) {{
         bool nan = false;
         for (i64 j = threadIdx.x; j < cols; j += blockDim.x) {{
             {f} v = {ld};
-            if (v != v) nan = true;
+            // NaN or +inf anywhere makes the row NaN (inf - inf); -inf entries add nothing.
+            if (v != v || v == __int_as_float(0x7f800000)) nan = true;
             else if (v > -__int_as_float(0x7f800000)) merge(m, s, v, ({f})1);
         }}
         shm[threadIdx.x] = nan ? ({f})__int_as_float(0x7fc00000) : m;
@@ -1068,7 +1069,8 @@ extern "C" __global__ void k_rows({t}* out, const {t}* x, i64 rows, i64 cols) {{
             __syncthreads();
         }}
         m = shm[0]; s = shs[0];
-        if (s == ({f})0) m = -__int_as_float(0x7f800000);
+        // A row of only -inf: exp(-inf - -inf) is NaN, as in the reference.
+        if (s == ({f})0 && m == m) m = -__int_as_float(0x7f800000);
         for (i64 j = threadIdx.x; j < cols; j += blockDim.x) {{
             {f} v = {ld};
             {f} y = (m != m) ? m : ({res});
