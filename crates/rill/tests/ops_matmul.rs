@@ -239,3 +239,82 @@ fn half_precision_products_accumulate_in_f32() {
         });
     }
 }
+
+/// An operand of logical shape `shape` laid out as view `kind` over a random buffer: 0
+/// contiguous; 1 the last two axes transposed; 2 rows sliced from wider rows (from
+/// element 0 or 1); 3 a transposed view of sliced rows; 4 the last batch axis between the
+/// rows and the columns in memory (heads split from a `[.., T, H, D]` array); 5 every
+/// other matrix of a batch twice as long. Returns the view and its values, row-major.
+fn operand(rng: &mut Rng, shape: &[usize], dt: DType, kind: usize) -> (Array, Vec<f64>) {
+    let nd = shape.len();
+    let (r, c) = (shape[nd - 2], shape[nd - 1]);
+    let batch = &shape[..nd - 2];
+    let base = |rng: &mut Rng, s: &[usize]| array_of(&rng.vec(s.iter().product(), -1.0, 1.0), s, dt).0;
+    let with = |tail: &[usize]| [batch, tail].concat();
+    let cols = |x: Array, start: usize, len: usize| {
+        x.slice_axis(-1, Some(start as isize), Some((start + len) as isize), 1).unwrap()
+    };
+    let x = match kind {
+        1 => base(rng, &with(&[c, r])).swapaxes(-1, -2).unwrap(),
+        2 => {
+            let start = (rng.next_u64() % 2) as usize;
+            cols(base(rng, &with(&[r, c + 1 + start])), start, c)
+        }
+        3 => {
+            let start = (rng.next_u64() % 2) as usize;
+            cols(base(rng, &with(&[c, r + 3])), start, r).swapaxes(-1, -2).unwrap()
+        }
+        4 if !batch.is_empty() => {
+            let b = batch.len();
+            let s = [&batch[..b - 1], &[r, batch[b - 1], c]].concat();
+            base(rng, &s).swapaxes(b as isize - 1, b as isize).unwrap()
+        }
+        5 if !batch.is_empty() => {
+            let mut s = shape.to_vec();
+            s[0] *= 2;
+            base(rng, &s).slice_axis(0, None, None, 2).unwrap()
+        }
+        _ => base(rng, shape),
+    };
+    assert_eq!(x.shape(), shape);
+    let v = x.to_f64_vec().unwrap();
+    (x, v)
+}
+
+/// Generated products whose operands are views (transposed, sliced rows, split heads,
+/// stepped batches) of every float dtype, with broadcast batch axes and dimensions of 1:
+/// a GPU reads most of them in place through cuBLAS's transpose flags, leading
+/// dimensions and batch strides, and copies the rest; either way the result is the
+/// reference's.
+#[test]
+fn matmul_of_transposed_sliced_and_batched_views() {
+    for dev in devices() {
+        on(dev, || {
+            let mut rng = Rng::new(22);
+            let pick = |rng: &mut Rng, options: &[usize]| options[(rng.next_u64() % options.len() as u64) as usize];
+            for case in 0..60 {
+                let nb = pick(&mut rng, &[0, 1, 1, 2]);
+                let batch: Vec<usize> = (0..nb).map(|_| pick(&mut rng, &[1, 2, 3, 4])).collect();
+                let dims = [1usize, 2, 7, 16, 33, 64, 65];
+                let (m, k, n) = (pick(&mut rng, &dims), pick(&mut rng, &dims), pick(&mut rng, &dims));
+                // Each batch axis is full or broadcast (1) in each operand.
+                let one = |rng: &mut Rng| -> Vec<usize> {
+                    batch.iter().map(|&d| if rng.next_u64().is_multiple_of(4) { 1 } else { d }).collect()
+                };
+                let (ba, bb) = (one(&mut rng), one(&mut rng));
+                let sa = [ba.as_slice(), &[m, k]].concat();
+                let sb = [bb.as_slice(), &[k, n]].concat();
+                for dt in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+                    let (ka, kb) = (pick(&mut rng, &[0, 1, 2, 3, 4, 5]), pick(&mut rng, &[0, 1, 2, 3, 4, 5]));
+                    let (a, av) = operand(&mut rng, &sa, dt, ka);
+                    let (b, bv) = operand(&mut rng, &sb, dt, kb);
+                    let (want, shape) = ref_matmul(&av, &sa, &bv, &sb);
+                    let what = format!("case {case}: {dt} {sa:?} (view {ka}) @ {sb:?} (view {kb})");
+                    let c = a.matmul(&b).unwrap();
+                    assert_eq!(c.shape(), shape.as_slice(), "{what}");
+                    assert_close(&c.to_f64_vec().unwrap(), &want, tol(dt) * (k as f64).sqrt(), &what);
+                }
+            }
+        });
+    }
+}

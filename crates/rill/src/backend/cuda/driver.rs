@@ -413,7 +413,7 @@ impl Driver<'_> {
     pub unsafe fn cublas_gemm_ex(
         self,
         h: cbsys::cublasHandle_t,
-        op: cbsys::cublasOperation_t,
+        (opa, opb): (cbsys::cublasOperation_t, cbsys::cublasOperation_t),
         m: i32,
         n: i32,
         k: i32,
@@ -427,7 +427,7 @@ impl Driver<'_> {
         algo: cbsys::cublasGemmAlgo_t,
     ) -> Result<(), CublasError> {
         // SAFETY: the caller's.
-        unsafe { cbr::gemm_ex(h, op, op, m, n, k, alpha, a, ty, lda, b, ty, ldb, beta, c, ty, ldc, compute, algo) }
+        unsafe { cbr::gemm_ex(h, opa, opb, m, n, k, alpha, a, ty, lda, b, ty, ldb, beta, c, ty, ldc, compute, algo) }
     }
     /// `cublasGemmStridedBatchedEx`; each operand is (address, leading dimension, stride).
     ///
@@ -437,7 +437,7 @@ impl Driver<'_> {
     pub unsafe fn cublas_gemm_strided_batched_ex(
         self,
         h: cbsys::cublasHandle_t,
-        op: cbsys::cublasOperation_t,
+        (opa, opb): (cbsys::cublasOperation_t, cbsys::cublasOperation_t),
         m: i32,
         n: i32,
         k: i32,
@@ -454,7 +454,7 @@ impl Driver<'_> {
         // SAFETY: the caller's.
         unsafe {
             cbr::gemm_strided_batched_ex(
-                h, op, op, m, n, k, alpha, a, ty, lda, sa, b, ty, ldb, sb, beta, c, ty, ldc, sc, batch, compute, algo,
+                h, opa, opb, m, n, k, alpha, a, ty, lda, sa, b, ty, ldb, sb, beta, c, ty, ldc, sc, batch, compute, algo,
             )
         }
     }

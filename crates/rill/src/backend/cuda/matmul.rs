@@ -157,19 +157,23 @@ fn product(
     if too_big {
         return Err(super::unsupported("matmul", format!("dimensions beyond i32 for shape {shape:?}")));
     }
+    // Transposed, row-sliced and uniformly batched operands are read in place (a
+    // leading dimension, a transpose flag and a batch stride); any other layout is copied.
     let ac;
-    let a = if a.layout.is_contiguous() {
-        a
-    } else {
-        ac = super::elementwise::copy(cs, a)?;
-        &ac
+    let (a, va) = match operand_view(&a.layout) {
+        Some(v) => (a, v),
+        None => {
+            ac = super::elementwise::copy(cs, a)?;
+            (&ac, operand_view(&ac.layout).ok_or_else(|| super::unsupported("matmul", "operand layout"))?)
+        }
     };
     let bc;
-    let b = if b.layout.is_contiguous() {
-        b
-    } else {
-        bc = super::elementwise::copy(cs, b)?;
-        &bc
+    let (b, vb) = match operand_view(&b.layout) {
+        Some(v) => (b, v),
+        None => {
+            bc = super::elementwise::copy(cs, b)?;
+            (&bc, operand_view(&bc.layout).ok_or_else(|| super::unsupported("matmul", "operand layout"))?)
+        }
     };
     let out = new_storage(cs, dtype, shape)?;
     let size = dtype.size() as u64;
@@ -208,10 +212,11 @@ fn product(
         }
         let Some(blas) = g.as_mut() else { return Err(super::unsupported("matmul", "no cuBLAS handle")) };
         let tf32 = compute == C::CUBLAS_COMPUTE_32F_FAST_TF32;
-        let p = Problem { sizes: Sizes { dtype, tf32, m, n, k, batch }, pa, pb, pc, epi };
+        let p = Problem { sizes: Sizes { dtype, tf32, m, n, k, batch, a: va, b: vb }, pa, pb, pc, epi };
         // SAFETY: a plan is made for this problem and used with the stream's workspace;
-        // the addresses cover the contiguous [batch, m, k], [batch, k, n] and [batch, m, n]
-        // operands (and the epilogue's bias of n and residual of m x n elements).
+        // the addresses and views cover the [batch, m, k] and [batch, k, n] operands and
+        // the contiguous [batch, m, n] output (and the epilogue's bias of n and residual
+        // of m x n elements).
         let res = match lt_plan(cs.driver(), blas, &p) {
             Some((h, plan)) => unsafe { lt_matmul(cs, h, blas.ws_ptr, &plan, &p) }.map(|_| true),
             None if p.epi.is_some() => Ok(false),
@@ -227,6 +232,48 @@ fn product(
     }));
     let done = r.unwrap_or_else(|_| Err(super::unsupported("matmul", "cuBLAS could not be loaded")))?;
     Ok(done.then_some(out))
+}
+
+/// How cuBLAS reads a `[.., rows, cols]` operand where it lies: row-major (`trans`
+/// false) or column-major (a transposed view) with leading dimension `ld`, and `stride`
+/// elements from one batch matrix to the next (0: one matrix shared by the batch).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub(crate) struct OperandView {
+    pub trans: bool,
+    pub ld: i64,
+    pub stride: i64,
+}
+
+/// The in-place view of an operand of layout `l`, or `None` when cuBLAS cannot read it
+/// (neither axis of the matrix of unit stride, a leading dimension that overlaps or
+/// passes i32, or batch axes that are not one uniform stride).
+pub(crate) fn operand_view(l: &Layout) -> Option<OperandView> {
+    let nd = l.shape.len();
+    if nd < 2 {
+        return None;
+    }
+    let (r, c) = (l.shape[nd - 2], l.shape[nd - 1]);
+    let (sr, sc) = (l.strides[nd - 2], l.strides[nd - 1]);
+    let fits = |ld: isize, min: usize| ld >= min.max(1) as isize && ld <= i32::MAX as isize;
+    // A single row or column has no leading dimension of its own: the dense one is used.
+    let (trans, ld) = if (c == 1 || sc == 1) && (r == 1 || fits(sr, c)) {
+        (false, if r == 1 { c.max(1) as isize } else { sr })
+    } else if (r == 1 || sr == 1) && (c == 1 || fits(sc, r)) {
+        (true, if c == 1 { r.max(1) as isize } else { sc })
+    } else {
+        return None;
+    };
+    // The batch axes (size-1 ones aside) must step by one stride: the innermost's stride
+    // times the count of the axes inside each.
+    let (mut stride, mut inner) = (None::<isize>, 1isize);
+    for i in (0..nd - 2).rev().filter(|&i| l.shape[i] != 1) {
+        let s = *stride.get_or_insert(l.strides[i]);
+        if s < 0 || l.strides[i] != s * inner {
+            return None;
+        }
+        inner *= l.shape[i] as isize;
+    }
+    Some(OperandView { trans, ld: ld as i64, stride: stride.unwrap_or(0) as i64 })
 }
 
 /// True when `l` (`[.., K, N]`) is one row-major matrix broadcast over every batch axis.
@@ -267,9 +314,12 @@ struct Sizes {
     n: usize,
     k: usize,
     batch: usize,
+    a: OperandView,
+    b: OperandView,
 }
 
-/// One product of contiguous operands at device addresses `pa`, `pb`, `pc`.
+/// One product of operands at device addresses `pa` and `pb` (read through the views
+/// in `sizes`) into the contiguous output at `pc`.
 struct Problem {
     sizes: Sizes,
     pa: u64,
@@ -320,32 +370,35 @@ unsafe fn gemm_ex(
     ty: cbsys::cudaDataType_t,
     compute: cbsys::cublasComputeType_t,
 ) -> Result<()> {
-    let op = cbsys::cublasOperation_t::CUBLAS_OP_N;
+    let op = |t: bool| if t { cbsys::cublasOperation_t::CUBLAS_OP_T } else { cbsys::cublasOperation_t::CUBLAS_OP_N };
     let (alpha, beta) = p.scales(&SCALES);
     let (pa, pb, pc) = (p.pa as *const c_void, p.pb as *const c_void, p.pc as *mut c_void);
-    let Sizes { m, n, k, batch, .. } = p.sizes;
-    let (sa, sb, sc) = ((m * k) as i64, (k * n) as i64, (m * n) as i64);
+    let Sizes { m, n, k, batch, a, b, .. } = p.sizes;
+    let sc = (m * n) as i64;
     let (m, n, k) = (m as i32, n as i32, k as i32);
+    let (lda, ldb) = (a.ld as i32, b.ld as i32);
     let algo = cbsys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT;
-    // SAFETY: forwarded from the caller; row-major C = A @ B is column-major Cᵀ = Bᵀ Aᵀ.
+    // SAFETY: forwarded from the caller; row-major C = A @ B is column-major Cᵀ = Bᵀ Aᵀ,
+    // and a transposed (column-major) operand is read with op T.
     unsafe {
         let d = cs.driver();
         d.cublas_set_stream(h, cs.stream().cu_stream()).map_err(|e| super::backend_err("matmul", e))?;
+        let ops = (op(b.trans), op(a.trans));
         if batch == 1 {
             // One product: cuBLAS picks faster kernels through this entry point than
             // through the strided-batched one with a batch of one (`bench/kernel_lab.py
             // blas` times both).
-            d.cublas_gemm_ex(h, op, n, m, k, alpha, (pb, n), (pa, k), beta, (pc, n), ty, compute, algo)
+            d.cublas_gemm_ex(h, ops, n, m, k, alpha, (pb, ldb), (pa, lda), beta, (pc, n), ty, compute, algo)
         } else {
             d.cublas_gemm_strided_batched_ex(
                 h,
-                op,
+                ops,
                 n,
                 m,
                 k,
                 alpha,
-                (pb, n, sb),
-                (pa, k, sa),
+                (pb, ldb, b.stride),
+                (pa, lda, a.stride),
                 beta,
                 (pc, n, sc),
                 batch as i32,
@@ -487,12 +540,15 @@ unsafe fn make_plan(drv: Driver<'_>, h: lt::cublasLtHandle_t, key: &LtKey, works
     };
     let (m, n, k) = (d.m as u64, d.n as u64, d.k as u64);
     let desc = drv.lt_create_matmul_desc(compute, scale).ok()?;
-    // Column-major: Cᵀ (n x m) = Bᵀ (n x k) Aᵀ (k x m); cuBLASLt's A is our B.
-    let dims = [(n, k, (k * n) as i64), (k, m, (m * k) as i64), (n, m, (m * n) as i64)];
+    // Column-major: Cᵀ (n x m) = Bᵀ (n x k) Aᵀ (k x m); cuBLASLt's A is our B. A
+    // transposed operand is stored the other way round and read with op T.
+    let stored = |v: OperandView, rows: u64, cols: u64| if v.trans { (cols, rows) } else { (rows, cols) };
+    let ((ra, ca), (rb, cb)) = (stored(d.b, n, k), stored(d.a, k, m));
+    let dims = [(ra, ca, d.b.ld, d.b.stride), (rb, cb, d.a.ld, d.a.stride), (n, m, n as i64, (m * n) as i64)];
     let mut layouts = [std::ptr::null_mut(); 3];
     let mut ok = true;
-    for (slot, &(rows, cols, stride)) in layouts.iter_mut().zip(&dims) {
-        match drv.lt_create_matrix_layout(ty, rows, cols, rows as i64) {
+    for (slot, &(rows, cols, ld, stride)) in layouts.iter_mut().zip(&dims) {
+        match drv.lt_create_matrix_layout(ty, rows, cols, ld) {
             Ok(l) => {
                 *slot = l;
                 if d.batch > 1 {
@@ -520,6 +576,16 @@ unsafe fn make_plan(drv: Driver<'_>, h: lt::cublasLtHandle_t, key: &LtKey, works
                 }
             }
             Err(_) => ok = false,
+        }
+    }
+    for (attr, t) in [
+        (lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA, d.b.trans),
+        (lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB, d.a.trans),
+    ] {
+        let op = cbsys::cublasOperation_t::CUBLAS_OP_T as i32;
+        if t {
+            // SAFETY: live descriptor; the value is the attribute's 4-byte enum.
+            ok &= unsafe { drv.lt_set_matmul_desc_attribute(desc, attr, (&op as *const i32).cast(), 4) }.is_ok();
         }
     }
     if let Some(e) = key.epi {
@@ -657,4 +723,52 @@ unsafe fn lt_matmul(cs: &GpuStream<'_>, h: lt::cublasLtHandle_t, ws: u64, plan: 
         )
     }
     .map_err(|e| super::backend_err("matmul", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{OperandView, operand_view};
+    use crate::shape::{Dims, Layout};
+
+    fn layout(shape: &[usize], strides: &[isize]) -> Layout {
+        Layout { shape: Dims::from_slice(shape), strides: strides.iter().copied().collect(), offset: 0 }
+    }
+
+    fn view(trans: bool, ld: i64, stride: i64) -> Option<OperandView> {
+        Some(OperandView { trans, ld, stride })
+    }
+
+    #[test]
+    fn operand_views_of_common_layouts() {
+        // Contiguous, a batch of them, and a transposed batch.
+        assert_eq!(operand_view(&Layout::contiguous(&[3, 4])), view(false, 4, 0));
+        assert_eq!(operand_view(&Layout::contiguous(&[2, 5, 3, 4])), view(false, 4, 12));
+        assert_eq!(operand_view(&Layout::contiguous(&[2, 3, 4]).permute(&[0, 2, 1])), view(true, 4, 12));
+        // Rows sliced from rows of 10, and their transpose.
+        assert_eq!(operand_view(&layout(&[3, 4], &[10, 1])), view(false, 10, 0));
+        assert_eq!(operand_view(&layout(&[4, 3], &[1, 10])), view(true, 10, 0));
+        // One matrix broadcast over the batch; size-1 batch axes take any stride.
+        assert_eq!(operand_view(&layout(&[6, 3, 4], &[0, 4, 1])), view(false, 4, 0));
+        assert_eq!(operand_view(&layout(&[1, 6, 1, 3, 4], &[99, 12, 7, 4, 1])), view(false, 4, 12));
+        // A single row or column has the dense leading dimension whatever its stride.
+        assert_eq!(operand_view(&layout(&[1, 4], &[0, 1])), view(false, 4, 0));
+        assert_eq!(operand_view(&layout(&[4, 1], &[1, 0])), view(false, 1, 0));
+        assert_eq!(operand_view(&layout(&[5, 1], &[1, 3])), view(false, 1, 0));
+    }
+
+    #[test]
+    fn layouts_cublas_cannot_read_are_refused() {
+        // Heads split from [B, T, H, D]: batch strides T*H*D and D are not one stride.
+        let heads = Layout::contiguous(&[2, 8, 3, 4]).permute(&[0, 2, 1, 3]);
+        assert_eq!(operand_view(&heads), None);
+        // Overlapping rows, a column step, reversed rows, a negative batch stride.
+        assert_eq!(operand_view(&layout(&[3, 4], &[2, 1])), None);
+        assert_eq!(operand_view(&layout(&[3, 4], &[8, 2])), None);
+        assert_eq!(operand_view(&layout(&[3, 4], &[-4, 1])), None);
+        assert_eq!(operand_view(&layout(&[2, 3, 4], &[-12, 4, 1])), None);
+        // A broadcast row (stride 0 across rows) is no leading dimension.
+        assert_eq!(operand_view(&layout(&[3, 4], &[0, 1])), None);
+        // One batch axis broadcast inside a full one.
+        assert_eq!(operand_view(&layout(&[2, 3, 4, 5], &[20, 0, 5, 1])), None);
+    }
 }
