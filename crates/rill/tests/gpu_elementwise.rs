@@ -146,6 +146,38 @@ fn gpu_casts_and_where_match_cpu() {
     assert_eq!(run(g), vec![1.0, 0.5, 3.0, 0.5]);
 }
 
+/// f32 to bf16 on the GPU, bit for bit against the `half` crate (the CPU's rounding): f32
+/// patterns of every exponent (subnormals, the largest finite values that round to
+/// infinity), ties to even both ways, and NaNs with payloads (quieted, payload kept). The
+/// values also go through a unary op, whose kernel stores its bf16 results the same way.
+#[test]
+fn gpu_bf16_rounding_matches_the_cpu_bit_for_bit() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(5);
+    let mut bits: Vec<u32> = (0..1 << 16).map(|_| rng.next_u64() as u32).collect();
+    for e in 0..256u32 {
+        for low in [0x0000u32, 0x7fff, 0x8000, 0x8001, 0xffff, 0x1_8000] {
+            for sign in [0, 1u32 << 31] {
+                bits.push(sign | e << 23 | (low & 0x7f_ffff) | (rng.next_u64() as u32 & 0x7e_0000));
+            }
+        }
+    }
+    bits.extend([0x7f80_0001, 0xff80_0001, 0x7fc0_0000, 0x7fbf_ffff, 0x7f7f_ffff, 0x7f7f_8000, 0x0000_8000]);
+    let vals: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
+    let want: Vec<u16> = vals.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect();
+    let n = vals.len();
+    let got = common::on(g, || {
+        let x = Array::from_slice(&vals, &[n]).unwrap();
+        let cast = x.astype(DType::BF16).unwrap().to_vec::<half::bf16>().unwrap();
+        let neg = x.neg().unwrap().astype(DType::BF16).unwrap().neg().unwrap().to_vec::<half::bf16>().unwrap();
+        (cast, neg)
+    });
+    for (i, (&w, (c, m))) in want.iter().zip(got.0.iter().zip(&got.1)).enumerate() {
+        assert_eq!(c.to_bits(), w, "cast of {:#010x} (element {i})", bits[i]);
+        assert_eq!(m.to_bits(), w, "negated twice, {:#010x} (element {i})", bits[i]);
+    }
+}
+
 #[test]
 fn gpu_sources_match_cpu() {
     let Some(g) = gpu() else { return };

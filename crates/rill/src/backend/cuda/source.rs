@@ -42,6 +42,13 @@ __device__ __forceinline__ float ld_bf16(u16 b) {
 }
 __device__ __forceinline__ u16 st_bf16(float f) {
     u32 x = __float_as_uint(f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    // The hardware rounds to nearest even as below; only a NaN is made canonical there,
+    // where the CPU keeps its payload (quieted).
+    u16 h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return f != f ? (u16)((x >> 16) | 0x40u) : h;
+#endif
     if ((x & 0x7fffffffu) > 0x7f800000u) return (u16)((x >> 16) | 0x40u);
     if ((x & 0x8000u) != 0u && (x & (3u * 0x8000u - 1u)) != 0u) return (u16)((x >> 16) + 1u);
     return (u16)(x >> 16);
