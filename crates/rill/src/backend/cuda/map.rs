@@ -8,7 +8,7 @@
 //!
 //! | merged layout | kernel |
 //! |---|---|
-//! | every operand one contiguous run or a broadcast scalar; runs and output 16-byte aligned | `k_vec`: `VN` elements per aligned vector (16 bytes of the widest dtype: float4, 8 halves), `VEC_UNROLL` vectors in flight per thread, scalars loaded once per thread and splat (a mask in the variant) |
+//! | every operand one contiguous run or a broadcast scalar; runs and output 16-byte aligned | `k_vec`: `VN` elements per aligned vector (16 bytes of the widest dtype: float4, 8 halves), `VEC_UNROLL` vectors in flight per thread (two of 8 or 16 elements, `vec_unroll`), scalars loaded once per thread and splat (a mask in the variant) |
 //! | one axis, any strides (misaligned runs, a step) | `k_contig`: `VEC_UNROLL` elements per thread, all loads first |
 //! | two axes [R, C] (row, column or outer broadcasts, a column slice, a step on rows); every column stride 0 or 1, C a multiple of `VN`, row starts and output 16-byte aligned | `k_rows` (vector): a 2-D grid of tiles, operand `o` of element (r, c) at `r * sr[o] + c`, `VN` elements per vector, column-broadcast operands (column stride 0) loaded once per row item and splat (a mask in the variant); no division |
 //! | two axes, any strides (misaligned rows, C not a multiple of `VN`, a transposed operand) | `k_rows` (scalar): the same tiles, one element per item at `r * sr[o] + c * sc[o]`; 32 by 32 tiles when an operand's columns lie further apart than its rows (a transposed view), so a block reuses the cache lines it reads |
@@ -44,6 +44,23 @@ use super::source::{MAX_DIMS, PRELUDE};
 /// two: `k_rows` splits it between a row and a column by shifts.
 const VEC_UNROLL: usize = 4;
 const _: () = assert!(VEC_UNROLL.is_power_of_two());
+
+/// Vectors per thread of `k_vec` in one block step for vectors of `vn` elements: two for
+/// 8 or 16 (halves, bytes), else [`VEC_UNROLL`]. Halving the work of a thread of 16-byte
+/// vectors of small elements doubles the threads, which hides the latency of their
+/// arithmetic (bf16 and f16 transcendentals gained about a quarter at 2^22 elements) and
+/// costs streaming nothing. `RILL_MAP_UNROLL` (1, 2, 4 or 8) sets it for every width,
+/// for comparing.
+fn vec_unroll(vn: usize) -> usize {
+    static U: crate::sync::OnceLock<Option<usize>> = crate::sync::OnceLock::new();
+    let set = *U.get_or_init(|| {
+        std::env::var("RILL_MAP_UNROLL")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|u| matches!(u, 1 | 2 | 4 | 8))
+    });
+    set.unwrap_or(if vn >= 8 { 2 } else { VEC_UNROLL })
+}
 
 /// The largest count, offset or extent a narrow (u32) kernel forms: sums of two of them
 /// stay below 2^32.
@@ -393,7 +410,8 @@ pub(crate) fn kernel_source(fsrc: &str, out_t: &str, ins: &[&str], vec: usize, v
     let params: String = ins.iter().enumerate().map(|(i, t)| format!(", const {t}* __restrict__ a{i}")).collect();
     let call = |f: &dyn Fn(usize) -> String| (0..k).map(f).collect::<Vec<_>>().join(", ");
     let ix = |wide: bool| if wide { "i64" } else { "u32" };
-    let head = format!("{PRELUDE}\n{fsrc}\n#define VN {vec}\n#define UNR {VEC_UNROLL}\n{VEC_TYPES}");
+    let unr = if matches!(variant, Variant::Vec { .. }) { vec_unroll(vec) } else { VEC_UNROLL };
+    let head = format!("{PRELUDE}\n{fsrc}\n#define VN {vec}\n#define UNR {unr}\n{VEC_TYPES}");
     let body = match variant {
         Variant::Vec { scalar, wide } => {
             let is_s = |i: usize| scalar & (1 << i) != 0;
@@ -704,22 +722,22 @@ fn map_row_major(
     for o in &ops {
         b.arg(&o.first());
     }
-    let steps = |items: usize| {
-        let blocks = items.div_ceil(BLOCK as usize * VEC_UNROLL).clamp(1, MAX_BLOCKS) as u32;
+    let steps = |items: usize, unr: usize| {
+        let blocks = items.div_ceil(BLOCK as usize * unr).clamp(1, MAX_BLOCKS) as u32;
         LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
     };
     let cfg = match &plan {
         Plan::Vec { n, wide, .. } => {
             index_arg(&mut b, *wide, *n as i64);
             // One block step per block: no grid-stride loop for any realistic size.
-            steps(n / vec)
+            steps(n / vec, vec_unroll(vec))
         }
         Plan::Contig { st, n, wide } => {
             for &s in &st[..ins.len()] {
                 index_arg(&mut b, *wide, s);
             }
             index_arg(&mut b, *wide, *n as i64);
-            steps(*n)
+            steps(*n, VEC_UNROLL)
         }
         Plan::Rows { r, c, st, vec: v, wide, tile, outer, .. } => {
             match outer {
