@@ -439,3 +439,52 @@ fn bad_axes_are_errors() {
         });
     }
 }
+
+/// `mean` is one reduction whose store divides: the sum in f32 (f64 for f64, halves
+/// widened exactly), divided by the count in that type, rounded to the dtype once. Bit
+/// for bit those three ops written out, on every device, for generated shapes and axes
+/// whose counts a half cannot hold exactly (so a division in the half, or a product by
+/// the reciprocal, shows).
+#[test]
+fn mean_is_the_wide_sum_divided_once() {
+    for dev in devices() {
+        on(dev, || {
+            let mut rng = Rng::new(78);
+            let dims = [1usize, 3, 7, 33, 1000, 4099];
+            for case in 0..32 {
+                let nd = 1 + (rng.next_u64() % 3) as usize;
+                let mut shape: Vec<usize> =
+                    (0..nd).map(|_| dims[(rng.next_u64() % dims.len() as u64) as usize]).collect();
+                while shape.iter().product::<usize>() > 60_000 {
+                    let i = shape.iter().position(|&d| d > 7).unwrap_or(0);
+                    shape[i] = 7;
+                }
+                let axes: Vec<isize> = (0..nd as isize).filter(|_| rng.next_u64().is_multiple_of(2)).collect();
+                let n: usize = shape.iter().product();
+                for dt in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+                    let (x, _) = array_of(&rng.vec(n, -2.0, 3.0), &shape, dt);
+                    let wide = if dt == DType::F64 { DType::F64 } else { DType::F32 };
+                    let all: Vec<usize> =
+                        if axes.is_empty() { (0..nd).collect() } else { axes.iter().map(|&a| a as usize).collect() };
+                    let count: usize = all.iter().map(|&a| shape[a]).product();
+                    let want = x
+                        .astype(wide)
+                        .unwrap()
+                        .sum(&axes, false)
+                        .unwrap()
+                        .div(count as f64)
+                        .unwrap()
+                        .astype(dt)
+                        .unwrap();
+                    let got = x.mean(&axes, false).unwrap();
+                    let what = format!("case {case}: mean {dt} {shape:?} over {axes:?}");
+                    assert_eq!((got.shape(), got.dtype()), (want.shape(), dt), "{what}");
+                    let (g, w) = (got.to_f64_vec().unwrap(), want.to_f64_vec().unwrap());
+                    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+                        assert!(a.to_bits() == b.to_bits(), "{what}: element {i}: {a} against {b}");
+                    }
+                }
+            }
+        });
+    }
+}

@@ -134,11 +134,11 @@ impl Array {
     /// mean of no elements is NaN.
     pub fn mean(&self, axes: &[isize], keepdims: bool) -> Result<Array> {
         let axes = resolve_axes("mean", self, axes)?;
+        // One node: the sum, the division by the count and the rounding to a half
+        // happen in the reduction's store (integers are converted to f32 first).
         let (cd, od) = float_dtypes(self.dtype());
-        let n = rule::count("mean", self.shape(), &axes)?;
-        let r = reduce_kept(self, ReduceOp::Sum, axes.clone(), cd)?;
-        let s = drop_reduced(r.clone(), &axes, keepdims, &r.stream())?;
-        cast_to(s.div(count_of(&r, n, 0))?, od)
+        checked_size("mean", self.shape(), cd)?;
+        reduce_node(self, ReduceOp::Mean, axes, keepdims, od)
     }
     /// Variance over `axes` (empty = all axes): the mean squared deviation from the mean,
     /// divided by `count - ddof` instead of `count` (NumPy's `ddof`). Computed in two

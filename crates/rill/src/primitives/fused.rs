@@ -530,6 +530,7 @@ fn unfuse(p: &Primitive, ins: &[Array], shape: &[usize]) -> crate::error::Result
                 crate::primitives::ReduceOp::Prod => v.prod(&axes, true),
                 crate::primitives::ReduceOp::Max => v.max(&axes, true),
                 crate::primitives::ReduceOp::Min => v.min(&axes, true),
+                crate::primitives::ReduceOp::Mean => v.mean(&axes, true),
             }
         }
         Primitive::Block(b) => match &b.kind {

@@ -101,6 +101,10 @@ pub enum ReduceOp {
     Prod,
     Max,
     Min,
+    /// The sum divided by the number of elements combined, of a float dtype: computed in
+    /// f32 for f16 and bf16 (f64 for f64) and rounded to the dtype once, the same bits
+    /// as the f32 sum, the f32 division and the cast.
+    Mean,
 }
 
 /// Index-returning reductions over one axis.

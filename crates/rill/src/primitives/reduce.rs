@@ -18,6 +18,7 @@ pub(crate) fn name(op: ReduceOp) -> &'static str {
         ReduceOp::Prod => "prod",
         ReduceOp::Max => "max",
         ReduceOp::Min => "min",
+        ReduceOp::Mean => "mean",
     }
 }
 
@@ -63,7 +64,7 @@ pub(crate) fn reduce(op: ReduceOp, x: &[usize], axes: &[usize]) -> Result<Vec<us
     let n = count(name, x, axes)?;
     let extremum = match op {
         ReduceOp::Max | ReduceOp::Min => true,
-        ReduceOp::Sum | ReduceOp::Prod => false,
+        ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Mean => false,
     };
     if extremum && n == 0 {
         return Err(Error::shape(
@@ -112,8 +113,16 @@ fn sum_kept(x: &Array, axes: &[usize]) -> Result<Array> {
     if axes.is_empty() { Ok(x.clone()) } else { x.sum(&signed(axes), true) }
 }
 
+/// `x / n` computed as the mean computes (f32 for f16 and bf16, where `n` is exact), in
+/// `x`'s dtype.
+fn divide(x: &Array, n: usize) -> Result<Array> {
+    let d = x.dtype();
+    x.astype(float_dtypes(d).0)?.div(n as f64)?.astype(d)
+}
+
 /// `d y / d x` of `y = op(x)` over `axes` (kept), of `x`'s shape; `None` for a sum
-/// (the derivative is one). `prod`: the product of the other elements, exact when the
+/// (the derivative is one) and a mean (one over the count, applied by the callers as a
+/// division). `prod`: the product of the other elements, exact when the
 /// row holds zeros. `max`/`min`: the derivative is split evenly between the elements
 /// equal to the extremum (ties share it).
 fn reduce_derivative(op: ReduceOp, axes: &[usize], x: &Array, y: &Array) -> Result<Option<Array>> {
@@ -122,7 +131,7 @@ fn reduce_derivative(op: ReduceOp, axes: &[usize], x: &Array, y: &Array) -> Resu
     }
     let d = x.dtype();
     Ok(match op {
-        ReduceOp::Sum => None,
+        ReduceOp::Sum | ReduceOp::Mean => None,
         ReduceOp::Prod => {
             let zero = x.eq(0.0)?;
             let nonzero = where_(&zero, 1.0, x)?;
@@ -144,6 +153,10 @@ fn reduce_derivative(op: ReduceOp, axes: &[usize], x: &Array, y: &Array) -> Resu
 pub(crate) fn vjp(p: &Primitive, g: &Vjp<'_>) -> Result<Vec<Option<Array>>> {
     let x = &g.inputs[0];
     match p {
+        Primitive::Reduce { op: ReduceOp::Mean, axes } => {
+            let n = count("mean", x.shape(), axes)?;
+            Ok(vec![Some(divide(g.cotangent, n)?.broadcast_to(x.shape())?)])
+        }
         Primitive::Reduce { op, axes } => {
             let ct = g.cotangent.broadcast_to(x.shape())?;
             Ok(vec![Some(match reduce_derivative(*op, axes, x, g.output)? {
@@ -163,6 +176,9 @@ pub(crate) fn vjp(p: &Primitive, g: &Vjp<'_>) -> Result<Vec<Option<Array>>> {
 pub(crate) fn jvp(p: &Primitive, g: &Jvp<'_>) -> Result<Option<Array>> {
     let Some(t) = &g.tangents[0] else { return Ok(None) };
     match p {
+        Primitive::Reduce { op: ReduceOp::Mean, axes } => {
+            Ok(Some(if axes.is_empty() { t.clone() } else { t.mean(&signed(axes), true)? }))
+        }
         Primitive::Reduce { op, axes } => {
             let t = match reduce_derivative(*op, axes, &g.inputs[0], g.output)? {
                 Some(d) => t.mul(&d)?,

@@ -96,6 +96,40 @@ pub(crate) fn eval_fused_reduce(
         return reduce::reduce(op, &x, axes, shape, dtype);
     };
     let layouts = prepare(p, inputs, &in_shape, dtype)?;
+    if op == ReduceOp::Mean {
+        // Summed in the mean's computing type (the program's values widened exactly), as
+        // the unfused mean sums, then divided and rounded once.
+        let n = n_in / n_out;
+        let sum = if dtype == DType::F64 {
+            let mut buf = CpuBuffer::alloc(DType::F64, n_out)?;
+            let src = reduce::Generated(|start: usize, out: &mut [f64]| {
+                let mut regs = scratch(p, out.len().min(CHUNK));
+                for (k, o) in out.chunks_mut(CHUNK).enumerate() {
+                    run_chunk(p, inputs, &layouts, start + k * CHUNK, o, &mut regs);
+                }
+            });
+            reduce::reduce_blocks::<f64, _>(ReduceOp::Sum, &src, form, buf.typed_mut::<f64>());
+            Storage::contiguous(Buffer::Cpu(buf), DType::F64, shape)
+        } else {
+            let mut buf = CpuBuffer::alloc(DType::F32, n_out)?;
+            crate::with_dtype!(dtype, O => {
+                let src = reduce::Generated(|start: usize, out: &mut [f32]| {
+                    let mut regs = scratch(p, out.len().min(CHUNK));
+                    let mut vals = vec![O::zero(); out.len().min(CHUNK)];
+                    for (k, o) in out.chunks_mut(CHUNK).enumerate() {
+                        let v = &mut vals[..o.len()];
+                        run_chunk(p, inputs, &layouts, start + k * CHUNK, v, &mut regs);
+                        for (w, x) in o.iter_mut().zip(v.iter()) {
+                            *w = x.to_f32();
+                        }
+                    }
+                });
+                reduce::reduce_blocks::<f32, _>(ReduceOp::Sum, &src, form, buf.typed_mut::<f32>());
+            });
+            Storage::contiguous(Buffer::Cpu(buf), DType::F32, shape)
+        };
+        return reduce::finish_mean(&sum, n, dtype);
+    }
     let mut buf = CpuBuffer::alloc(dtype, n_out)?;
     crate::with_dtype!(dtype, O => {
         let src = reduce::Generated(|start: usize, out: &mut [O]| {

@@ -29,12 +29,45 @@ pub(crate) use scan::{arg_reduce, cumsum};
 /// Reduces `x` over `axes` (sorted, unique) into a new contiguous storage of `shape`
 /// (the input shape with the reduced axes set to 1) and `dtype` (the input's dtype).
 pub(crate) fn reduce(op: ReduceOp, x: &Storage, axes: &[usize], shape: &[usize], dtype: DType) -> Result<Storage> {
+    if op == ReduceOp::Mean {
+        return mean(x, axes, shape, dtype);
+    }
     crate::with_dtype!(dtype, T => match op {
         ReduceOp::Sum => run::<T, SumOp>(x, axes, shape, dtype),
         ReduceOp::Prod => run::<T, ProdOp>(x, axes, shape, dtype),
         ReduceOp::Max => run::<T, MaxOp>(x, axes, shape, dtype),
         ReduceOp::Min => run::<T, MinOp>(x, axes, shape, dtype),
+        ReduceOp::Mean => unreachable!("handled above"),
     })
+}
+
+/// `Mean` of a float `x`: the sum in the type the mean computes in (f32 for f16/bf16,
+/// their values widened exactly first), divided by the count, rounded to `dtype` once.
+fn mean(x: &Storage, axes: &[usize], shape: &[usize], dtype: DType) -> Result<Storage> {
+    let wide = match dtype {
+        DType::F16 | DType::BF16 => DType::F32,
+        DType::F32 | DType::F64 => dtype,
+        d => return Err(crate::error::Error::invalid("mean", format!("a mean of {d} (floats only)"))),
+    };
+    let xw = if x.dtype == wide { x.clone() } else { super::elementwise::cast(x, wide)? };
+    let sum = reduce(ReduceOp::Sum, &xw, axes, shape, wide)?;
+    let n: usize = axes.iter().map(|&a| x.layout.shape[a]).product();
+    finish_mean(&sum, n, dtype)
+}
+
+/// `sum / n` (a contiguous f32 or f64 sum) rounded to `dtype`: the end of a `Mean`.
+pub(crate) fn finish_mean(sum: &Storage, n: usize, dtype: DType) -> Result<Storage> {
+    fn scale<T: Element + std::ops::Div<Output = T>>(sum: &Storage, n: T) -> Result<Storage> {
+        let (len, off) = (sum.layout.numel(), sum.layout.offset);
+        let mut buf = CpuBuffer::alloc(sum.dtype, len)?;
+        let src = &strided::buffer::<T>(sum)[off..off + len];
+        for (o, &a) in buf.typed_mut::<T>().iter_mut().zip(src) {
+            *o = a / n;
+        }
+        Ok(Storage::contiguous(Buffer::Cpu(buf), sum.dtype, &sum.layout.shape))
+    }
+    let scaled = if sum.dtype == DType::F64 { scale::<f64>(sum, n as f64)? } else { scale::<f32>(sum, n as f32)? };
+    if scaled.dtype == dtype { Ok(scaled) } else { super::elementwise::cast(&scaled, dtype) }
 }
 
 /// The `[outer, red, inner]` form of a contiguous input, when the reduced axes form one
@@ -129,6 +162,8 @@ pub(crate) fn reduce_blocks<T: Reducible, S: Source<T> + ?Sized>(
         ReduceOp::Prod => blocks::<T, ProdOp, S>(src, outer, red, inner, out),
         ReduceOp::Max => blocks::<T, MaxOp, S>(src, outer, red, inner, out),
         ReduceOp::Min => blocks::<T, MinOp, S>(src, outer, red, inner, out),
+        // The caller sums into the mean's computing type and finishes (`finish_mean`).
+        ReduceOp::Mean => blocks::<T, SumOp, S>(src, outer, red, inner, out),
     }
 }
 

@@ -449,7 +449,8 @@ mod tests {
         progs.push(("no_inputs".into(), b.finish(e), vec![vec![]]));
         for (name, prog, reads) in &progs {
             for along in reads {
-                for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
+                let mean = prog.output_dtype().is_float().then_some(ReduceOp::Mean);
+                for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min].into_iter().chain(mean) {
                     let read = reduce_read(prog, along);
                     let src = reduce::source(op, prog.output_dtype(), &Elems::Computed(&read));
                     if !nvrtc::check_compiles(&format!("fused_reduce_{name}_{op:?}_{along:?}"), &src) {

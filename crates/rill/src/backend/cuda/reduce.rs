@@ -149,7 +149,7 @@ fn reduce_spec(op: ReduceOp, d: DType) -> ReduceSpec {
         let inf =
             if f == "float" { "__int_as_float(0x7f800000)" } else { "__longlong_as_double(0x7ff0000000000000ll)" };
         let (init, combine) = match op {
-            ReduceOp::Sum => ("0".to_string(), "a + b".to_string()),
+            ReduceOp::Sum | ReduceOp::Mean => ("0".to_string(), "a + b".to_string()),
             ReduceOp::Prod => ("1".to_string(), "a * b".to_string()),
             ReduceOp::Max => (format!("-{inf}"), "((a != a || a > b) ? a : b)".to_string()),
             ReduceOp::Min => (inf.to_string(), "((a != a || a < b) ? a : b)".to_string()),
@@ -162,7 +162,13 @@ fn reduce_spec(op: ReduceOp, d: DType) -> ReduceSpec {
             init,
             combine,
             ld: load(d, "v"),
-            st: store_float(d, "a", d == DType::F64),
+            // A mean divides the sum by the count in the accumulator's type (IEEE division,
+            // as the separate division did), then rounds once.
+            st: if op == ReduceOp::Mean {
+                store_float(d, "(a / (A)n)", d == DType::F64)
+            } else {
+                store_float(d, "a", d == DType::F64)
+            },
         };
     }
     let u = utype(d);
@@ -175,7 +181,8 @@ fn reduce_spec(op: ReduceOp, d: DType) -> ReduceSpec {
     let (init, combine) = match op {
         ReduceOp::Sum if d == DType::Bool => ("0".to_string(), "(u8)(a != 0 || b != 0)".to_string()),
         ReduceOp::Prod if d == DType::Bool => ("1".to_string(), "(u8)(a != 0 && b != 0)".to_string()),
-        ReduceOp::Sum => ("0".to_string(), format!("({t})(({u})a + ({u})b)")),
+        // No integer mean is recorded (`reduce_to` refuses one): its ints sum.
+        ReduceOp::Sum | ReduceOp::Mean => ("0".to_string(), format!("({t})(({u})a + ({u})b)")),
         ReduceOp::Prod => ("1".to_string(), format!("({t})(({u})a * ({u})b)")),
         ReduceOp::Max => (lo.to_string(), "(a > b ? a : b)".to_string()),
         ReduceOp::Min => (hi.to_string(), "(a < b ? a : b)".to_string()),
@@ -189,7 +196,8 @@ fn reduce_spec(op: ReduceOp, d: DType) -> ReduceSpec {
 /// unrounded: the values a cast to f32 followed by the f32 reduction combines).
 fn reduce_spec_to(op: ReduceOp, d: DType, od: DType) -> ReduceSpec {
     let s = reduce_spec(op, d);
-    if widens(d, od) { ReduceSpec { o: "float", st: "a".to_string(), ..s } } else { s }
+    let st = if op == ReduceOp::Mean { "(a / (A)n)" } else { "a" };
+    if widens(d, od) { ReduceSpec { o: "float", st: st.to_string(), ..s } } else { s }
 }
 
 /// Whether a reduction of `d` into `od` reads halves into an f32 output.
@@ -281,7 +289,7 @@ typedef {acc} A;
 #define ELEM(j) ({elem})
 __device__ __forceinline__ A comb(A a, A b) {{ return {combine}; }}
 __device__ __forceinline__ A ldv(T v) {{ return (A)({ld}); }}
-__device__ __forceinline__ O st(A a) {{ return {st}; }}
+__device__ __forceinline__ O st(A a, i64 n) {{ return {st}; }}
 __device__ __forceinline__ A warp_red(A a) {{
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) a = comb(a, (A)__shfl_down_sync(0xffffffffu, ({shfl})a, o));
@@ -366,7 +374,7 @@ extern "C" __global__ void __launch_bounds__({bound}) k_block(O* __restrict__ ou
         {chunk}
         a = block_red(a, sh);
         if (splits == 1) {{
-            if (threadIdx.x == 0) out[r] = st(a);
+            if (threadIdx.x == 0) out[r] = st(a, cols);
             continue;
         }}
         if (threadIdx.x == 0) {{
@@ -383,7 +391,7 @@ extern "C" __global__ void __launch_bounds__({bound}) k_block(O* __restrict__ ou
             for (i64 j = threadIdx.x; j < splits; j += blockDim.x) b = comb(b, (A)p[j]);
             b = block_red(b, sh);
             if (threadIdx.x == 0) {{
-                out[r] = st(b);
+                out[r] = st(b, cols);
                 count[r] = 0u;
             }}
         }}
@@ -405,7 +413,7 @@ extern "C" __global__ void k_warp(O* __restrict__ out, {data}i64 rows, i64 cols,
             {warp_body}
         }}
         for (int o = g >> 1; o > 0; o >>= 1) a = comb(a, (A)__shfl_down_sync(0xffffffffu, ({shfl})a, o));
-        if (sub == 0 && r < rows) out[r] = st(a);
+        if (sub == 0 && r < rows) out[r] = st(a, cols);
     }}
 }}
 "#
@@ -625,7 +633,7 @@ pub(crate) fn col_vec(f: &Form, px: u64, vn: usize) -> usize {
 /// `k_col*(O* out, A* part, const T* x, i64 cols, i64 ni, i64 s1, i64 red, i64 sr)`,
 /// launched with a `(bx, by)` block (`by` a power of two) on a `(gx, gy)` grid; with
 /// `gy == 1` it writes `out`, else `part[y * cols + c]`. `k_colfin(O* out, const A* part,
-/// i64 cols, i64 gy)`, one thread per column.
+/// i64 cols, i64 gy, i64 red)`, one thread per column.
 fn col_source(s: &ReduceSpec, vn: usize) -> String {
     let ReduceSpec { t, o, acc, init, combine, ld, st, .. } = s;
     format!(
@@ -637,7 +645,7 @@ typedef {o} O;
 typedef {acc} A;
 __device__ __forceinline__ A comb(A a, A b) {{ return {combine}; }}
 __device__ __forceinline__ A ldv(T v) {{ return (A)({ld}); }}
-__device__ __forceinline__ O st(A a) {{ return {st}; }}
+__device__ __forceinline__ O st(A a, i64 n) {{ return {st}; }}
 // Columns `c0 .. c0 + VC` (one column group: `ni % VC == 0`) over rows `r0 + ty, + by, ..`
 // below `r1`, four rows in flight in four accumulators; then the block's `by` partials of
 // each column in a shared-memory tree (a fixed order).
@@ -695,7 +703,7 @@ __device__ __forceinline__ void col(O* __restrict__ out, A* __restrict__ part, c
     if (ty == 0 && ok) {{
         if (gy == 1) {{
 #pragma unroll
-            for (int k = 0; k < VC; ++k) out[c0 + k] = st(a[k]);
+            for (int k = 0; k < VC; ++k) out[c0 + k] = st(a[k], red);
         }} else {{
             A* q = part + (i64)blockIdx.y * cols + c0;
 #pragma unroll
@@ -711,12 +719,12 @@ extern "C" __global__ void __launch_bounds__({CBLOCK}) k_colv(O* __restrict__ ou
     __shared__ A sh[{CBLOCK} * VN];
     col<VN>(out, part, x, cols, ni, s1, red, sr, sh);
 }}
-// Column `c`'s `gy` partials, combined in chunk order.
-extern "C" __global__ void k_colfin(O* __restrict__ out, const A* __restrict__ part, i64 cols, i64 gy) {{
+// Column `c`'s `gy` partials of `red` rows, combined in chunk order.
+extern "C" __global__ void k_colfin(O* __restrict__ out, const A* __restrict__ part, i64 cols, i64 gy, i64 red) {{
     for (i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += (i64)gridDim.x * blockDim.x) {{
         A a = (A)({init});
         for (i64 y = 0; y < gy; ++y) a = comb(a, part[y * cols + c]);
-        out[c] = st(a);
+        out[c] = st(a, red);
     }}
 }}
 "#
@@ -757,7 +765,7 @@ fn launch_cols(cs: &GpuStream<'_>, op: ReduceOp, (d, od): (DType, DType), po: u6
         let ff = nvrtc::function(cs.driver(), &cs.dev, &key, "k_colfin", src)?;
         let gy = p.gy as i64;
         let mut b = Launch::new(&ff);
-        b.arg(&po).arg(&pp).arg(&c64).arg(&gy);
+        b.arg(&po).arg(&pp).arg(&c64).arg(&gy).arg(&red);
         // SAFETY: `part` holds gy*cols accumulators written by the launch before, `out`
         // `cols` elements.
         unsafe { b.launch(cs, super::nvrtc::grid_for(cols)) }.map_err(launch_err)?;
@@ -788,8 +796,8 @@ pub(crate) fn reduce_to(
     od: DType,
 ) -> Result<Storage> {
     let d = x.dtype;
-    if od != d && !widens(d, od) {
-        return Err(super::unsupported("reduce", format!("{d} into {od}")));
+    if (od != d && !widens(d, od)) || (op == ReduceOp::Mean && !d.is_float()) {
+        return Err(super::unsupported("reduce", format!("{op:?} of {d} into {od}")));
     }
     let out = new_storage(cs, od, shape)?;
     let rows: usize = shape.iter().product();
@@ -1143,7 +1151,8 @@ mod tests {
     #[test]
     fn reduction_kernels_compile() {
         for d in DTYPES.into_iter().chain([DType::U32]) {
-            for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
+            let mean = d.is_float().then_some(ReduceOp::Mean);
+            for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min].into_iter().chain(mean) {
                 let src = reduce_source(&reduce_spec(op, d), vec_elems(d), &Elems::Array);
                 if !check_compiles(&format!("test:reduce:{op:?}:{}", d.name()), &src) {
                     return;
@@ -1154,9 +1163,10 @@ mod tests {
         }
         // f16/bf16 read into an f32 output (a fused `astype(f32)` before the reduction).
         for d in [DType::F16, DType::BF16] {
-            for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
+            for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Mean] {
                 let spec = reduce_spec_to(op, d, DType::F32);
-                assert_eq!((spec.o, spec.st.as_str()), ("float", "a"));
+                let st = if op == ReduceOp::Mean { "(a / (A)n)" } else { "a" };
+                assert_eq!((spec.o, spec.st.as_str()), ("float", st));
                 let src = reduce_source(&spec, vec_elems(d), &Elems::Array);
                 check_compiles(&format!("test:reduce:{op:?}:{}:f32", d.name()), &src);
                 let src = col_source(&reduce_spec_to(op, d, DType::F32), vec_elems(d));
