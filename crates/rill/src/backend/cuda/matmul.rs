@@ -756,6 +756,70 @@ mod tests {
         assert_eq!(operand_view(&layout(&[5, 1], &[1, 3])), view(false, 1, 0));
     }
 
+    /// Generated views (permuted, sliced with steps, broadcast, size-1 axes): wherever
+    /// `operand_view` accepts one, the address it implies for every element (batch `b`,
+    /// row `i`, column `j`) is the layout's own, and the leading dimension is one cuBLAS
+    /// accepts.
+    #[test]
+    fn operand_views_address_what_the_layouts_name() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut below = |n: usize| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((state >> 33) as usize) % n
+        };
+        let mut accepted = 0;
+        for _ in 0..4000 {
+            let nd = 2 + below(3);
+            let base: Vec<usize> = (0..nd).map(|_| [1, 2, 3, 5][below(4)]).collect();
+            let mut l = Layout::contiguous(&base);
+            // A random axis order, then a slice (start, step, shorter) of some axes.
+            let mut perm: Vec<usize> = (0..nd).collect();
+            for i in (1..nd).rev() {
+                perm.swap(i, below(i + 1));
+            }
+            l = l.permute(&perm);
+            for a in 0..nd {
+                if below(3) == 0 && l.shape[a] > 1 {
+                    let start = below(l.shape[a]);
+                    let step = 1 + below(2);
+                    let len = (l.shape[a] - start).div_ceil(step);
+                    l.offset += start * l.strides[a] as usize;
+                    l.strides[a] *= step as isize;
+                    l.shape[a] = len;
+                }
+            }
+            // Some batch axes broadcast (stride 0) to a larger size.
+            for a in 0..nd - 2 {
+                if below(4) == 0 {
+                    l.strides[a] = 0;
+                    l.shape[a] = 1 + below(3);
+                }
+            }
+            let Some(v) = operand_view(&l) else { continue };
+            accepted += 1;
+            let (r, c) = (l.shape[nd - 2], l.shape[nd - 1]);
+            assert!(v.ld >= if v.trans { r.max(1) } else { c.max(1) } as i64, "{l:?}: {v:?}");
+            let batch: usize = l.shape[..nd - 2].iter().product();
+            for b in 0..batch {
+                // The batch index's own offset, from the layout.
+                let (mut rest, mut boff) = (b, l.offset as i64);
+                for a in (0..nd - 2).rev() {
+                    boff += (rest % l.shape[a]) as i64 * l.strides[a] as i64;
+                    rest /= l.shape[a];
+                }
+                for i in 0..r {
+                    for j in 0..c {
+                        let want = boff + i as i64 * l.strides[nd - 2] as i64 + j as i64 * l.strides[nd - 1] as i64;
+                        let inner = if v.trans { i as i64 + j as i64 * v.ld } else { i as i64 * v.ld + j as i64 };
+                        let got = l.offset as i64 + b as i64 * v.stride + inner;
+                        assert_eq!(got, want, "{l:?}: {v:?} at batch {b}, ({i}, {j})");
+                    }
+                }
+            }
+        }
+        assert!(accepted > 1000, "only {accepted} layouts accepted");
+    }
+
     #[test]
     fn layouts_cublas_cannot_read_are_refused() {
         // Heads split from [B, T, H, D]: batch strides T*H*D and D are not one stride.
