@@ -8,6 +8,7 @@
 
 use half::{bf16, f16};
 
+use crate::backend::cpu::reduce::acc::Reducible;
 use crate::backend::cpu::{CpuBuffer, par, reduce, strided};
 use crate::backend::{Buffer, Storage};
 use crate::dtype::{DType, Element};
@@ -99,36 +100,12 @@ pub(crate) fn eval_fused_reduce(
     if op == ReduceOp::Mean {
         // Summed in the mean's computing type (the program's values widened exactly), as
         // the unfused mean sums, then divided and rounded once.
-        let n = n_in / n_out;
         let sum = if dtype == DType::F64 {
-            let mut buf = CpuBuffer::alloc(DType::F64, n_out)?;
-            let src = reduce::Generated(|start: usize, out: &mut [f64]| {
-                let mut regs = scratch(p, out.len().min(CHUNK));
-                for (k, o) in out.chunks_mut(CHUNK).enumerate() {
-                    run_chunk(p, inputs, &layouts, start + k * CHUNK, o, &mut regs);
-                }
-            });
-            reduce::reduce_blocks::<f64, _>(ReduceOp::Sum, &src, form, buf.typed_mut::<f64>());
-            Storage::contiguous(Buffer::Cpu(buf), DType::F64, shape)
+            wide_sum::<f64>(p, inputs, &layouts, form, shape, dtype)?
         } else {
-            let mut buf = CpuBuffer::alloc(DType::F32, n_out)?;
-            crate::with_dtype!(dtype, O => {
-                let src = reduce::Generated(|start: usize, out: &mut [f32]| {
-                    let mut regs = scratch(p, out.len().min(CHUNK));
-                    let mut vals = vec![O::zero(); out.len().min(CHUNK)];
-                    for (k, o) in out.chunks_mut(CHUNK).enumerate() {
-                        let v = &mut vals[..o.len()];
-                        run_chunk(p, inputs, &layouts, start + k * CHUNK, v, &mut regs);
-                        for (w, x) in o.iter_mut().zip(v.iter()) {
-                            *w = x.to_f32();
-                        }
-                    }
-                });
-                reduce::reduce_blocks::<f32, _>(ReduceOp::Sum, &src, form, buf.typed_mut::<f32>());
-            });
-            Storage::contiguous(Buffer::Cpu(buf), DType::F32, shape)
+            wide_sum::<f32>(p, inputs, &layouts, form, shape, dtype)?
         };
-        return reduce::finish_mean(&sum, n, dtype);
+        return reduce::finish_mean(&sum, n_in / n_out, dtype);
     }
     let mut buf = CpuBuffer::alloc(dtype, n_out)?;
     crate::with_dtype!(dtype, O => {
@@ -141,6 +118,34 @@ pub(crate) fn eval_fused_reduce(
         reduce::reduce_blocks::<O, _>(op, &src, form, buf.typed_mut::<O>());
     });
     Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape))
+}
+
+/// The sum, in `W`, of `p`'s values (of `dtype`, widened exactly to `W`) over the block
+/// form `form`, into a contiguous storage of `shape`.
+fn wide_sum<W: Reducible + Element>(
+    p: &FusedProgram,
+    inputs: &[&Storage],
+    layouts: &[Layout],
+    form: (usize, usize, usize),
+    shape: &[usize],
+    dtype: DType,
+) -> Result<Storage> {
+    let mut buf = CpuBuffer::alloc(W::DTYPE, numel(shape))?;
+    crate::with_dtype!(dtype, O => {
+        let src = reduce::Generated(|start: usize, out: &mut [W]| {
+            let mut regs = scratch(p, out.len().min(CHUNK));
+            let mut vals = vec![O::zero(); out.len().min(CHUNK)];
+            for (k, o) in out.chunks_mut(CHUNK).enumerate() {
+                let v = &mut vals[..o.len()];
+                run_chunk(p, inputs, layouts, start + k * CHUNK, v, &mut regs);
+                for (w, x) in o.iter_mut().zip(v.iter()) {
+                    *w = W::from_f64(x.to_f64());
+                }
+            }
+        });
+        reduce::reduce_blocks::<W, _>(ReduceOp::Sum, &src, form, buf.typed_mut::<W>());
+    });
+    Ok(Storage::contiguous(Buffer::Cpu(buf), W::DTYPE, shape))
 }
 
 /// Checks the inputs and output dtype of a fused program run over `shape`; returns each

@@ -51,7 +51,7 @@ fn mean(x: &Storage, axes: &[usize], shape: &[usize], dtype: DType) -> Result<St
     };
     let xw = if x.dtype == wide { x.clone() } else { super::elementwise::cast(x, wide)? };
     let sum = reduce(ReduceOp::Sum, &xw, axes, shape, wide)?;
-    let n: usize = axes.iter().map(|&a| x.layout.shape[a]).product();
+    let n = crate::primitives::reduce::count("mean", &x.layout.shape, axes)?;
     finish_mean(&sum, n, dtype)
 }
 

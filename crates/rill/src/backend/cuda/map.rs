@@ -775,20 +775,20 @@ fn index_arg(b: &mut Launch, wide: bool, v: i64) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::backend::cuda::nvrtc::check_compiles;
 
-    /// A small deterministic generator (xorshift).
-    struct Gen(u64);
+    /// A small deterministic generator (xorshift), for the backend's generated tests.
+    pub(crate) struct Gen(pub u64);
     impl Gen {
-        fn next(&mut self) -> u64 {
+        pub fn next(&mut self) -> u64 {
             self.0 ^= self.0 << 13;
             self.0 ^= self.0 >> 7;
             self.0 ^= self.0 << 17;
             self.0
         }
-        fn below(&mut self, n: usize) -> usize {
+        pub fn below(&mut self, n: usize) -> usize {
             (self.next() % n as u64) as usize
         }
     }

@@ -140,7 +140,8 @@ fn product(
     // A batch of products sharing one right operand (a matrix broadcast over the batch)
     // with a row-major left operand is one product of batch x m rows: the broadcast
     // operand is not copied per batch, and one large product replaces many small ones.
-    if batch > 1 && epi.is_none() && a.layout.is_contiguous() && shared_matrix(&b.layout) {
+    let shared = Some(OperandView { trans: false, ld: n as i64, stride: 0 });
+    if batch > 1 && epi.is_none() && a.layout.is_contiguous() && operand_view(&b.layout) == shared {
         let rows = batch * m;
         let view = |s: &Storage, r: usize, c: usize| {
             let shape = [r, c];
@@ -159,28 +160,19 @@ fn product(
     }
     // Transposed, row-sliced and uniformly batched operands are read in place (a
     // leading dimension, a transpose flag and a batch stride); any other layout is copied.
-    let ac;
-    let (a, va) = match operand_view(&a.layout) {
-        Some(v) => (a, v),
-        None => {
-            ac = super::elementwise::copy(cs, a)?;
-            (&ac, operand_view(&ac.layout).ok_or_else(|| super::unsupported("matmul", "operand layout"))?)
+    let viewed = |s: &Storage| -> Result<(Storage, OperandView)> {
+        if let Some(v) = operand_view(&s.layout) {
+            return Ok((s.clone(), v));
         }
+        let c = super::elementwise::copy(cs, s)?;
+        let v = operand_view(&c.layout).ok_or_else(|| super::unsupported("matmul", "operand layout"))?;
+        Ok((c, v))
     };
-    let bc;
-    let (b, vb) = match operand_view(&b.layout) {
-        Some(v) => (b, v),
-        None => {
-            bc = super::elementwise::copy(cs, b)?;
-            (&bc, operand_view(&bc.layout).ok_or_else(|| super::unsupported("matmul", "operand layout"))?)
-        }
-    };
+    let ((a, va), (b, vb)) = (viewed(a)?, viewed(b)?);
     let out = new_storage(cs, dtype, shape)?;
     let size = dtype.size() as u64;
-    let pa = cuda_of(a).map(|x| x.ptr()).unwrap_or(0) + a.layout.offset as u64 * size;
-    let pb = cuda_of(b).map(|x| x.ptr()).unwrap_or(0) + b.layout.offset as u64 * size;
-    let pc = cuda_of(&out).map(|x| x.ptr()).unwrap_or(0);
     let addr = |s: &Storage| cuda_of(s).map(|x| x.ptr()).unwrap_or(0) + s.layout.offset as u64 * size;
+    let (pa, pb, pc) = (addr(&a), addr(&b), addr(&out));
     let epi = epi.map(|e| EpiPtrs {
         epi: e.epi,
         bias: e.bias.map(addr).unwrap_or(0),
@@ -274,14 +266,6 @@ pub(crate) fn operand_view(l: &Layout) -> Option<OperandView> {
         inner *= l.shape[i] as isize;
     }
     Some(OperandView { trans, ld: ld as i64, stride: stride.unwrap_or(0) as i64 })
-}
-
-/// True when `l` (`[.., K, N]`) is one row-major matrix broadcast over every batch axis.
-fn shared_matrix(l: &Layout) -> bool {
-    let nd = l.shape.len();
-    let (k, n) = (l.shape[nd - 2], l.shape[nd - 1]);
-    let batch_shared = l.shape[..nd - 2].iter().zip(&l.strides[..nd - 2]).all(|(&d, &s)| s == 0 || d == 1);
-    batch_shared && (n <= 1 || l.strides[nd - 1] == 1) && (k <= 1 || l.strides[nd - 2] == n as isize)
 }
 
 /// Runs a small product of every dtype, one and batched, through cuBLASLt and cuBLAS on a
@@ -762,11 +746,8 @@ mod tests {
     /// accepts.
     #[test]
     fn operand_views_address_what_the_layouts_name() {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut below = |n: usize| {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((state >> 33) as usize) % n
-        };
+        let mut g = crate::backend::cuda::map::tests::Gen(0x2545_f491_4f6c_dd1d);
+        let mut below = |n: usize| g.below(n);
         let mut accepted = 0;
         for _ in 0..4000 {
             let nd = 2 + below(3);

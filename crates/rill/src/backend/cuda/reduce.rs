@@ -162,13 +162,7 @@ fn reduce_spec(op: ReduceOp, d: DType) -> ReduceSpec {
             init,
             combine,
             ld: load(d, "v"),
-            // A mean divides the sum by the count in the accumulator's type (IEEE division,
-            // as the separate division did), then rounds once.
-            st: if op == ReduceOp::Mean {
-                store_float(d, "(a / (A)n)", d == DType::F64)
-            } else {
-                store_float(d, "a", d == DType::F64)
-            },
+            st: store_float(d, result(op), d == DType::F64),
         };
     }
     let u = utype(d);
@@ -191,13 +185,19 @@ fn reduce_spec(op: ReduceOp, d: DType) -> ReduceSpec {
     ReduceSpec { t, o: t, acc: t, shfl, init, combine, ld: "v".to_string(), st: "a".to_string() }
 }
 
+/// The value a reduction stores, from its accumulator `a` and count `n`: a mean divides
+/// the sum by the count in the accumulator's type (IEEE division, as a separate division
+/// would), before the one rounding to the output dtype.
+fn result(op: ReduceOp) -> &'static str {
+    if op == ReduceOp::Mean { "(a / (A)n)" } else { "a" }
+}
+
 /// The spec of `op` over `d` with output dtype `od`: `d`'s own, or f32 from f16/bf16 (the
 /// halves are read directly and accumulated in f32, and the f32 accumulator is stored
 /// unrounded: the values a cast to f32 followed by the f32 reduction combines).
 fn reduce_spec_to(op: ReduceOp, d: DType, od: DType) -> ReduceSpec {
     let s = reduce_spec(op, d);
-    let st = if op == ReduceOp::Mean { "(a / (A)n)" } else { "a" };
-    if widens(d, od) { ReduceSpec { o: "float", st: st.to_string(), ..s } } else { s }
+    if widens(d, od) { ReduceSpec { o: "float", st: result(op).to_string(), ..s } } else { s }
 }
 
 /// Whether a reduction of `d` into `od` reads halves into an f32 output.
