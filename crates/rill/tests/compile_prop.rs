@@ -87,12 +87,16 @@ fn run_keeping(
     }
     kept.extend(vals.iter().cloned());
     let last = vals.last().cloned().unwrap_or_else(|| inputs[0].clone());
-    // A trailing reduction now and then (compile fuses it into the group before it).
+    // A trailing reduction now and then (compile fuses it into the group before it):
+    // over the last axis, the first, all of them, or the first and last.
     let last = match red {
         0 => last.sum(&[-1], false)?,
         1 => last.max(&[0], true)?,
         2 => last.mean(&[0, -1], false)?,
         3 => last.min(&[-1], true)?,
+        4 => last.sum(&[], false)?,
+        5 => last.mean(&[-1], true)?,
+        6 => last.sum(&[0], false)?,
         _ => last,
     };
     Ok(vec![last, vals[extra_out % vals.len()].clone()])
@@ -109,14 +113,15 @@ fn op_strategy() -> impl Strategy<Value = Op> {
 }
 
 /// An output shape and, per input, a shape broadcasting to it (some leading axes
-/// dropped, some axes of size 1), now and then with an empty axis or a long last axis
-/// (several kernel chunks).
-fn shapes_strategy() -> impl Strategy<Value = Vec<Vec<usize>>> {
-    (proptest::collection::vec(1..6usize, 0..4), 1..4usize, any::<u64>()).prop_map(|(mut base, n, bits)| {
+/// dropped, some axes of size 1), now and then with an empty axis, a last axis of 1500
+/// (several kernel chunks) or of `long` elements.
+fn shapes_strategy(long: usize) -> impl Strategy<Value = Vec<Vec<usize>>> {
+    (proptest::collection::vec(1..6usize, 0..4), 1..4usize, any::<u64>()).prop_map(move |(mut base, n, bits)| {
         if !base.is_empty() {
             match bits % 11 {
                 0 => base[0] = 0,
-                1 | 2 => *base.last_mut().unwrap() = 1500,
+                1 => *base.last_mut().unwrap() = 1500,
+                2 => *base.last_mut().unwrap() = long,
                 _ => {}
             }
         }
@@ -167,9 +172,9 @@ struct Graph {
     seed: u64,
 }
 
-fn graph_strategy(max_ops: usize, dtypes: &'static [DType]) -> impl Strategy<Value = Graph> {
+fn graph_strategy(max_ops: usize, dtypes: &'static [DType], long: usize) -> impl Strategy<Value = Graph> {
     let ops = proptest::collection::vec(op_strategy(), 1..max_ops);
-    (shapes_strategy(), ops, 0..64usize, 0..8u8, 0..dtypes.len(), any::<u64>())
+    (shapes_strategy(long), ops, 0..64usize, 0..9u8, 0..dtypes.len(), any::<u64>())
         .prop_map(move |(shapes, ops, extra, red, dt, seed)| Graph { shapes, ops, extra, red, dtype: dtypes[dt], seed })
 }
 
@@ -180,7 +185,7 @@ fn same(got: &[f64], want: &[f64]) -> bool {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
     #[test]
-    fn random_elementwise_graphs_match(g in graph_strategy(12, &[DType::F32, DType::F64, DType::F16])) {
+    fn random_elementwise_graphs_match(g in graph_strategy(12, &[DType::F32, DType::F64, DType::F16], 1500)) {
         let Graph { shapes, ops, extra, red, dtype, seed } = g;
         let inputs = inputs_of(&shapes, dtype, seed);
         let (ops2, dt2) = (ops.clone(), dtype);
@@ -206,33 +211,62 @@ proptest! {
     }
 }
 
+/// Fusion at eval changes no bit: the same random graph evaluated with its intermediates
+/// dropped (fused) and with all of them held (computed one by one), on the current stream.
+fn fusion_keeps_the_bits(g: Graph) -> std::result::Result<(), TestCaseError> {
+    let Graph { shapes, ops, extra, red, dtype, seed } = g;
+    let inputs = inputs_of(&shapes, dtype, seed);
+    let fused = run(&inputs, &ops, extra, red, dtype);
+    let mut kept = Vec::new();
+    let plain = run_keeping(&inputs, &ops, extra, red, dtype, &mut kept);
+    match (fused, plain) {
+        (Ok(f), Ok(p)) => {
+            // Both outputs of each graph in one evaluation, the held intermediates too.
+            rill::eval(&f).unwrap();
+            kept.extend(p.iter().cloned());
+            rill::eval(&kept).unwrap();
+            for k in 0..2 {
+                prop_assert_eq!(f[k].shape(), p[k].shape());
+                prop_assert_eq!(f[k].dtype(), p[k].dtype());
+                prop_assert_eq!(bits(&f[k]), bits(&p[k]), "output {} ({:?})", k, f[k].primitive().name());
+            }
+        }
+        (Err(_), Err(_)) => {}
+        (f, p) => prop_assert!(false, "fused ok={} plain ok={}", f.is_ok(), p.is_ok()),
+    }
+    Ok(())
+}
+
+/// The GPU's default stream, or None (the GPU test skips) where there is no GPU.
+fn gpu_stream() -> Option<rill::Stream> {
+    match rill::Device::gpu(0) {
+        Ok(d) => Some(d.default_stream().expect("default stream")),
+        Err(e) => {
+            assert!(std::env::var("RILL_REQUIRE_GPU").as_deref() != Ok("1"), "RILL_REQUIRE_GPU=1 but no GPU: {e}");
+            eprintln!("skipped: no GPU ({e})");
+            None
+        }
+    }
+}
+
+const FUSION_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF16];
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
-    /// Fusion at eval changes no bit: the same random graph evaluated with its
-    /// intermediates dropped (fused) and with all of them held (computed one by one).
     #[test]
-    fn fusion_at_eval_gives_the_bits_of_unfused_eval(
-        g in graph_strategy(16, &[DType::F32, DType::F64, DType::F16, DType::BF16]),
-    ) {
-        let Graph { shapes, ops, extra, red, dtype, seed } = g;
-        let inputs = inputs_of(&shapes, dtype, seed);
-        let fused = run(&inputs, &ops, extra, red, dtype);
-        let mut kept = Vec::new();
-        let plain = run_keeping(&inputs, &ops, extra, red, dtype, &mut kept);
-        match (fused, plain) {
-            (Ok(f), Ok(p)) => {
-                // Both outputs of each graph in one evaluation, the held intermediates too.
-                rill::eval(&f).unwrap();
-                kept.extend(p.iter().cloned());
-                rill::eval(&kept).unwrap();
-                for k in 0..2 {
-                    prop_assert_eq!(f[k].shape(), p[k].shape());
-                    prop_assert_eq!(f[k].dtype(), p[k].dtype());
-                    prop_assert_eq!(bits(&f[k]), bits(&p[k]), "output {} ({:?})", k, f[k].primitive().name());
-                }
-            }
-            (Err(_), Err(_)) => {}
-            (f, p) => prop_assert!(false, "fused ok={} plain ok={}", f.is_ok(), p.is_ok()),
+    fn fusion_at_eval_gives_the_bits_of_unfused_eval(g in graph_strategy(16, FUSION_DTYPES, 1500)) {
+        fusion_keeps_the_bits(g)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    /// The same on the GPU, with rows long enough for every reduction launch shape (a warp
+    /// per row, a block per row, a row split over blocks).
+    #[test]
+    fn fusion_at_eval_gives_the_bits_of_unfused_eval_on_the_gpu(g in graph_strategy(16, FUSION_DTYPES, 40_000)) {
+        if let Some(s) = gpu_stream() {
+            rill::with_stream(&s, || fusion_keeps_the_bits(g))?;
         }
     }
 }

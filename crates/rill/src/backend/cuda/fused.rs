@@ -215,24 +215,25 @@ fn rows_of(shape: &[usize], axes: &[usize], strides: &[Strides]) -> Option<Rows>
     Some(Rows { rows, cols, row_strides, along })
 }
 
-/// Whether `p` is only a conversion of its one f16/bf16 input to f32.
-fn widening_cast(p: &FusedProgram) -> bool {
-    use crate::primitives::fused::Inst;
-    matches!(p.insts.as_slice(), [Inst::Load(0), Inst::Cast(0)])
-        && matches!(p.input_dtypes(), [DType::F16 | DType::BF16])
-        && p.out == 1
-        && p.output_dtype() == DType::F32
+/// Whether the values of `shape`, stored contiguously and reduced over `axes`, are read by
+/// [`reduce::reduce`] as rows, row `r` starting at element `r * cols`: the reduced axes
+/// (size-1 axes aside) come after the kept ones. Computed rows are combined in that
+/// reading's order, so only then does a computed reduction give the stored one's bits.
+fn rows_when_stored(shape: &[usize], axes: &[usize]) -> bool {
+    let l = Layout::contiguous(shape);
+    matches!(reduce::form(shape, &l.strides, axes), Some(f) if f.read() == Some(reduce::Read::Rows) && (f.ni == 1 || f.red == 1))
 }
 
 /// Runs a `FusedReduce` node: `p`'s values over the broadcast of `inputs`, reduced by `op`
 /// over `axes` into a new contiguous storage of `shape` (the reduced axes kept as 1).
 ///
 /// When the reduced values read as rows ([`rows_of`]: the reduced axes are contiguous or
-/// broadcast for every input, and the kept and reduced axes each merge into one), one
-/// reduction module whose elements are the program's values runs (any of the reduction's
-/// launch shapes), so the values are never stored. Otherwise (reduced axes not last, or
-/// not mergeable strides, or no elements) the values are stored by [`fused`] and reduced
-/// by [`reduce::reduce`].
+/// broadcast for every input, and the kept and reduced axes each merge into one) and the
+/// stored values would be reduced as rows too ([`rows_when_stored`]), one reduction module
+/// whose elements are the program's values runs, with the stored reduction's plan and
+/// order, so the values are never stored and the result has the bits of the unfused
+/// reduction. Otherwise (reduced axes not last, not mergeable strides, or no elements)
+/// the values are stored by [`fused`] and reduced by [`reduce::reduce`].
 pub(crate) fn fused_reduce(
     cs: &GpuStream<'_>,
     p: &FusedProgram,
@@ -248,15 +249,10 @@ pub(crate) fn fused_reduce(
     check(p, inputs, &in_shape, d)?;
     let lays: Vec<Layout> = inputs.iter().map(|s| s.layout.broadcast_to(&in_shape)).collect();
     let strides: Vec<Strides> = lays.iter().map(|l| l.strides.clone()).collect();
-    let simple = dtype == d && numel(&in_shape) > 0 && axes.iter().all(|&a| a < in_shape.len());
-    // `astype(f32)` of one f16/bf16 input (`mean` records one before its sum): the
-    // reduction reads the halves itself, as 16-byte vectors, in any layout it reads in
-    // place, so the cast is never stored.
-    if simple && widening_cast(p) && inputs[0].layout.shape.as_slice() == in_shape.as_slice() {
-        let out = reduce::reduce_to(cs, op, &inputs[0], axes, shape, d)?;
-        stats::FUSED_REDUCE_KERNELS.fetch_add(1, Relaxed);
-        return Ok(out);
-    }
+    let simple = dtype == d
+        && numel(&in_shape) > 0
+        && axes.iter().all(|&a| a < in_shape.len())
+        && rows_when_stored(&in_shape, axes);
     let Some(g) = rows_of(&in_shape, axes, &strides).filter(|g| simple && g.rows == numel(shape)) else {
         let x = fused(cs, p, inputs, &in_shape, d)?;
         return reduce::reduce(cs, op, &x, axes, shape);
@@ -284,7 +280,7 @@ pub(crate) fn fused_reduce(
         Some(i) => Ok(fs[i].clone()),
         None => Err(Error::backend("fused_reduce", format!("no kernel {name}"))),
     };
-    let how = reduce::plan_computed(g.rows, g.cols, cs.dev.sms as usize);
+    let how = reduce::plan_stored(g.rows, g.cols, d, cs.dev.sms as usize);
     // The data parameters are the inputs (advanced by their offsets) and their row
     // strides, as `reduce_read` declares them; every index `r * rs + j` (j < cols only
     // where the input steps along the row) lies inside its input's broadcast layout.
@@ -300,28 +296,6 @@ mod tests {
     use crate::backend::cuda::fused_src::tests::f16_program;
     use crate::primitives::fused::{Builder, Inst};
     use crate::primitives::{BinaryOp, UnaryOp};
-
-    /// Only a lone f16/bf16 to f32 conversion is reduced by the widening reduction.
-    #[test]
-    fn widening_casts() {
-        let cast = |from: DType, to: DType| {
-            let mut b = Builder::default();
-            let x = b.load(0, from);
-            let c = b.push(Inst::Cast(x), to);
-            b.finish(c)
-        };
-        assert!(widening_cast(&cast(DType::F16, DType::F32)));
-        assert!(widening_cast(&cast(DType::BF16, DType::F32)));
-        assert!(!widening_cast(&cast(DType::BF16, DType::F64)));
-        assert!(!widening_cast(&cast(DType::I32, DType::F32)));
-        assert!(!widening_cast(&cast(DType::F32, DType::F16)));
-        assert!(!widening_cast(&f16_program()));
-        let mut b = Builder::default();
-        let x = b.load(0, DType::BF16);
-        let c = b.push(Inst::Cast(x), DType::F32);
-        let e = b.push(Inst::Unary(UnaryOp::Exp, c), DType::F32);
-        assert!(!widening_cast(&b.finish(e)));
-    }
 
     /// The chain, `sigmoid((tanh(a*b + 1)*0.5 + a)^2 - b)`, in `d`.
     fn chain(d: DType) -> FusedProgram {

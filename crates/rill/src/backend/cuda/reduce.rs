@@ -15,9 +15,7 @@
 //! strides, strided rows of a full reduction) is copied with the reduced axes last.
 //!
 //! Sums and products accumulate in f32 for f16/bf16/f32 and f64 for f64, integers wrap in
-//! their own type; max/min propagate NaN. An f16/bf16 reduction may also store its f32
-//! accumulator unrounded ([`reduce_to`]): what `astype(f32)` then the f32 reduction gives
-//! (`mean`'s sum), without storing the cast. Every combine happens in an order fixed by the
+//! their own type; max/min propagate NaN. Every combine happens in an order fixed by the
 //! shape and the launch plan (no float atomics), so a result has the same bits every run.
 //! Three launch shapes for rows, chosen from rows/cols and the number of SMs:
 //! - short rows (`cols <= WARP_COLS`), and enough stored rows of up to [`WARP_ROW_BYTES`]
@@ -36,13 +34,18 @@
 //! The row module's source is generated for one way of reading the elements ([`Elems`]): a
 //! stored array, or values computed by generated code at each element (a fused
 //! program's, see `fused.rs`), which `k_warp` and `k_block` read through the macro
-//! `ELEM(j)` after declaring each row's state; computed rows are read one element at a
-//! time (four per thread in flight in `k_block`), not as 16-byte vectors. [`launch`]
-//! enqueues either kind with the same plans.
+//! `ELEM(j)` after declaring each row's state. Computed rows are read one element at a
+//! time but combined in the order of the stored array's kernel: the plan of the stored
+//! values' reduction ([`plan_stored`]), and within a row the same virtual 16-byte vectors,
+//! accumulators, head and tail as if the values were stored contiguously (row `r` at
+//! element `r * cols` of an aligned buffer). So a fused reduction gives the bits of the
+//! values stored and then reduced, whether or not fusion ran. [`launch`] enqueues either
+//! kind.
 //!
 //! Softmax of rows up to `1024 * 32` elements (16384 for f64) loads each row once into
 //! registers (16-byte loads when rows are aligned), reduces the maximum and the sum of
-//! exponentials across the block, and writes the row once. Longer rows use a generic
+//! exponentials across the block, and writes the row once; rows one warp holds are read
+//! by `g` lanes each, several rows to a warp and eight warps to a block (`k_sub`). Longer rows use a generic
 //! kernel with an online (max, sum) pair per thread that reads the row twice.
 
 use cudarc::driver::{CudaFunction, LaunchConfig};
@@ -64,6 +67,8 @@ use super::source::{PRELUDE, ctype, ftype, load, store_float, utype};
 const WARP_COLS: usize = 1024;
 /// Threads per block of the reduction kernels.
 const RBLOCK: u32 = 256;
+/// Threads per block of the sub-warp softmax (`k_sub`).
+const SUB_BLOCK: u32 = 256;
 /// Threads per block of a stored array's reduction split over many blocks (with eight
 /// 16-byte vectors in flight per thread and four accumulators): enough loads in flight
 /// to keep the memory busy; the fastest shape of a sweep over block sizes and vectors in
@@ -72,10 +77,10 @@ const SPLIT_BLOCK: u32 = 512;
 /// Threads each SM is given by a split reduction.
 const SPLIT_THREADS_PER_SM: usize = 2048;
 /// `k_block`'s launch bound when it computes its elements ([`Elems::Computed`]): it is
-/// launched with [`RBLOCK`] threads, but the larger bound caps registers at 64 per thread
-/// (four blocks per SM), which makes the fused reductions faster (`rill bench
-/// fused_reduce`); a stored array's reduction is faster with the bound of `RBLOCK`, so
-/// only this kernel has the larger bound.
+/// launched with [`RBLOCK`] or [`SPLIT_BLOCK`] threads, but the larger bound caps
+/// registers at 64 per thread, which makes the fused reductions faster (`rill bench
+/// fused_reduce`); a stored array's reduction is faster with the bound of `SPLIT_BLOCK`,
+/// so only this kernel has the larger bound.
 const COMPUTED_BOUND: u32 = 1024;
 /// Most elements one thread keeps in registers in the row-cached softmax.
 const SOFTMAX_REG_ELEMS: usize = 32;
@@ -175,7 +180,7 @@ fn reduce_spec(op: ReduceOp, d: DType) -> ReduceSpec {
     let (init, combine) = match op {
         ReduceOp::Sum if d == DType::Bool => ("0".to_string(), "(u8)(a != 0 || b != 0)".to_string()),
         ReduceOp::Prod if d == DType::Bool => ("1".to_string(), "(u8)(a != 0 && b != 0)".to_string()),
-        // No integer mean is recorded (`reduce_to` refuses one): its ints sum.
+        // No integer mean is recorded (`reduce` refuses one): its ints sum.
         ReduceOp::Sum | ReduceOp::Mean => ("0".to_string(), format!("({t})(({u})a + ({u})b)")),
         ReduceOp::Prod => ("1".to_string(), format!("({t})(({u})a * ({u})b)")),
         ReduceOp::Max => (lo.to_string(), "(a > b ? a : b)".to_string()),
@@ -190,19 +195,6 @@ fn reduce_spec(op: ReduceOp, d: DType) -> ReduceSpec {
 /// would), before the one rounding to the output dtype.
 fn result(op: ReduceOp) -> &'static str {
     if op == ReduceOp::Mean { "(a / (A)n)" } else { "a" }
-}
-
-/// The spec of `op` over `d` with output dtype `od`: `d`'s own, or f32 from f16/bf16 (the
-/// halves are read directly and accumulated in f32, and the f32 accumulator is stored
-/// unrounded: the values a cast to f32 followed by the f32 reduction combines).
-fn reduce_spec_to(op: ReduceOp, d: DType, od: DType) -> ReduceSpec {
-    let s = reduce_spec(op, d);
-    if widens(d, od) { ReduceSpec { o: "float", st: result(op).to_string(), ..s } } else { s }
-}
-
-/// Whether a reduction of `d` into `od` reads halves into an f32 output.
-fn widens(d: DType, od: DType) -> bool {
-    matches!(d, DType::F16 | DType::BF16) && od == DType::F32
 }
 
 /// Elements of a 16-byte vector of `d`.
@@ -256,26 +248,15 @@ fn reduce_source(s: &ReduceSpec, vn: usize, e: &Elems<'_>) -> String {
         Elems::Array => SPLIT_BLOCK,
         Elems::Computed(_) => COMPUTED_BOUND,
     };
-    // This thread's share of chunk `c` of `splits` of row `r`, accumulated into `a`.
-    let chunk = match e {
-        Elems::Array => "a = chunk(p, cols, c, splits, threadIdx.x, blockDim.x);",
+    // This thread's share of chunk `c` of `splits` of row `r`, accumulated into `a`, and a
+    // row's share of lane `sub` of `g`.
+    let (chunk, warp_body) = match e {
+        Elems::Array => (
+            "a = chunk(p, cols, c, splits, threadIdx.x, blockDim.x);".to_string(),
+            "a = chunk(p, cols, 0, 1, sub, g);".to_string(),
+        ),
         Elems::Computed(_) => {
-            r#"{
-            i64 j1 = cols * (c + 1) / splits, bd = blockDim.x;
-            i64 j = cols * c / splits + threadIdx.x;
-            for (; j + 3 * bd < j1; j += 4 * bd) {
-                T x0 = ELEM(j), x1 = ELEM(j + bd), x2 = ELEM(j + 2 * bd), x3 = ELEM(j + 3 * bd);
-                a = comb(a, ldv(x0)); a = comb(a, ldv(x1)); a = comb(a, ldv(x2)); a = comb(a, ldv(x3));
-            }
-            for (; j < j1; j += bd) { T x0 = ELEM(j); a = comb(a, ldv(x0)); }
-        }"#
-        }
-    };
-    // A row's share of lane `sub` of `g`: vectors of a stored row, else one at a time.
-    let warp_body = match e {
-        Elems::Array => "a = chunk(p, cols, 0, 1, sub, g);",
-        Elems::Computed(_) => {
-            "#pragma unroll 4\n            for (i64 j = sub; j < cols; j += g) { T v = ELEM(j); a = comb(a, ldv(v)); }"
+            (computed_chunk("c", "splits", "threadIdx.x", "blockDim.x"), computed_chunk("0", "1", "sub", "g"))
         }
     };
     format!(
@@ -417,6 +398,58 @@ extern "C" __global__ void k_warp(O* __restrict__ out, {data}i64 rows, i64 cols,
     }}
 }}
 "#
+    )
+}
+
+/// The statements that add the share of thread `tid` of `nt` in chunk `c` of `splits` of
+/// row `r` of computed elements (`ELEM(j)`) into `a` (holding the identity), in exactly the
+/// order `chunk` adds the same values stored contiguously in a 16-byte aligned buffer,
+/// row `r` starting at element `r * cols`: the row's unaligned head and its tail one at a
+/// time, the middle as virtual vectors of `VN` elements, eight, four, then one vector a
+/// thread in flight, into the same four accumulators.
+fn computed_chunk(c: &str, splits: &str, tid: &str, nt: &str) -> String {
+    let group = |n: usize| {
+        format!(
+            r#"#pragma unroll
+            for (int u = 0; u < {n}; ++u)
+#pragma unroll
+                for (int e = 0; e < VN; ++e) {{
+                    T x_ = ELEM(head + (j + u * bd) * VN + e);
+                    acc[(u * VN + e) & 3] = comb(acc[(u * VN + e) & 3], ldv(x_));
+                }}"#
+        )
+    };
+    let (g8, g4) = (group(8), group(4));
+    format!(
+        r#"{{
+        i64 head = (i64)(((16u - ((u32)((u64)r * (u64)cols * sizeof(T)) & 15u)) & 15u) / sizeof(T));
+        if (head > cols) head = cols;
+        i64 nvec = (cols - head) / VN;
+        i64 v0 = nvec * ({c}) / ({splits}), v1 = nvec * (({c}) + 1) / ({splits});
+        i64 bd = {nt};
+        i64 j = v0 + ({tid});
+        A acc[4] = {{a, a, a, a}};
+        for (; j + 7 * bd < v1; j += 8 * bd) {{
+            {g8}
+        }}
+        if (j + 3 * bd < v1) {{
+            {g4}
+            j += 4 * bd;
+        }}
+        for (; j < v1; j += bd) {{
+#pragma unroll
+            for (int e = 0; e < VN; ++e) {{ T x_ = ELEM(head + j * VN + e); acc[e & 3] = comb(acc[e & 3], ldv(x_)); }}
+        }}
+        a = comb(comb(acc[0], acc[1]), comb(acc[2], acc[3]));
+        if (({c}) == 0) {{
+            i64 t0 = head + nvec * VN;
+            i64 extra = head + (cols - t0);
+            for (i64 k = {tid}; k < extra; k += bd) {{
+                T x_ = ELEM(k < head ? k : t0 + (k - head));
+                a = comb(a, ldv(x_));
+            }}
+        }}
+    }}"#
     )
 }
 
@@ -740,13 +773,13 @@ fn acc_size(d: DType) -> usize {
 }
 
 /// Enqueues the column reduction of `x` (read as `f`, [`Read::Cols`]) into `po`.
-fn launch_cols(cs: &GpuStream<'_>, op: ReduceOp, (d, od): (DType, DType), po: u64, px: u64, f: &Form) -> Result<()> {
+fn launch_cols(cs: &GpuStream<'_>, op: ReduceOp, d: DType, po: u64, px: u64, f: &Form) -> Result<()> {
     let cols = f.no * f.ni;
     let vn = vec_elems(d);
     let vc = col_vec(f, px, vn);
     let p = col_plan(cols, f.red, vc, cs.dev.sms as usize);
-    let key = format!("reduce_col:{op:?}:{}:{}", d.name(), od.name());
-    let src = || col_source(&reduce_spec_to(op, d, od), vn);
+    let key = format!("reduce_col:{op:?}:{}", d.name());
+    let src = || col_source(&reduce_spec(op, d), vn);
     let kernel = if vc > 1 { "k_colv" } else { "k_col1" };
     let fk = nvrtc::function(cs.driver(), &cs.dev, &key, kernel, src)?;
     let part = if p.gy > 1 { Some(CudaBuffer::alloc(cs, p.gy as usize * cols * acc_size(d))?) } else { None };
@@ -781,25 +814,11 @@ pub(crate) fn reduce(
     axes: &[usize],
     shape: &[usize],
 ) -> Result<Storage> {
-    reduce_to(cs, op, x, axes, shape, x.dtype)
-}
-
-/// The reduction of `x` into a new storage of dtype `od`: `x`'s own, or f32 for f16/bf16
-/// input read directly (what `astype(f32)` then the f32 reduction gives, without storing
-/// the cast: the kernels accumulate halves in f32 either way).
-pub(crate) fn reduce_to(
-    cs: &GpuStream<'_>,
-    op: ReduceOp,
-    x: &Storage,
-    axes: &[usize],
-    shape: &[usize],
-    od: DType,
-) -> Result<Storage> {
     let d = x.dtype;
-    if (od != d && !widens(d, od)) || (op == ReduceOp::Mean && !d.is_float()) {
-        return Err(super::unsupported("reduce", format!("{op:?} of {d} into {od}")));
+    if op == ReduceOp::Mean && !d.is_float() {
+        return Err(super::unsupported("reduce", format!("{op:?} of {d}")));
     }
-    let out = new_storage(cs, od, shape)?;
+    let out = new_storage(cs, d, shape)?;
     let rows: usize = shape.iter().product();
     if rows == 0 {
         return Ok(out);
@@ -810,28 +829,24 @@ pub(crate) fn reduce_to(
         if x.layout.numel() == 0 { (x.clone(), Form::rows(rows, 0), Read::Rows) } else { in_place(cs, x, axes)? };
     let px = elem_ptr(&xs);
     if read == Read::Cols {
-        launch_cols(cs, op, (d, od), po, px, &f)?;
+        launch_cols(cs, op, d, po, px, &f)?;
         return Ok(out);
     }
-    let vn = vec_elems(d);
-    let key = if od == d {
-        format!("reduce3:{op:?}:{}", d.name())
-    } else {
-        format!("reduce3:{op:?}:{}:{}", d.name(), od.name())
-    };
+    let key = format!("reduce3:{op:?}:{}", d.name());
     let dev = &cs.dev;
-    let mut src = Some(move || reduce_source(&reduce_spec_to(op, d, od), vn, &Elems::Array));
+    let mut src = Some(move || reduce_source(&reduce_spec(op, d), vec_elems(d), &Elems::Array));
     let mut get =
         |name: &str| nvrtc::function(cs.driver(), dev, &key, name, || src.take().map(|f| f()).unwrap_or_default());
-    let how = plan(rows, f.red, vn, dev.sms as usize, SPLIT_BLOCK, warp_row_bytes() / d.size());
+    let how = plan_stored(rows, f.red, d, dev.sms as usize);
     launch(cs, &mut get, d, how, po, &[px], &[f.ni as i64, f.s1, f.s2], rows, f.red)?;
     Ok(out)
 }
 
-/// The launch plan of a reduction of `rows x cols` elements of `d` read one at a time
-/// ([`Elems::Computed`]).
-pub(crate) fn plan_computed(rows: usize, cols: usize, sms: usize) -> Plan {
-    plan(rows, cols, 1, sms, RBLOCK, 0)
+/// The launch plan of a row reduction of `rows x cols` elements of `d`: the plan of a
+/// stored array's rows, which computed rows of the same values take too (so both combine
+/// in one order).
+pub(crate) fn plan_stored(rows: usize, cols: usize, d: DType, sms: usize) -> Plan {
+    plan(rows, cols, vec_elems(d), sms, SPLIT_BLOCK, warp_row_bytes() / d.size())
 }
 
 /// The names of the reduction module's kernels, in the order [`launch`] may ask for them.
@@ -1021,8 +1036,78 @@ extern "C" __global__ void __launch_bounds__(1024) k_reg(T* __restrict__ out, co
         }}
     }}
 }}
+// `g` lanes of a warp per row (a power of two, at most 32), `32 / g` rows a warp at a time,
+// for rows of at most `NV * g` vectors; the row loop is warp-uniform, so the shuffles see
+// every lane.
+extern "C" __global__ void __launch_bounds__(256) k_sub(T* __restrict__ out, const T* __restrict__ x, i64 rows, i64 cols, int vec, int g) {{
+    int lane = threadIdx.x & 31, sub = lane & (g - 1);
+    i64 per = 32 / g;
+    i64 w = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
+    i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;
+    for (i64 r0 = w * per; r0 < rows; r0 += nw * per) {{
+        i64 r = r0 + lane / g;
+        bool live = r < rows;
+        const T* p = x + (live ? r : 0) * cols;
+        T* o = out + r * cols;
+        F v[NV][VN];
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {{
+            i64 j = ((i64)k * g + sub) * VN;
+            if (vec) {{
+                if (live && j < cols) {{
+                    V<T, VN> q = *(const V<T, VN>*)(p + j);
+#pragma unroll
+                    for (int e = 0; e < VN; ++e) v[k][e] = ldv(q.v[e]);
+                }} else {{
+#pragma unroll
+                    for (int e = 0; e < VN; ++e) v[k][e] = -{inf};
+                }}
+            }} else {{
+#pragma unroll
+                for (int e = 0; e < VN; ++e) v[k][e] = live && j + e < cols ? ldv(p[j + e]) : -{inf};
+            }}
+        }}
+        F m = -{inf};
+#pragma unroll
+        for (int k = 0; k < NV; ++k)
+#pragma unroll
+            for (int e = 0; e < VN; ++e) m = fmax_nan(m, v[k][e]);
+        for (int d = g >> 1; d > 0; d >>= 1) m = fmax_nan(m, __shfl_xor_sync(0xffffffffu, m, d));
+        F s = 0;
+#pragma unroll
+        for (int k = 0; k < NV; ++k)
+#pragma unroll
+            for (int e = 0; e < VN; ++e) {{ F ex = exp{sfx}(v[k][e] - m); s += ex; {keep_exp} }}
+        for (int d = g >> 1; d > 0; d >>= 1) s += __shfl_xor_sync(0xffffffffu, s, d);
+        {fin}
+        if (!live) continue;
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {{
+            i64 j = ((i64)k * g + sub) * VN;
+            if (vec) {{
+                if (j < cols) {{
+                    V<T, VN> q;
+#pragma unroll
+                    for (int e = 0; e < VN; ++e) {{ F y = {res}; q.v[e] = stv(y); }}
+                    *(V<T, VN>*)(o + j) = q;
+                }}
+            }} else {{
+#pragma unroll
+                for (int e = 0; e < VN; ++e) if (j + e < cols) {{ F y = {res}; o[j + e] = stv(y); }}
+            }}
+        }}
+    }}
+}}
 "#
     )
+}
+
+/// Lanes per row and vectors per lane of the sub-warp softmax (`k_sub`) for rows of `vecs`
+/// vectors that one warp holds (the register plan's single-warp rows): short rows share a
+/// warp instead of leaving lanes idle, and a block holds eight warps rather than one.
+pub(crate) fn softmax_sub_plan(vecs: usize) -> (u32, usize) {
+    let g = vecs.next_power_of_two().clamp(1, 32);
+    (g as u32, vecs.div_ceil(g))
 }
 
 /// Threads per block and vectors per thread of the register-cached softmax for rows of
@@ -1106,21 +1191,32 @@ pub(crate) fn softmax(cs: &GpuStream<'_>, x: &Storage, axis: usize, log: bool) -
     let vn = vec_elems(d);
     match softmax_reg_plan(cols, vn) {
         Some((threads, nv)) if rows > 0 && cols > 0 => {
+            // Rows one warp holds go to `k_sub`, several to a warp where they are short.
+            let sub = (threads == 32).then(|| softmax_sub_plan(cols.div_ceil(vn)));
+            let nv = sub.map_or(nv, |(_, n)| n);
             let key = format!("softmax_reg:{log}:{}:{nv}", d.name());
-            let f = nvrtc::function(cs.driver(), &cs.dev, &key, "k_reg", || softmax_reg_source(d, log, nv))?;
+            let name = if sub.is_some() { "k_sub" } else { "k_reg" };
+            let f = nvrtc::function(cs.driver(), &cs.dev, &key, name, || softmax_reg_source(d, log, nv))?;
             let px = elem_ptr(&xs);
             let vec = i32::from(px.is_multiple_of(16) && (cols * d.size()).is_multiple_of(16));
             let (r64, c64) = (rows as i64, cols as i64);
-            let cfg = LaunchConfig {
-                grid_dim: (blocks(rows, 1 << 30), 1, 1),
-                block_dim: (threads, 1, 1),
-                shared_mem_bytes: 0,
+            let (grid, threads) = match sub {
+                Some((g, _)) => {
+                    (blocks(rows.div_ceil(SUB_BLOCK as usize / g as usize), cs.dev.sms as usize * 64), SUB_BLOCK)
+                }
+                None => (blocks(rows, 1 << 30), threads),
             };
+            let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
             let _ = cs.bind();
             let mut b = Launch::new(&f);
             b.arg(&po).arg(&px).arg(&r64).arg(&c64).arg(&vec);
+            let g = sub.map_or(0, |(g, _)| g as i32);
+            if sub.is_some() {
+                b.arg(&g);
+            }
             // SAFETY: `out` and `x` hold rows*cols contiguous elements; `vec` is set only
-            // when every row start is 16-byte aligned.
+            // when every row start is 16-byte aligned; `k_sub` takes `g` lanes a row, at
+            // most 32, with `NV * g` vectors covering a row.
             unsafe { b.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))?;
         }
         _ => {
@@ -1161,26 +1257,13 @@ mod tests {
                 check_compiles(&format!("test:reduce_col:{op:?}:{}", d.name()), &src);
             }
         }
-        // f16/bf16 read into an f32 output (a fused `astype(f32)` before the reduction).
-        for d in [DType::F16, DType::BF16] {
-            for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Mean] {
-                let spec = reduce_spec_to(op, d, DType::F32);
-                let st = if op == ReduceOp::Mean { "(a / (A)n)" } else { "a" };
-                assert_eq!((spec.o, spec.st.as_str()), ("float", st));
-                let src = reduce_source(&spec, vec_elems(d), &Elems::Array);
-                check_compiles(&format!("test:reduce:{op:?}:{}:f32", d.name()), &src);
-                let src = col_source(&reduce_spec_to(op, d, DType::F32), vec_elems(d));
-                check_compiles(&format!("test:reduce_col:{op:?}:{}:f32", d.name()), &src);
-            }
-        }
-        assert!(widens(DType::BF16, DType::F32) && !widens(DType::F32, DType::F32) && !widens(DType::BF16, DType::F64));
     }
 
     #[test]
     fn softmax_kernels_compile() {
         for d in [DType::F32, DType::F16, DType::BF16, DType::F64] {
             for log in [false, true] {
-                for nv in [1, 4, 8] {
+                for nv in [1, 2, 4, 8] {
                     if !check_compiles(
                         &format!("test:softmax_reg:{log}:{}:{nv}", d.name()),
                         &softmax_reg_source(d, log, nv),
@@ -1189,6 +1272,26 @@ mod tests {
                     }
                 }
                 check_compiles(&format!("test:softmax:{log}:{}", d.name()), &softmax_generic_source(d, log));
+            }
+        }
+    }
+
+    /// The sub-warp softmax takes every row the register plan gives one warp, covers each
+    /// with its lanes' vectors, and leaves at most half the lanes of a row group idle.
+    #[test]
+    fn softmax_sub_plans_cover_their_rows() {
+        for vn in [1, 2, 4, 8] {
+            for cols in 1..=4096 {
+                let Some((threads, nv)) = softmax_reg_plan(cols, vn) else { continue };
+                let vecs = cols.div_ceil(vn);
+                if threads != 32 {
+                    assert!(vecs > 128, "{cols} x {vn}: {threads} threads");
+                    continue;
+                }
+                let (g, n) = softmax_sub_plan(vecs);
+                assert!(g.is_power_of_two() && g <= 32, "{cols}: {g} lanes");
+                assert!(n * g as usize * vn >= cols && n <= nv.max(1), "{cols} x {vn}: {g} lanes of {n}");
+                assert!(g == 32 || 2 * vecs > g as usize, "{cols} x {vn}: {g} lanes for {vecs} vectors");
             }
         }
     }
