@@ -529,22 +529,38 @@ fn scatter_rules_match_finite_differences() {
     assert!(!counts.contains_key("matmul"), "take's gradient has no one-hot product: {counts:?}");
 }
 
+/// Attention's gradient (the rule recomputes the scores through ops) for generated head
+/// groupings, lengths and masks, rows that attend nothing among them (a causal mask with
+/// more queries than keys, a bool mask with an all-false row, a float mask of -inf).
 #[test]
 fn attention_rule_matches_finite_differences() {
     let mut rng = Rng::new(8);
-    for case in 0..5 {
+    for case in 0..12 {
+        let kind = case % 4;
         let (hkv, group) = (1 + case % 2, 1 + (case / 2) % 2);
-        let (tq, tk, d, dv) = (1 + case % 3, 2 + case % 2, 2, 1 + case % 2);
+        let (mut tq, tk, d, dv) = (1 + case % 3, 2 + case % 2, 2, 1 + case % 2);
+        // From case 6 on, a row attends nothing: causal with more queries than keys (the
+        // first row), or the last row under the array masks.
+        let empty = case >= 6;
+        if kind == 1 && empty {
+            tq = tk + 1;
+        }
+        let empty_row = |i: usize| empty && i / tk == tq - 1;
         let hq = hkv * group;
         let q = rand_input(&mut rng, &[1, hq, tq, d], -1.0, 1.0);
         let k = rand_input(&mut rng, &[1, hkv, tk, d], -1.0, 1.0);
         let v = rand_input(&mut rng, &[1, hkv, tk, dv], -1.0, 1.0);
         let mut ins = vec![q, k, v];
-        let kind = case % 4;
         if kind == 3 {
-            ins.push(rand_input(&mut rng, &[1, 1, tq, tk], -1.0, 1.0));
+            let mut m = rand_input(&mut rng, &[1, 1, tq, tk], -1.0, 1.0);
+            for (i, x) in m.vals.iter_mut().enumerate() {
+                if empty_row(i) {
+                    *x = f64::NEG_INFINITY;
+                }
+            }
+            ins.push(m);
         }
-        let bools: Vec<bool> = (0..tq * tk).map(|i| i % 3 != 1).collect();
+        let bools: Vec<bool> = (0..tq * tk).map(|i| i % 3 != 1 && !empty_row(i)).collect();
         let bm = Array::from_bools(&bools, &[tq, tk]).unwrap();
         let f = fun(move |x| {
             let mask = match kind {
@@ -558,7 +574,7 @@ fn attention_rule_matches_finite_differences() {
                 &x[1],
                 &x[2],
                 mask,
-                if case == 4 { Some(0.7) } else { None },
+                if case % 5 == 4 { Some(0.7) } else { None },
             )?])
         });
         check(&format!("attention case {case}"), f, ins, &mut rng);

@@ -85,7 +85,10 @@ use crate::ops::elementwise::where_;
 
 /// Attention through its math, `softmax(q kᵀ · scale + mask) v` with ops (the `[Tq, Tk]`
 /// scores stored), giving the kernels' answers: grouped heads, the bottom-right causal
-/// mask, and 0 for a row that attends nothing. The transforms differentiate this.
+/// mask, and 0 for a row that attends nothing. The transforms differentiate this, so it is
+/// written with the ops whose rules are cheap: one `softmax` (its rule is two passes over
+/// the scores), and the rows that attend nothing found from the mask alone where it can
+/// (causal, bool) and set to 0 before the softmax (no NaN reaches a gradient) and after.
 fn math(ins: &[Array], scale: Option<f64>, kind: AttentionMaskKind, out_dtype: crate::DType) -> Result<Array> {
     let (q, k, v) = (&ins[0], &ins[1], &ins[2]);
     let r = q.ndim();
@@ -112,27 +115,37 @@ fn math(ins: &[Array], scale: Option<f64>, kind: AttentionMaskKind, out_dtype: c
     let (k, v) = (repeat(k)?, repeat(v)?);
     let scale = scale.unwrap_or(if d == 0 { 1.0 } else { 1.0 / (d as f64).sqrt() });
     let mut s = q.matmul(&k.swapaxes(-1, -2)?)?.mul(scale)?;
+    // A bool that is true on the rows (`[.., Tq, 1]`) whose every score is masked.
+    let mut empty: Option<Array> = None;
     match kind {
         AttentionMaskKind::None => {}
         AttentionMaskKind::Causal => {
             let i = Array::arange(0i64, tq as i64, 1i64, crate::DType::I64)?.reshape(&[tq as isize, 1])?;
             let j = Array::arange(0i64, tk as i64, 1i64, crate::DType::I64)?.reshape(&[1, tk as isize])?;
-            let allowed = j.le(&i.add(tk as i64 - tq as i64)?)?;
-            s = where_(&allowed, &s, f64::NEG_INFINITY)?;
+            let last = i.add(tk as i64 - tq as i64)?;
+            s = where_(&j.le(&last)?, &s, f64::NEG_INFINITY)?;
+            if tq > tk {
+                empty = Some(last.lt(0i64)?);
+            }
         }
         AttentionMaskKind::Array => {
             let m = &ins[3];
-            s = if m.dtype() == crate::DType::Bool { where_(m, &s, f64::NEG_INFINITY)? } else { s.add(m)? };
+            if m.dtype() == crate::DType::Bool {
+                s = where_(m, &s, f64::NEG_INFINITY)?;
+                empty = Some(m.astype(crate::DType::F32)?.max(&[-1], true)?.eq(0.0)?);
+            } else {
+                s = s.add(m)?;
+                let top = crate::autodiff::stop_gradient(&s.max(&[-1], true)?)?;
+                empty = Some(top.eq(f64::NEG_INFINITY)?);
+            }
         }
     }
-    // A stable softmax whose fully masked rows are 0 (the shift is a constant for the
-    // derivative: softmax does not depend on it).
-    let top = crate::autodiff::stop_gradient(&s.max(&[-1], true)?)?;
-    let top = where_(&top.eq(f64::NEG_INFINITY)?, 0.0, &top)?;
-    let e = s.sub(&top)?.exp()?;
-    let den = e.sum(&[-1], true)?;
-    let p = e.div(&where_(&den.eq(0.0)?, 1.0, &den)?)?;
-    let o = p.astype(v.dtype())?.matmul(&v)?;
+    let p = match &empty {
+        Some(e) => where_(e, 0.0, &where_(e, 0.0, &s)?.softmax(-1)?)?,
+        None => s.softmax(-1)?,
+    };
+    let p = if p.dtype() == v.dtype() { p } else { p.astype(v.dtype())? };
+    let o = p.matmul(&v)?;
     if o.dtype() == out_dtype { Ok(o) } else { o.astype(out_dtype) }
 }
 
