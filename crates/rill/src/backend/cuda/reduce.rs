@@ -979,61 +979,76 @@ template <bool MAX> __device__ __forceinline__ F block_all(F a, F* sh) {{
     for (int o = 16; o > 0; o >>= 1) {{ F b = __shfl_xor_sync(0xffffffffu, a, o); a = MAX ? fmax_nan(a, b) : a + b; }}
     return a;
 }}
-// One block per row; `vec` says that every row starts 16-byte aligned (cols % VN == 0).
+// This thread's `NV` vectors of the row `p`: vector `k` at element `(k * nt + t) * VN`;
+// -inf past the row's end or when the row is not `live`. `vec`: every row starts 16-byte
+// aligned (cols % VN == 0), so whole vectors are loaded.
+__device__ __forceinline__ void load_row(F (&v)[NV][VN], const T* p, i64 cols, int vec, i64 t, i64 nt, bool live) {{
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {{
+        i64 j = ((i64)k * nt + t) * VN;
+        if (vec) {{
+            if (live && j < cols) {{
+                V<T, VN> q = *(const V<T, VN>*)(p + j);
+#pragma unroll
+                for (int e = 0; e < VN; ++e) v[k][e] = ldv(q.v[e]);
+            }} else {{
+#pragma unroll
+                for (int e = 0; e < VN; ++e) v[k][e] = -{inf};
+            }}
+        }} else {{
+#pragma unroll
+            for (int e = 0; e < VN; ++e) v[k][e] = live && j + e < cols ? ldv(p[j + e]) : -{inf};
+        }}
+    }}
+}}
+__device__ __forceinline__ F row_max(const F (&v)[NV][VN]) {{
+    F m = -{inf};
+#pragma unroll
+    for (int k = 0; k < NV; ++k)
+#pragma unroll
+        for (int e = 0; e < VN; ++e) m = fmax_nan(m, v[k][e]);
+    return m;
+}}
+// This thread's sum of exp(v - m) (the row's maximum `m`). Padding (-inf) adds exp(-inf) =
+// 0 unless the row's maximum is -inf or NaN, in which case the sum is NaN anyway.
+__device__ __forceinline__ F exp_sum(F (&v)[NV][VN], F m) {{
+    F s = 0;
+#pragma unroll
+    for (int k = 0; k < NV; ++k)
+#pragma unroll
+        for (int e = 0; e < VN; ++e) {{ F ex = exp{sfx}(v[k][e] - m); s += ex; {keep_exp} }}
+    return s;
+}}
+// Stores this thread's vectors of the result (as `load_row` placed them), from the row's
+// maximum `m` and sum `s`.
+__device__ __forceinline__ void store_row(const F (&v)[NV][VN], T* o, i64 cols, int vec, i64 t, i64 nt, F m, F s) {{
+    {fin}
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {{
+        i64 j = ((i64)k * nt + t) * VN;
+        if (vec) {{
+            if (j < cols) {{
+                V<T, VN> q;
+#pragma unroll
+                for (int e = 0; e < VN; ++e) {{ F y = {res}; q.v[e] = stv(y); }}
+                *(V<T, VN>*)(o + j) = q;
+            }}
+        }} else {{
+#pragma unroll
+            for (int e = 0; e < VN; ++e) if (j + e < cols) {{ F y = {res}; o[j + e] = stv(y); }}
+        }}
+    }}
+}}
+// One block per row.
 extern "C" __global__ void __launch_bounds__(1024) k_reg(T* __restrict__ out, const T* __restrict__ x, i64 rows, i64 cols, int vec) {{
     __shared__ F shm[32];
     __shared__ F shs[32];
     for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {{
-        const T* p = x + r * cols;
-        T* o = out + r * cols;
         F v[NV][VN];
-#pragma unroll
-        for (int k = 0; k < NV; ++k) {{
-            i64 j = ((i64)k * blockDim.x + threadIdx.x) * VN;
-            if (vec) {{
-                if (j < cols) {{
-                    V<T, VN> q = *(const V<T, VN>*)(p + j);
-#pragma unroll
-                    for (int e = 0; e < VN; ++e) v[k][e] = ldv(q.v[e]);
-                }} else {{
-#pragma unroll
-                    for (int e = 0; e < VN; ++e) v[k][e] = -{inf};
-                }}
-            }} else {{
-#pragma unroll
-                for (int e = 0; e < VN; ++e) v[k][e] = j + e < cols ? ldv(p[j + e]) : -{inf};
-            }}
-        }}
-        F m = -{inf};
-#pragma unroll
-        for (int k = 0; k < NV; ++k)
-#pragma unroll
-            for (int e = 0; e < VN; ++e) m = fmax_nan(m, v[k][e]);
-        m = block_all<true>(m, shm);
-        // Padding (-inf) adds exp(-inf) = 0 unless the row's maximum is -inf or NaN, in
-        // which case the sum is NaN anyway.
-        F s = 0;
-#pragma unroll
-        for (int k = 0; k < NV; ++k)
-#pragma unroll
-            for (int e = 0; e < VN; ++e) {{ F ex = exp{sfx}(v[k][e] - m); s += ex; {keep_exp} }}
-        s = block_all<false>(s, shs);
-        {fin}
-#pragma unroll
-        for (int k = 0; k < NV; ++k) {{
-            i64 j = ((i64)k * blockDim.x + threadIdx.x) * VN;
-            if (vec) {{
-                if (j < cols) {{
-                    V<T, VN> q;
-#pragma unroll
-                    for (int e = 0; e < VN; ++e) {{ F y = {res}; q.v[e] = stv(y); }}
-                    *(V<T, VN>*)(o + j) = q;
-                }}
-            }} else {{
-#pragma unroll
-                for (int e = 0; e < VN; ++e) if (j + e < cols) {{ F y = {res}; o[j + e] = stv(y); }}
-            }}
-        }}
+        load_row(v, x + r * cols, cols, vec, threadIdx.x, blockDim.x, true);
+        F m = block_all<true>(row_max(v), shm);
+        F s = block_all<false>(exp_sum(v, m), shs);
+        store_row(v, out + r * cols, cols, vec, threadIdx.x, blockDim.x, m, s);
     }}
 }}
 // `g` lanes of a warp per row (a power of two, at most 32), `32 / g` rows a warp at a time,
@@ -1047,55 +1062,13 @@ extern "C" __global__ void __launch_bounds__(256) k_sub(T* __restrict__ out, con
     for (i64 r0 = w * per; r0 < rows; r0 += nw * per) {{
         i64 r = r0 + lane / g;
         bool live = r < rows;
-        const T* p = x + (live ? r : 0) * cols;
-        T* o = out + r * cols;
         F v[NV][VN];
-#pragma unroll
-        for (int k = 0; k < NV; ++k) {{
-            i64 j = ((i64)k * g + sub) * VN;
-            if (vec) {{
-                if (live && j < cols) {{
-                    V<T, VN> q = *(const V<T, VN>*)(p + j);
-#pragma unroll
-                    for (int e = 0; e < VN; ++e) v[k][e] = ldv(q.v[e]);
-                }} else {{
-#pragma unroll
-                    for (int e = 0; e < VN; ++e) v[k][e] = -{inf};
-                }}
-            }} else {{
-#pragma unroll
-                for (int e = 0; e < VN; ++e) v[k][e] = live && j + e < cols ? ldv(p[j + e]) : -{inf};
-            }}
-        }}
-        F m = -{inf};
-#pragma unroll
-        for (int k = 0; k < NV; ++k)
-#pragma unroll
-            for (int e = 0; e < VN; ++e) m = fmax_nan(m, v[k][e]);
+        load_row(v, x + (live ? r : 0) * cols, cols, vec, sub, g, live);
+        F m = row_max(v);
         for (int d = g >> 1; d > 0; d >>= 1) m = fmax_nan(m, __shfl_xor_sync(0xffffffffu, m, d));
-        F s = 0;
-#pragma unroll
-        for (int k = 0; k < NV; ++k)
-#pragma unroll
-            for (int e = 0; e < VN; ++e) {{ F ex = exp{sfx}(v[k][e] - m); s += ex; {keep_exp} }}
+        F s = exp_sum(v, m);
         for (int d = g >> 1; d > 0; d >>= 1) s += __shfl_xor_sync(0xffffffffu, s, d);
-        {fin}
-        if (!live) continue;
-#pragma unroll
-        for (int k = 0; k < NV; ++k) {{
-            i64 j = ((i64)k * g + sub) * VN;
-            if (vec) {{
-                if (j < cols) {{
-                    V<T, VN> q;
-#pragma unroll
-                    for (int e = 0; e < VN; ++e) {{ F y = {res}; q.v[e] = stv(y); }}
-                    *(V<T, VN>*)(o + j) = q;
-                }}
-            }} else {{
-#pragma unroll
-                for (int e = 0; e < VN; ++e) if (j + e < cols) {{ F y = {res}; o[j + e] = stv(y); }}
-            }}
-        }}
+        if (live) store_row(v, out + r * cols, cols, vec, sub, g, m, s);
     }}
 }}
 "#
