@@ -253,8 +253,10 @@ const FUSION_DTYPES: &[DType] = &[DType::F32, DType::F64, DType::F16, DType::BF1
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+    /// On the current stream (the CPU unless a test sets one), with rows of up to 40000
+    /// elements now and then, long enough for the parallel reductions.
     #[test]
-    fn fusion_at_eval_gives_the_bits_of_unfused_eval(g in graph_strategy(16, FUSION_DTYPES, 1500)) {
+    fn fusion_at_eval_gives_the_bits_of_unfused_eval(g in graph_strategy(16, FUSION_DTYPES, 40_000)) {
         fusion_keeps_the_bits(g)?;
     }
 }
