@@ -432,7 +432,7 @@ impl Model {
         let [ids, mask, types] = x else {
             return Err(Error::invalid(OP, "the forward pass takes token ids, attention mask and token type ids"));
         };
-        let hidden = self.bert.forward(ids, mask, types)?.astype(DType::F32)?;
+        let hidden = self.bert.forward(ids, mask, types)?.to_dtype(DType::F32)?;
         let pooled = pool(&hidden, &mask.astype(DType::F32)?, self.pooling)?;
         Ok(vec![if self.normalize { l2_normalize(&pooled)? } else { pooled }])
     }

@@ -445,7 +445,7 @@ impl Generator {
         let ctx = SampleContext { step, key, history: &history };
         let ids = {
             let _g = self.model.stream().enter();
-            self.options.sampler.sample(logits, &ctx)?.astype(DType::I32)?
+            self.options.sampler.sample(logits, &ctx)?.to_dtype(DType::I32)?
         };
         if ids.shape() != [self.rows.len()] {
             return Err(Error::shape(

@@ -603,7 +603,7 @@ impl Llama {
         }
         let ids = {
             let _g = self.inner.stream.enter();
-            ids.astype(DType::I32)?.reshape(&[b as isize, 1])?
+            ids.to_dtype(DType::I32)?.reshape(&[b as isize, 1])?
         };
         self.run_step(ids, &vec![1; b], cache)
     }
@@ -691,7 +691,7 @@ impl Core {
         // Each row's last real token: row b's is at b * T + last[b].
         let rows = Array::arange(0, (b * t) as i64, t as i64, DType::I32)?.add(last)?;
         let h = h.take(&rows, 0)?.rms_norm(Some(&w.norm), c.rms_eps)?;
-        let logits = linear(&h, &w.head)?.astype(DType::F32)?;
+        let logits = linear(&h, &w.head)?.to_dtype(DType::F32)?;
         let mut out = vec![logits];
         out.extend(new_k);
         out.extend(new_v);

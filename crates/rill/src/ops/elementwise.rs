@@ -232,6 +232,12 @@ impl Array {
         let x = crate::ops::on_device(self, &stream);
         Ok(Array::from_op(Primitive::Cast, smallvec![x], Dims::from_slice(self.shape()), dtype, stream))
     }
+
+    /// `self` when it already has `dtype`, else [`Array::astype`]: no copy is recorded for
+    /// a conversion to the same dtype.
+    pub(crate) fn to_dtype(&self, dtype: DType) -> Result<Array> {
+        if self.dtype() == dtype { Ok(self.clone()) } else { self.astype(dtype) }
+    }
 }
 
 /// `where(cond, x, y)`: elements of `x` where `cond` is true, else of `y`, with

@@ -94,10 +94,6 @@ fn count_of(r: &Array, n: usize, ddof: usize) -> Array {
     c
 }
 
-fn cast_to(x: Array, dtype: DType) -> Result<Array> {
-    if x.dtype() == dtype { Ok(x) } else { x.astype(dtype) }
-}
-
 impl Array {
     /// Sum over `axes` (empty = all axes). bool sums as i32 and u8 as u32; other dtypes
     /// keep theirs. The sum of no elements is 0.
@@ -156,7 +152,7 @@ impl Array {
         let d = x.sub(&m)?.square()?;
         let r = reduce_kept(&d, ReduceOp::Sum, axes.clone(), cd)?;
         let s = drop_reduced(r.clone(), &axes, keepdims, &stream)?;
-        cast_to(s.div(count_of(&r, n, ddof))?, od)
+        s.div(count_of(&r, n, ddof))?.to_dtype(od)
     }
     /// `log(sum(exp(x)))` over `axes` (empty = all axes), computed stably by subtracting
     /// the maximum first. Rows of -inf give -inf, a +inf gives +inf, NaN propagates; an
@@ -182,7 +178,7 @@ impl Array {
         let shift = where_(&m.abs()?.eq(f64::INFINITY)?, 0.0, &m)?;
         let e = x.sub(&shift)?.exp()?;
         let l = reduce_node(&e, ReduceOp::Sum, axes.clone(), true, cd)?.log()?.add(&shift)?;
-        cast_to(drop_reduced(l, &axes, keepdims, &stream)?, od)
+        drop_reduced(l, &axes, keepdims, &stream)?.to_dtype(od)
     }
     /// Index (i64) of the first maximum along `axis`; a NaN counts as the maximum. The
     /// axis must not be empty.
