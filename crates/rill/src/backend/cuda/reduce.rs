@@ -69,6 +69,16 @@ const WARP_COLS: usize = 1024;
 const RBLOCK: u32 = 256;
 /// Threads per block of the sub-warp softmax (`k_sub`).
 const SUB_BLOCK: u32 = 256;
+/// The head of a kernel that gives `g` lanes of a warp (a power of two, at most 32, the
+/// kernel's `int g`) to each of `rows` rows: it opens the warp-uniform loop over groups of
+/// `32 / g` consecutive rows, with `lane`, `sub` (the lane within the row), `r` (the row)
+/// in scope; the kernel closes the loop.
+pub(crate) const WARP_ROWS: &str = "    int lane = threadIdx.x & 31, sub = lane & (g - 1);
+    i64 per = 32 / g;
+    i64 w = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
+    i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;
+    for (i64 r0 = w * per; r0 < rows; r0 += nw * per) {
+        i64 r = r0 + lane / g;";
 /// Threads per block of a stored array's reduction split over many blocks (with eight
 /// 16-byte vectors in flight per thread and four accumulators): enough loads in flight
 /// to keep the memory busy; the fastest shape of a sweep over block sizes and vectors in
@@ -382,12 +392,7 @@ extern "C" __global__ void __launch_bounds__({bound}) k_block(O* __restrict__ ou
 // `g` lanes (a power of two, at most 32) per row: a warp reduces `32 / g` consecutive
 // rows at a time. The row loop is warp-uniform, so the shuffles see all 32 lanes.
 extern "C" __global__ void k_warp(O* __restrict__ out, {data}i64 rows, i64 cols, int g) {{
-    int lane = threadIdx.x & 31, sub = lane & (g - 1);
-    i64 per = 32 / g;
-    i64 w = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
-    i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;
-    for (i64 r0 = w * per; r0 < rows; r0 += nw * per) {{
-        i64 r = r0 + lane / g;
+{WARP_ROWS}
         A a = (A)({init});
         if (r < rows) {{
             {row}
@@ -1055,12 +1060,7 @@ extern "C" __global__ void __launch_bounds__(1024) k_reg(T* __restrict__ out, co
 // for rows of at most `NV * g` vectors; the row loop is warp-uniform, so the shuffles see
 // every lane.
 extern "C" __global__ void __launch_bounds__(256) k_sub(T* __restrict__ out, const T* __restrict__ x, i64 rows, i64 cols, int vec, int g) {{
-    int lane = threadIdx.x & 31, sub = lane & (g - 1);
-    i64 per = 32 / g;
-    i64 w = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
-    i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;
-    for (i64 r0 = w * per; r0 < rows; r0 += nw * per) {{
-        i64 r = r0 + lane / g;
+{WARP_ROWS}
         bool live = r < rows;
         F v[NV][VN];
         load_row(v, x + (live ? r : 0) * cols, cols, vec, sub, g, live);

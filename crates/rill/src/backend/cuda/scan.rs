@@ -36,7 +36,7 @@ use super::driver::GpuStream;
 use super::launch::Launch;
 use super::norm::elem_ptr;
 use super::nvrtc::{self, grid_for};
-use super::reduce::{Form, Read, col_plan, col_vec, in_place, vec_elems};
+use super::reduce::{Form, Read, WARP_ROWS, col_plan, col_vec, in_place, vec_elems};
 use super::source::{PRELUDE, ctype, ftype, load, store_float, utype};
 
 /// Rows up to this many elements are reduced by lanes of one warp each.
@@ -172,12 +172,7 @@ __device__ __forceinline__ void span(V& av, i64& ai, const T* __restrict__ p, i6
 }}
 // `g` lanes per row; a warp takes `32 / g` consecutive rows at a time (a warp-uniform loop).
 extern "C" __global__ void k_awarp(i64* __restrict__ out, const T* __restrict__ x, i64 ni, i64 s1, i64 s2, i64 rows, i64 cols, int g) {{
-    int lane = threadIdx.x & 31, sub = lane & (g - 1);
-    i64 per = 32 / g;
-    i64 w = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;
-    i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;
-    for (i64 r0 = w * per; r0 < rows; r0 += nw * per) {{
-        i64 r = r0 + lane / g;
+{WARP_ROWS}
         V av = (V)0;
         i64 ai = -1;
         if (r < rows) span(av, ai, x + (r / ni) * s1 + (r % ni) * s2, 0, cols, sub, g);
