@@ -117,7 +117,8 @@ pub const BENCHMARKS: &[(&str, &str)] = &[
     ("qmatmul", "quantized matmul (Q4_0/Q4_1/Q8_0) over SmolLM2's weight shapes, decode and prefill; only when named"),
     (
         "train",
-        "forward plus backward of a 4-layer MLP and a transformer encoder layer, eager and compiled; only when named",
+        "forward plus backward of a 4-layer MLP and a transformer encoder layer, eager and compiled; only when named \
+         (train:mlp, train:encoder:bf16 and so on run one workload or case)",
     ),
 ];
 /// The FFN block cases, generated (the PyTorch peer's `ffn_cases` makes the same list):
@@ -268,8 +269,9 @@ pub fn run(device: Device, names: &[String]) -> Result<()> {
     if names.iter().any(|x| x == "qmatmul") {
         crate::qmatmul_bench::run()?;
     }
-    if names.iter().any(|x| x == "train") {
-        crate::bench_train::run(device)?;
+    let train: Vec<&str> = names.iter().filter_map(|x| x.strip_prefix("train")).collect();
+    if !train.is_empty() {
+        crate::bench_train::run(device, &train)?;
     }
     if want("add") {
         let n = if gpu { 1usize << 28 } else { 1 << 24 };

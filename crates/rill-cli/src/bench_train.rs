@@ -124,8 +124,22 @@ fn forward_flops(c: &Case) -> f64 {
     }
 }
 
-pub fn run(device: Device) -> Result<()> {
-    for c in cases(device.is_gpu()) {
+/// Runs the cases that `filters` select: each is what follows `train` in a benchmark
+/// name, empty for every case or `:WORKLOAD[:DTYPE]` for those that match.
+pub fn run(device: Device, filters: &[&str]) -> Result<()> {
+    let selected = |c: &Case| {
+        let dt = c.dtype.to_string();
+        filters.iter().any(|f| {
+            let mut parts = f.split(':').skip(1);
+            parts.next().is_none_or(|w| w == c.workload) && parts.next().is_none_or(|d| d == dt)
+        })
+    };
+    let chosen: Vec<Case> = cases(device.is_gpu()).into_iter().filter(selected).collect();
+    if chosen.is_empty() {
+        let msg = format!("no case matches {filters:?} (workloads mlp and encoder, dtypes bf16 and f32)");
+        return Err(rill::Error::InvalidArgument { op: "bench train", msg });
+    }
+    for c in chosen {
         let ins = inputs(&c)?;
         let params: Vec<usize> = (0..ins.len() - 1).collect();
         let heads = c.dims.get(3).copied().unwrap_or(1);

@@ -126,7 +126,11 @@ fn bench(args: &BenchArgs) -> Result<(), String> {
         println!("{:<14} the language model's prefill and decode (rill bench generate --help)", "generate");
         return Ok(());
     }
-    let known = |n: &str| bench::BENCHMARKS.iter().chain(bench_embed::BENCHMARKS).any(|(b, _)| *b == n);
+    // `train:WORKLOAD[:DTYPE]` runs only the matching cases of `train`.
+    let known = |n: &str| {
+        let n = if n.starts_with("train:") { "train" } else { n };
+        bench::BENCHMARKS.iter().chain(bench_embed::BENCHMARKS).any(|(b, _)| *b == n)
+    };
     if let Some(n) = args.names.iter().find(|n| !known(n)) {
         return Err(format!("unknown benchmark {n:?} (rill bench --list names them)"));
     }
