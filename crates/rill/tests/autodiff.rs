@@ -367,6 +367,47 @@ fn matmul_rule_matches_finite_differences_with_batch_broadcasting() {
     }
 }
 
+/// An operand shared over a batch (`[B.., M, K] @ [K, N]`, either side, the shared one
+/// 2-D or with batch axes of size 1): its cotangent is one product over the folded
+/// contraction rather than a batched product summed over the batch. The data operand is
+/// sometimes a transposed view, so both ways the fold reads its left factor are taken.
+#[test]
+fn matmul_gradient_of_an_operand_shared_over_a_batch() {
+    let mut rng = Rng::new(23);
+    for case in 0..16 {
+        let batch = shape(&mut rng, 1, 3, false);
+        let (m, k, n) = (1 + case % 3, 1 + (case / 3) % 3, 1 + (case / 2) % 4);
+        let ones = (rng.next_u64() as usize) % (batch.len() + 1);
+        let shared_batch = vec![1; ones];
+        let (shared_left, transposed) = (case % 2 == 1, case % 4 >= 2);
+        let (sa, sb) = if shared_left {
+            ([shared_batch.as_slice(), &[m, k]].concat(), [batch.as_slice(), &[k, n]].concat())
+        } else {
+            ([batch.as_slice(), &[m, k]].concat(), [shared_batch.as_slice(), &[k, n]].concat())
+        };
+        // The data operand is passed with its matrix axes swapped and swapped back in `f`.
+        let data = usize::from(!shared_left);
+        let mut ins = vec![rand_input(&mut rng, &sa, -1.0, 1.0), rand_input(&mut rng, &sb, -1.0, 1.0)];
+        if transposed {
+            let s = &mut ins[1 - data].shape;
+            let r = s.len();
+            s.swap(r - 1, r - 2);
+        }
+        let f = fun(move |x| {
+            let d = if transposed { x[1 - data].swapaxes(-1, -2)? } else { x[1 - data].clone() };
+            let (a, b) = if shared_left { (&x[0], &d) } else { (&d, &x[1]) };
+            Ok(vec![a.matmul(b)?.tanh()?])
+        });
+        check(&format!("matmul {sa:?} @ {sb:?} transposed {transposed}"), f, ins, &mut rng);
+    }
+    // The weight's gradient is one product: no reduction over the batch.
+    let gr = rill::grad(|x| Ok(vec![x[0].matmul(&x[1])?.square()?.sum_all()?]), &[1]);
+    let g = rill::compile(move |x: &[Array]| gr.call(x));
+    let ins = [Array::ones(&[4, 5, 3], DType::F32).unwrap(), Array::ones(&[3, 2], DType::F32).unwrap()];
+    let counts = g.primitive_counts(&ins).unwrap();
+    assert_eq!(counts.get("sum").copied().unwrap_or(0), 0, "{counts:?}");
+}
+
 #[test]
 fn movement_rules_match_finite_differences() {
     let mut rng = Rng::new(7);

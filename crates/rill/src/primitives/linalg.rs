@@ -91,6 +91,50 @@ pub(crate) fn vjp(p: &Primitive, g: &Vjp<'_>) -> crate::error::Result<Vec<Option
     }
 }
 
+/// `ct`, a batched product not yet computed, summed over every batch axis into `shape`
+/// (the matrix axes kept): one product over the folded contraction, `[K, B·M] @ [B·M,
+/// N]`, instead of `B` products stored and then summed. This is the cotangent of an
+/// operand broadcast over a batch (a weight applied to every row of `[B, T, D]`): one
+/// large GEMM that accumulates the whole sum in f32, where the batched form rounds each
+/// batch's product to the dtype before the sum. `None` when `ct` is not such a product.
+pub(crate) fn batch_summed(ct: &Array, shape: &[usize]) -> Result<Option<Array>> {
+    let r = ct.ndim();
+    if r < 3 || shape.len() < 2 || shape[shape.len() - 2..] != ct.shape()[r - 2..] || ct.is_evaluated() {
+        return Ok(None);
+    }
+    let lead = r - shape.len();
+    if (lead..r - 2).any(|i| shape[i - lead] != 1) {
+        return Ok(None);
+    }
+    let (prim, ins) = ct.primitive_and_inputs();
+    if !matches!(prim, Primitive::Matmul) || ins.len() != 2 {
+        return Ok(None);
+    }
+    let (x, y) = (&ins[0], &ins[1]);
+    // A stretched operand would be copied B times to be folded.
+    let stretched = |a: &Array| !a.is_evaluated() && matches!(a.primitive(), Primitive::BroadcastTo);
+    if stretched(x) || stretched(y) {
+        return Ok(None);
+    }
+    let (k, m, n) = (x.shape()[r - 2], x.shape()[r - 1], y.shape()[r - 1]);
+    let rows = (ct.shape()[..r - 2].iter().product::<usize>() * m) as isize;
+    // `x` is `[B.., K, M]`; the left factor is `[K, B·M]`. When `x` is the transpose of a
+    // `[B.., M, K]` array, that array folded and transposed is a view.
+    let swapped: Vec<usize> = (0..r - 2).chain([r - 1, r - 2]).collect();
+    let left = match x.is_evaluated() {
+        false if matches!(x.primitive(), Primitive::Permute(p) if *p == swapped) => {
+            let (_, src) = x.primitive_and_inputs();
+            src[0].reshape(&[rows, k as isize])?.swapaxes(0, 1)?
+        }
+        _ => {
+            let front: Vec<usize> = [r - 2].into_iter().chain(0..r - 2).chain([r - 1]).collect();
+            x.transpose(&front)?.reshape(&[k as isize, rows])?
+        }
+    };
+    let spec: Vec<isize> = shape.iter().map(|&d| d as isize).collect();
+    Ok(Some(left.matmul(&y.reshape(&[rows, n as isize])?)?.reshape(&spec)?))
+}
+
 /// `Matmul`: `ta @ b + a @ tb`.
 pub(crate) fn jvp(p: &Primitive, g: &Jvp<'_>) -> crate::error::Result<Option<Array>> {
     match p {
