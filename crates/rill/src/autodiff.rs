@@ -25,6 +25,7 @@ use crate::compile::rules::{self, Note};
 use crate::compile::trace::{self, Ref, Tape};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::ops::movement::copies::concatenate;
 use crate::ops::{on_device, target_stream};
 use crate::primitives::Primitive;
 use crate::primitives::grad::{Jvp, Vjp, record};
@@ -92,18 +93,15 @@ impl Traced {
 
     /// The cotangent of each input (`None`: zero) from those of the outputs.
     fn backward(&self, out_cts: &[Option<Array>]) -> Result<Vec<Option<Array>>> {
-        let mut node_ct: Vec<Option<Array>> = vec![None; self.vals.len()];
-        let mut in_ct: Vec<Option<Array>> = vec![None; self.inputs.len()];
-        let mut add = |node_ct: &mut Vec<Option<Array>>, r: Ref, c: Array| -> Result<()> {
-            let slot = match r {
-                Ref::Input(k) => &mut in_ct[k],
-                Ref::Node(j) => &mut node_ct[j],
-                Ref::Const(_) => return Ok(()),
-            };
-            *slot = Some(match slot.take() {
-                Some(prev) => prev.add(&c)?,
-                None => c,
-            });
+        // Each node's and input's cotangent terms, summed when the node is reached.
+        let mut node_ct: Vec<Vec<Array>> = vec![Vec::new(); self.vals.len()];
+        let mut in_ct: Vec<Vec<Array>> = vec![Vec::new(); self.inputs.len()];
+        let mut add = |node_ct: &mut Vec<Vec<Array>>, r: Ref, c: Array| -> Result<()> {
+            match r {
+                Ref::Input(k) => in_ct[k].push(c),
+                Ref::Node(j) => node_ct[j].push(c),
+                Ref::Const(_) => {}
+            }
             Ok(())
         };
         for (r, ct) in self.tape.outputs.iter().zip(out_cts) {
@@ -115,7 +113,7 @@ impl Traced {
             }
         }
         for i in (0..self.vals.len()).rev() {
-            let Some(ct) = node_ct[i].take() else { continue };
+            let Some(ct) = sum_terms(std::mem::take(&mut node_ct[i]))? else { continue };
             let n = &self.tape.nodes[i];
             if !self.depends[i] || !n.dtype.is_float() {
                 continue;
@@ -137,7 +135,7 @@ impl Traced {
                 }
             }
         }
-        Ok(in_ct)
+        in_ct.into_iter().map(sum_terms).collect()
     }
 
     /// The tangent of each output (`None`: zero) from those of the inputs.
@@ -168,6 +166,69 @@ impl Traced {
         }
         Ok(self.tape.outputs.iter().map(|r| tangent(&node_t, r)).collect())
     }
+}
+
+/// The sum of a node's cotangent terms, added in the order they came (`None`: no term).
+/// Terms that are all zero paddings of disjoint runs of one axis (the cotangents of
+/// slices that split an array: a fused q/k/v projection's three parts) become one
+/// concatenation, padded once, instead of full-size zero arrays added together.
+fn sum_terms(terms: Vec<Array>) -> Result<Option<Array>> {
+    if terms.len() > 1
+        && let Some(joined) = join_pads(&terms)?
+    {
+        return Ok(Some(joined));
+    }
+    let mut it = terms.into_iter();
+    let Some(mut sum) = it.next() else { return Ok(None) };
+    for t in it {
+        sum = sum.add(&t)?;
+    }
+    Ok(Some(sum))
+}
+
+/// [`sum_terms`] of zero paddings (not yet evaluated, one shape and dtype) whose widths
+/// agree but on one axis, where their runs do not overlap: the runs in order with zeros
+/// in the gaps, concatenated and padded. `None` for any other terms.
+fn join_pads(terms: &[Array]) -> Result<Option<Array>> {
+    let mut pads = Vec::with_capacity(terms.len());
+    for t in terms {
+        if t.is_evaluated() || t.shape() != terms[0].shape() || t.dtype() != terms[0].dtype() {
+            return Ok(None);
+        }
+        let (Primitive::Pad { widths, value }, mut ins) = t.primitive_and_inputs() else { return Ok(None) };
+        match (ins.pop(), ins.is_empty()) {
+            (Some(inner), true) if value == 0.0 => pads.push((widths, inner)),
+            _ => return Ok(None),
+        }
+    }
+    let w0 = pads[0].0.clone();
+    let differ: Vec<usize> = (0..w0.len()).filter(|&a| pads.iter().any(|(w, _)| w[a] != w0[a])).collect();
+    let [axis] = differ[..] else { return Ok(None) };
+    pads.sort_by_key(|(w, _)| w[axis].0);
+    let full = terms[0].shape()[axis];
+    let mut parts: Vec<Array> = Vec::new();
+    let mut at = pads[0].0[axis].0;
+    for (w, inner) in &pads {
+        let (lo, len) = (w[axis].0, inner.shape()[axis]);
+        if lo < at {
+            return Ok(None); // overlapping runs
+        }
+        if lo > at {
+            let mut gap = inner.shape().to_vec();
+            gap[axis] = lo - at;
+            parts.push(Array::zeros(&gap, inner.dtype())?);
+        }
+        parts.push(inner.clone());
+        at = lo + len;
+    }
+    let refs: Vec<&Array> = parts.iter().collect();
+    let joined = if refs.len() == 1 { parts[0].clone() } else { concatenate(&refs, axis as isize)? };
+    let mut widths = w0;
+    widths[axis] = (pads[0].0[axis].0, full - at);
+    if widths.iter().all(|&(a, b)| a == 0 && b == 0) {
+        return Ok(Some(joined));
+    }
+    Ok(Some(joined.pad(&widths, 0.0)?))
 }
 
 fn get(tape: &Tape, inputs: &[Array], vals: &[Array], r: &Ref) -> Array {

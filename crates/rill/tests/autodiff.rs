@@ -408,6 +408,61 @@ fn matmul_gradient_of_an_operand_shared_over_a_batch() {
     assert_eq!(counts.get("sum").copied().unwrap_or(0), 0, "{counts:?}");
 }
 
+/// Slices of one array used separately (a fused q/k/v projection split in three): their
+/// cotangents, zero paddings of runs of one axis, are joined into one array. Runs that
+/// tile the axis, leave gaps, overlap, or are strided, along a random axis.
+#[test]
+fn gradient_of_slices_that_split_an_array() {
+    let mut rng = Rng::new(24);
+    for case in 0..16 {
+        let s = shape(&mut rng, 1, 3, false).into_iter().map(|d| d + 3).collect::<Vec<_>>();
+        let axis = (rng.next_u64() as usize) % s.len();
+        let n = s[axis];
+        // Up to four runs [lo, hi) with step 1, or 2 in the strided cases.
+        let runs: Vec<(usize, usize, isize)> = (0..2 + case % 3)
+            .map(|_| {
+                let lo = (rng.next_u64() as usize) % n;
+                let hi = lo + 1 + (rng.next_u64() as usize) % (n - lo);
+                (lo, hi, if case % 5 == 4 { 2 } else { 1 })
+            })
+            .collect();
+        let runs = if case % 4 == 0 {
+            // Tiling: consecutive runs covering the axis.
+            let cut = 1 + (rng.next_u64() as usize) % (n - 1);
+            vec![(0, cut, 1), (cut, n, 1)]
+        } else {
+            runs
+        };
+        let rs = runs.clone();
+        let f = fun(move |x| {
+            let mut out = Vec::new();
+            for (i, &(lo, hi, st)) in rs.iter().enumerate() {
+                let p = x[0].slice_axis(axis as isize, Some(lo as isize), Some(hi as isize), st)?;
+                out.push(if i % 2 == 0 { p.sin()? } else { p.square()? });
+            }
+            Ok(out)
+        });
+        check(
+            &format!("slices {runs:?} of axis {axis} of {s:?}"),
+            f,
+            vec![rand_input(&mut rng, &s, -1.0, 1.0)],
+            &mut rng,
+        );
+    }
+    // Three parts that tile an axis: their cotangent is one concatenation, not three
+    // paddings added.
+    let gr = rill::grad(
+        |x| {
+            let part = |i: isize| x[0].slice_axis(0, Some(2 * i), Some(2 * i + 2), 1);
+            Ok(vec![part(0)?.mul(&part(1)?)?.mul(&part(2)?.sin()?)?.sum_all()?])
+        },
+        &[0],
+    );
+    let g = rill::compile(move |x: &[Array]| gr.call(x));
+    let counts = g.primitive_counts(&[Array::ones(&[6, 5], DType::F32).unwrap()]).unwrap();
+    assert_eq!(counts.get("pad").copied().unwrap_or(0), 0, "{counts:?}");
+}
+
 #[test]
 fn movement_rules_match_finite_differences() {
     let mut rng = Rng::new(7);
