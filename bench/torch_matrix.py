@@ -52,7 +52,12 @@ UNARY = {op: f"torch.{op}(x0)" for op in
          ["neg", "abs", "sign", "exp", "log", "log1p", "sqrt", "rsqrt", "square", "reciprocal",
           "sin", "cos", "tanh", "sigmoid", "relu", "erf", "floor", "ceil", "logical_not"]}
 UNARY.update({"gelu": "F.gelu(x0)", "gelu_tanh": "F.gelu(x0, approximate='tanh')",
-              "silu": "F.silu(x0)", "round": "torch.round(x0)"})  # torch.round: half to even
+              "silu": "F.silu(x0)", "round": "torch.round(x0)",  # torch.round: half to even
+              # The derivatives: torch's backward kernels with a cotangent of ones (a
+              # broadcast scalar, nothing stored).
+              "gelu_grad": "torch.ops.aten.gelu_backward(x0.new_ones(()).expand_as(x0), x0)",
+              "gelu_tanh_grad": "torch.ops.aten.gelu_backward(x0.new_ones(()).expand_as(x0), x0, approximate='tanh')",
+              "silu_grad": "torch.ops.aten.silu_backward(x0.new_ones(()).expand_as(x0), x0)"})
 BINARY = {"add": "torch.add", "sub": "torch.sub", "mul": "torch.mul", "div": "torch.div",
           "pow": "torch.pow", "maximum": "torch.maximum", "minimum": "torch.minimum",
           "equal": "torch.eq", "not_equal": "torch.ne", "less": "torch.lt",

@@ -101,6 +101,9 @@ fn cases() -> Vec<Case> {
             6.0,
         ),
         fl("silu", Array::silu, |x| x * sigmoid(x), -6.0, 6.0, -5.0, 6.0),
+        fl("gelu_grad", Array::gelu_grad, gelu_grad_ref, -4.0, 4.0, -5.0, 6.0),
+        fl("gelu_tanh_grad", Array::gelu_tanh_grad, gelu_tanh_grad_ref, -4.0, 4.0, -5.0, 6.0),
+        fl("silu_grad", Array::silu_grad, |x| sigmoid(x) * (1.0 + x * (1.0 - sigmoid(x))), -6.0, 6.0, -5.0, 6.0),
         fl("erf", Array::erf, libm::erf, -3.0, 3.0, -3.0, 4.0),
         Case {
             name: "logical_not",
@@ -114,6 +117,18 @@ fn cases() -> Vec<Case> {
             ihi: 4.0,
         },
     ]
+}
+
+/// `Φ(x) + x φ(x)` in f64.
+fn gelu_grad_ref(x: f64) -> f64 {
+    0.5 * (1.0 + libm::erf(x * FRAC_1_SQRT_2)) + x * (-0.5 * x * x).exp() / (2.0 * PI).sqrt()
+}
+
+/// The derivative of the tanh-approximated GELU in f64, by the product rule.
+fn gelu_tanh_grad_ref(x: f64) -> f64 {
+    let (c, a) = ((2.0 / PI).sqrt(), 0.044715);
+    let t = (c * (x + a * x.powi(3))).tanh();
+    0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * a * x * x)
 }
 
 /// The result dtype of a unary op on `d` (docs/DTYPES.md).

@@ -237,6 +237,16 @@ fn unary_float(op: UnaryOp, x: f64) -> f64 {
             0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh())
         }
         Silu => x * sigmoid(x),
+        GeluGrad => {
+            let pdf = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
+            0.5 * (1.0 + erf(x / std::f64::consts::SQRT_2)) + x * pdf
+        }
+        GeluTanhGrad => {
+            let (k, a) = ((2.0 / std::f64::consts::PI).sqrt(), 0.044715);
+            let t = (k * (x + a * x * x * x)).tanh();
+            0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * a * x * x)
+        }
+        SiluGrad => sigmoid(x) * (1.0 + x * (1.0 - sigmoid(x))),
         Erf => erf(x),
         Floor => x.floor(),
         Ceil => x.ceil(),
@@ -257,7 +267,8 @@ fn unary_int(op: UnaryOp, x: i64, d: DType) -> std::result::Result<f64, String> 
         Relu => x.max(0),
         Floor | Ceil | Round => x,
         LogicalNot => return Ok(truth(x == 0)),
-        Exp | Log | Log1p | Sqrt | Rsqrt | Reciprocal | Sin | Cos | Tanh | Sigmoid | Gelu | GeluTanh | Silu | Erf => {
+        Exp | Log | Log1p | Sqrt | Rsqrt | Reciprocal | Sin | Cos | Tanh | Sigmoid | Gelu | GeluTanh | Silu | Erf
+        | GeluGrad | GeluTanhGrad | SiluGrad => {
             return Err(format!("{} of an integer", op.name()));
         }
     };

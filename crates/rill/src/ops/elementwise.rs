@@ -157,6 +157,14 @@ unary_methods! {
     gelu_tanh => GeluTanh;
     /// `x * sigmoid(x)`.
     silu => Silu;
+    /// The derivative of [`gelu`](Array::gelu), `Φ(x) + x φ(x)`, as one op (gradients
+    /// use it).
+    gelu_grad => GeluGrad;
+    /// The derivative of [`gelu_tanh`](Array::gelu_tanh), as one op.
+    gelu_tanh_grad => GeluTanhGrad;
+    /// The derivative of [`silu`](Array::silu), `s (1 + x (1 - s))` with `s =
+    /// sigmoid(x)`, as one op.
+    silu_grad => SiluGrad;
     /// The error function.
     erf => Erf;
     /// Largest integer not above x.

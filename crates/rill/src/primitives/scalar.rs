@@ -28,6 +28,10 @@ pub(crate) trait Float:
     const SQRT_2_OVER_PI: Self;
     /// The cubic coefficient of GELU's tanh approximation, 0.044715.
     const GELU_CUBIC: Self;
+    /// Three times it, 0.134145 (the derivative's coefficient).
+    const GELU_CUBIC_3: Self;
+    /// `1 / sqrt(2 pi)`, the standard normal density at 0.
+    const FRAC_1_SQRT_2PI: Self;
     fn exp(self) -> Self;
     fn erf(self) -> Self;
     fn ln(self) -> Self;
@@ -53,6 +57,9 @@ macro_rules! float_impl {
             const FRAC_1_SQRT_2: Self = std::f64::consts::FRAC_1_SQRT_2 as $t;
             const SQRT_2_OVER_PI: Self = $sqrt_2_over_pi;
             const GELU_CUBIC: Self = 0.044715;
+            const GELU_CUBIC_3: Self = 0.134145;
+            #[allow(clippy::excessive_precision)]
+            const FRAC_1_SQRT_2PI: Self = 0.398_942_280_401_432_677_9 as $t;
             #[inline(always)]
             fn exp(self) -> Self {
                 $exp(self)

@@ -44,6 +44,12 @@ op_enum! {
         /// GELU with the tanh approximation.
         GeluTanh => "gelu_tanh",
         Silu => "silu",
+        /// The derivative of `gelu`, `Φ(x) + x φ(x)`.
+        GeluGrad => "gelu_grad",
+        /// The derivative of `gelu_tanh`.
+        GeluTanhGrad => "gelu_tanh_grad",
+        /// The derivative of `silu`, `s (1 + x (1 - s))` with `s = sigmoid(x)`.
+        SiluGrad => "silu_grad",
         Erf => "erf",
         Floor => "floor",
         Ceil => "ceil",
@@ -60,7 +66,7 @@ impl UnaryOp {
         match self {
             Neg | Abs | Sign | Square | Relu | Floor | Ceil | Round | LogicalNot => false,
             Exp | Log | Log1p | Sqrt | Rsqrt | Reciprocal | Sin | Cos | Tanh | Sigmoid | Gelu | GeluTanh | Silu
-            | Erf => true,
+            | Erf | GeluGrad | GeluTanhGrad | SiluGrad => true,
         }
     }
 
@@ -72,7 +78,7 @@ impl UnaryOp {
         match self {
             Abs | Relu | Square | LogicalNot => true,
             Neg | Sign | Exp | Log | Log1p | Sqrt | Rsqrt | Reciprocal | Sin | Cos | Tanh | Sigmoid | Gelu
-            | GeluTanh | Silu | Erf | Floor | Ceil | Round => false,
+            | GeluTanh | Silu | Erf | Floor | Ceil | Round | GeluGrad | GeluTanhGrad | SiluGrad => false,
         }
     }
 
@@ -114,6 +120,22 @@ impl UnaryOp {
             Gelu => F::HALF * x * (F::ONE + (x * F::FRAC_1_SQRT_2).erf()),
             GeluTanh => F::HALF * x * (F::ONE + (F::SQRT_2_OVER_PI * (x + F::GELU_CUBIC * x * x * x)).tanh()),
             Silu => x / (F::ONE + (-x).exp()),
+            // (1 + erf(x / sqrt 2)) / 2 + x * (e^(-x * x / 2) / sqrt(2 pi)).
+            GeluGrad => {
+                let cdf = F::HALF * (F::ONE + (x * F::FRAC_1_SQRT_2).erf());
+                cdf + x * ((-(F::HALF * x * x)).exp() * F::FRAC_1_SQRT_2PI)
+            }
+            // (1 + t) / 2 + (x / 2) (1 - t^2) c (1 + 3 a x^2), t = tanh(c (x + a x^3)).
+            GeluTanhGrad => {
+                let x2 = x * x;
+                let t = (F::SQRT_2_OVER_PI * (x + F::GELU_CUBIC * x * x2)).tanh();
+                let du = F::SQRT_2_OVER_PI * (F::ONE + F::GELU_CUBIC_3 * x2);
+                F::HALF * (F::ONE + t) + F::HALF * x * (F::ONE - t * t) * du
+            }
+            SiluGrad => {
+                let s = F::ONE / (F::ONE + (-x).exp());
+                s * (F::ONE + x * (F::ONE - s))
+            }
             Erf => x.erf(),
             Floor => x.floor(),
             Ceil => x.ceil(),
@@ -156,7 +178,7 @@ impl UnaryOp {
                 }
             }
             Exp | Log | Log1p | Sqrt | Rsqrt | Reciprocal | Sin | Cos | Tanh | Sigmoid | Gelu | GeluTanh | Silu
-            | Erf => return None,
+            | Erf | GeluGrad | GeluTanhGrad | SiluGrad => return None,
         })
     }
 
@@ -226,6 +248,11 @@ impl UnaryOp {
                 mul(&mul(&format!("0.5{l}"), x), &add(&one, &t))
             }
             Silu => format!("({x} / {})", add(&one, &format!("exp{f}(-{x})"))),
+            // The formulas of `float`, in its order; the prelude's helpers hold the
+            // repeated subexpressions.
+            GeluGrad => format!("gelu_grad{f}({x})"),
+            GeluTanhGrad => format!("gelu_tanh_grad{f}({x})"),
+            SiluGrad => format!("silu_grad{f}({x})"),
             Erf => format!("erf{f}({x})"),
             Floor => format!("floor{f}({x})"),
             Ceil => format!("ceil{f}({x})"),
@@ -250,7 +277,7 @@ impl UnaryOp {
             Floor | Ceil | Round => x.to_string(),
             LogicalNot => format!("({x} == 0)"),
             Exp | Log | Log1p | Sqrt | Rsqrt | Reciprocal | Sin | Cos | Tanh | Sigmoid | Gelu | GeluTanh | Silu
-            | Erf => return None,
+            | Erf | GeluGrad | GeluTanhGrad | SiluGrad => return None,
         })
     }
 
@@ -260,7 +287,7 @@ impl UnaryOp {
     /// `logical_not`). At the kinks: `abs'(0) = 0`, `relu'(0) = 0`.
     fn times_derivative(self, v: &Array, x: &Array, y: &Array) -> Result<Option<Array>> {
         use UnaryOp::*;
-        use std::f64::consts::{FRAC_1_SQRT_2, FRAC_2_SQRT_PI, PI};
+        use std::f64::consts::{FRAC_2_SQRT_PI, PI};
         Ok(Some(match self {
             Neg => v.neg()?,
             Abs => v.mul(&x.sign()?)?,
@@ -277,26 +304,30 @@ impl UnaryOp {
             Tanh => v.mul(&y.square()?.neg()?.add(1.0)?)?,
             Sigmoid => v.mul(&y.mul(&y.neg()?.add(1.0)?)?)?,
             Relu => where_(&x.gt(0.0)?, v, 0.0)?,
-            // Φ(x) + x φ(x).
-            Gelu => {
-                let cdf = x.mul(FRAC_1_SQRT_2)?.erf()?.add(1.0)?.mul(0.5)?;
+            // Each derivative is one op, computed in f32 for f16/bf16 and rounded once.
+            Gelu => v.mul(&x.gelu_grad()?)?,
+            GeluTanh => v.mul(&x.gelu_tanh_grad()?)?,
+            Silu => v.mul(&x.silu_grad()?)?,
+            // φ(x) (2 - x^2).
+            GeluGrad => {
                 let pdf = x.square()?.mul(-0.5)?.exp()?.mul(1.0 / (2.0 * PI).sqrt())?;
-                v.mul(&cdf.add(&x.mul(&pdf)?)?)?
+                v.mul(&pdf.mul(&x.square()?.neg()?.add(2.0)?)?)?
             }
-            // y = x (1 + tanh u) / 2 with u = c (x + a x^3):
-            // y' = (1 + tanh u) / 2 + x (1 - tanh^2 u) c (1 + 3 a x^2) / 2.
-            GeluTanh => {
+            // With t = tanh u, u = c (x + a x^3), u' = c (1 + 3 a x^2):
+            // (1 - t^2) (u' + 3 a c x^2 - x t u'^2).
+            GeluTanhGrad => {
                 let (c, a) = ((2.0 / PI).sqrt(), 0.044715);
                 let x2 = x.square()?;
                 let t = x.mul(&x2.mul(a)?.add(1.0)?)?.mul(c)?.tanh()?;
                 let du = x2.mul(3.0 * a)?.add(1.0)?.mul(c)?;
-                let d = t.add(1.0)?.mul(0.5)?.add(&x.mul(&t.square()?.neg()?.add(1.0)?)?.mul(&du)?.mul(0.5)?)?;
-                v.mul(&d)?
+                let inner = du.add(&x2.mul(3.0 * a * c)?)?.sub(&x.mul(&t)?.mul(&du.square()?)?)?;
+                v.mul(&t.square()?.neg()?.add(1.0)?.mul(&inner)?)?
             }
-            // s (1 + x (1 - s)) with s = sigmoid(x).
-            Silu => {
+            // s (1 - s) (2 + x (1 - 2 s)).
+            SiluGrad => {
                 let s = x.sigmoid()?;
-                v.mul(&s.mul(&x.mul(&s.neg()?.add(1.0)?)?.add(1.0)?)?)?
+                let ds = s.mul(&s.neg()?.add(1.0)?)?;
+                v.mul(&ds.mul(&x.mul(&s.mul(-2.0)?.add(1.0)?)?.add(2.0)?)?)?
             }
             Erf => v.mul(&x.square()?.neg()?.exp()?.mul(FRAC_2_SQRT_PI)?)?,
             Sign | Floor | Ceil | Round | LogicalNot => return Ok(None),
