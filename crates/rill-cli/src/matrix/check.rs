@@ -211,6 +211,20 @@ fn erf(x: f64) -> f64 {
     }
 }
 
+/// The magnitude of the terms a derivative op adds (they cancel near its zeros, where an
+/// error of a few ulps of the terms is a large error relative to the value); `None` for
+/// the other ops, whose scale is the value's magnitude.
+fn unary_scale(op: UnaryOp, x: f64) -> Option<f64> {
+    use UnaryOp::*;
+    let sigmoid = |x: f64| 1.0 / (1.0 + (-x).exp());
+    Some(match op {
+        GeluGrad => 1.0 + (x * (-0.5 * x * x).exp()).abs(),
+        GeluTanhGrad => 1.0 + (x * 0.8 * (1.0 + 0.134145 * x * x)).abs(),
+        SiluGrad => sigmoid(x) * (1.0 + x.abs()),
+        _ => return None,
+    })
+}
+
 fn unary_float(op: UnaryOp, x: f64) -> f64 {
     use UnaryOp::*;
     let sigmoid = |x: f64| 1.0 / (1.0 + (-x).exp());
@@ -433,7 +447,11 @@ fn reference(c: &Case, x: &[Values]) -> std::result::Result<Want, String> {
             let op = unary_op(&c.op).ok_or_else(|| bad("a unary op"))?;
             let out = if op == UnaryOp::LogicalNot { DType::Bool } else { d };
             if d.is_float() {
-                Ok(want(out, shape, elementwise(n, |k| unary_float(op, x0.v[k]))))
+                let v = par_fill(n, 1, |k, v, s| {
+                    v[0] = unary_float(op, x0.v[k]);
+                    s[0] = unary_scale(op, x0.v[k]).unwrap_or(v[0].abs());
+                });
+                Ok(want(out, shape, v))
             } else {
                 unary_int(op, 0, d)?;
                 Ok(want(out, shape, elementwise(n, |k| unary_int(op, x0.v[k] as i64, d).unwrap_or(f64::NAN))))
