@@ -248,11 +248,11 @@ impl UnaryOp {
                 mul(&mul(&format!("0.5{l}"), x), &add(&one, &t))
             }
             Silu => format!("({x} / {})", add(&one, &format!("exp{f}(-{x})"))),
-            // The formulas of `float`, in its order; the prelude's helpers hold the
-            // repeated subexpressions.
-            GeluGrad => format!("gelu_grad{f}({x})"),
-            GeluTanhGrad => format!("gelu_tanh_grad{f}({x})"),
-            SiluGrad => format!("silu_grad{f}({x})"),
+            // The formulas of `float`, in its order, as the prelude's templates (one body
+            // for float and double; they hold the repeated subexpressions).
+            GeluGrad => format!("gelu_grad_t({x})"),
+            GeluTanhGrad => format!("gelu_tanh_grad_t({x})"),
+            SiluGrad => format!("silu_grad_t({x})"),
             Erf => format!("erf{f}({x})"),
             Floor => format!("floor{f}({x})"),
             Ceil => format!("ceil{f}({x})"),

@@ -79,41 +79,30 @@ __device__ __forceinline__ u16 st_bf16_d(double d) {
     if ((man & rb) != 0u && (((man & (3u * rb - 1u)) | (u32)v) != 0u)) return (u16)((hs | hexp | hm) + 1u);
     return (u16)(hs | hexp | hm);
 }
-// The derivatives of gelu, gelu_tanh and silu (primitives/unary.rs: `float` gives the
-// order of the operations, each rounded, never contracted).
-__device__ __forceinline__ float gelu_gradf(float x) {
-    float cdf = __fmul_rn(0.5f, __fadd_rn(1.0f, erff(__fmul_rn(x, 0.70710678118654752f))));
-    float e = expf(-__fmul_rn(__fmul_rn(0.5f, x), x));
-    return __fadd_rn(cdf, __fmul_rn(x, __fmul_rn(e, 0.39894228040143268f)));
+// The derivatives of gelu, gelu_tanh and silu, for float and double (primitives/unary.rs:
+// `float` gives the order of the operations, each rounded, never contracted; the
+// constants are the double values converted, as there).
+__device__ __forceinline__ float rn_add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float rn_sub(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ float rn_mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double rn_add(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ double rn_sub(double a, double b) { return __dsub_rn(a, b); }
+__device__ __forceinline__ double rn_mul(double a, double b) { return __dmul_rn(a, b); }
+template <typename T> __device__ __forceinline__ T gelu_grad_t(T x) {
+    T cdf = rn_mul((T)0.5, rn_add((T)1.0, erf(rn_mul(x, (T)0.70710678118654752))));
+    T e = exp(-rn_mul(rn_mul((T)0.5, x), x));
+    return rn_add(cdf, rn_mul(x, rn_mul(e, (T)0.39894228040143268)));
 }
-__device__ __forceinline__ double gelu_grad(double x) {
-    double cdf = __dmul_rn(0.5, __dadd_rn(1.0, erf(__dmul_rn(x, 0.70710678118654752))));
-    double e = exp(-__dmul_rn(__dmul_rn(0.5, x), x));
-    return __dadd_rn(cdf, __dmul_rn(x, __dmul_rn(e, 0.39894228040143268)));
+template <typename T> __device__ __forceinline__ T gelu_tanh_grad_t(T x) {
+    T x2 = rn_mul(x, x);
+    T t = tanh(rn_mul((T)0.7978845608028654, rn_add(x, rn_mul(rn_mul((T)0.044715, x), x2))));
+    T du = rn_mul((T)0.7978845608028654, rn_add((T)1.0, rn_mul((T)0.134145, x2)));
+    T a = rn_mul((T)0.5, rn_add((T)1.0, t));
+    return rn_add(a, rn_mul(rn_mul(rn_mul((T)0.5, x), rn_sub((T)1.0, rn_mul(t, t))), du));
 }
-__device__ __forceinline__ float gelu_tanh_gradf(float x) {
-    float x2 = __fmul_rn(x, x);
-    float t = tanhf(__fmul_rn(0.7978845608028654f, __fadd_rn(x, __fmul_rn(__fmul_rn(0.044715f, x), x2))));
-    float du = __fmul_rn(0.7978845608028654f, __fadd_rn(1.0f, __fmul_rn(0.134145f, x2)));
-    float a = __fmul_rn(0.5f, __fadd_rn(1.0f, t));
-    float b = __fmul_rn(__fmul_rn(__fmul_rn(0.5f, x), __fsub_rn(1.0f, __fmul_rn(t, t))), du);
-    return __fadd_rn(a, b);
-}
-__device__ __forceinline__ double gelu_tanh_grad(double x) {
-    double x2 = __dmul_rn(x, x);
-    double t = tanh(__dmul_rn(0.7978845608028654, __dadd_rn(x, __dmul_rn(__dmul_rn(0.044715, x), x2))));
-    double du = __dmul_rn(0.7978845608028654, __dadd_rn(1.0, __dmul_rn(0.134145, x2)));
-    double a = __dmul_rn(0.5, __dadd_rn(1.0, t));
-    double b = __dmul_rn(__dmul_rn(__dmul_rn(0.5, x), __dsub_rn(1.0, __dmul_rn(t, t))), du);
-    return __dadd_rn(a, b);
-}
-__device__ __forceinline__ float silu_gradf(float x) {
-    float s = 1.0f / __fadd_rn(1.0f, expf(-x));
-    return __fmul_rn(s, __fadd_rn(1.0f, __fmul_rn(x, __fsub_rn(1.0f, s))));
-}
-__device__ __forceinline__ double silu_grad(double x) {
-    double s = 1.0 / __dadd_rn(1.0, exp(-x));
-    return __dmul_rn(s, __dadd_rn(1.0, __dmul_rn(x, __dsub_rn(1.0, s))));
+template <typename T> __device__ __forceinline__ T silu_grad_t(T x) {
+    T s = (T)1.0 / rn_add((T)1.0, exp(-x));
+    return rn_mul(s, rn_add((T)1.0, rn_mul(x, rn_sub((T)1.0, s))));
 }
 __device__ __forceinline__ u8 sat_u8(double d) { if (d != d) return 0; if (d <= 0.0) return 0; if (d >= 255.0) return 255; return (u8)d; }
 __device__ __forceinline__ u32 sat_u32(double d) { if (d != d) return 0; if (d <= 0.0) return 0u; if (d >= 4294967295.0) return 4294967295u; return (u32)d; }
