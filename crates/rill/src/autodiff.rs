@@ -221,8 +221,8 @@ fn join_pads(terms: &[Array]) -> Result<Option<Array>> {
         parts.push(inner.clone());
         at = lo + len;
     }
-    let refs: Vec<&Array> = parts.iter().collect();
-    let joined = if refs.len() == 1 { parts[0].clone() } else { concatenate(&refs, axis as isize)? };
+    // At least two terms without overlap: at least two parts.
+    let joined = concatenate(&parts.iter().collect::<Vec<_>>(), axis as isize)?;
     let mut widths = w0;
     widths[axis] = (pads[0].0[axis].0, full - at);
     if widths.iter().all(|&(a, b)| a == 0 && b == 0) {

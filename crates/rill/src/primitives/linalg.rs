@@ -120,11 +120,12 @@ pub(crate) fn batch_summed(ct: &Array, shape: &[usize]) -> Result<Option<Array>>
     let rows = (ct.shape()[..r - 2].iter().product::<usize>() * m) as isize;
     // `x` is `[B.., K, M]`; the left factor is `[K, B·M]`. When `x` is the transpose of a
     // `[B.., M, K]` array, that array folded and transposed is a view.
+    // The primitive and its input read together (fusion at eval may rewrite both).
     let swapped: Vec<usize> = (0..r - 2).chain([r - 1, r - 2]).collect();
-    let left = match x.is_evaluated() {
-        false if matches!(x.primitive(), Primitive::Permute(p) if *p == swapped) => {
-            let (_, src) = x.primitive_and_inputs();
-            src[0].reshape(&[rows, k as isize])?.swapaxes(0, 1)?
+    let (xp, xs) = x.primitive_and_inputs();
+    let left = match (xp, xs.first()) {
+        (Primitive::Permute(p), Some(src)) if !x.is_evaluated() && p == swapped => {
+            src.reshape(&[rows, k as isize])?.swapaxes(0, 1)?
         }
         _ => {
             let front: Vec<usize> = [r - 2].into_iter().chain(0..r - 2).chain([r - 1]).collect();
