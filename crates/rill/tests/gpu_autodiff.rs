@@ -80,3 +80,74 @@ fn gpu_gradients_match_cpu_f64() {
         }
     }
 }
+
+/// bf16 attention gradients through the fused backward kernels (64-row tiles on both
+/// sides, so lengths below, at and past 64; grouped heads; causal with more or fewer
+/// queries than keys; q, k, v as strided `[B, T, H, D]` views as a projection gives them),
+/// eager and compiled, against float64 on the CPU from the same rounded inputs. The CPU's
+/// bf16 gradient (the same fused nodes) is checked too, so this runs without a GPU.
+#[test]
+fn gpu_bf16_attention_gradients_match_cpu_f64() {
+    let devices: Vec<Device> = [Device::cpu()].into_iter().chain(gpu()).collect();
+    let mut rng = Rng::new(21);
+    for case in 0..12 {
+        let d = [16, 32, 64, 128, 48, 64][case % 6];
+        let causal = case % 2 == 0;
+        let (hkv, group) = (1 + case % 2, [1, 2, 3][case % 3]);
+        let hq = hkv * group;
+        let tq = 1 + (rng.next_u64() % 150) as usize;
+        let tk = if case % 4 == 3 { tq } else { 1 + (rng.next_u64() % 150) as usize };
+        let b = 1 + case % 2;
+        // Strided: stored [B, T, H, D] and read through a swap of T and H.
+        let strided = case % 3 != 1;
+        let shape = |h: usize, t: usize| if strided { vec![b, t, h, d] } else { vec![b, h, t, d] };
+        let shapes = [shape(hq, tq), shape(hkv, tk), shape(hkv, tk), vec![b, hq, tq, d]];
+        // bf16-rounded values, so the float64 reference starts from the same inputs.
+        let bf = |v: Vec<f64>, s: &[usize]| Array::from_slice(&v, s).unwrap().astype(DType::BF16).unwrap();
+        let vals: Vec<(Vec<f64>, Vec<usize>)> = shapes
+            .iter()
+            .map(|s| (bf(rng.vec(s.iter().product(), -1.0, 1.0), s).to_f64_vec().unwrap(), s.clone()))
+            .collect();
+        let f = move |x: &[Array]| -> Result<Vec<Array>> {
+            let view = |a: &Array| if strided { a.swapaxes(1, 2) } else { Ok(a.clone()) };
+            let mask = if causal { AttentionMask::Causal } else { AttentionMask::None };
+            let o = rill::scaled_dot_product_attention(&view(&x[0])?, &view(&x[1])?, &view(&x[2])?, mask, None)?;
+            Ok(vec![o.mul(&x[3])?.astype(DType::F32)?.sum_all()?])
+        };
+        let run = |device: Device, dtype: DType, compiled: bool| -> Vec<Vec<f64>> {
+            common::on(device, || {
+                let xs: Vec<Array> =
+                    vals.iter().map(|(v, s)| Array::from_slice(v, s).unwrap().astype(dtype).unwrap()).collect();
+                let gr = rill::grad(f, &[0, 1, 2]);
+                let out = if compiled {
+                    let c = rill::compile(move |x| gr.call(x));
+                    if device != Device::cpu() {
+                        let counts = c.primitive_counts(&xs).unwrap();
+                        assert_eq!(
+                            counts.get("scaled_dot_product_attention_grad"),
+                            Some(&3),
+                            "case {case}: {counts:?}"
+                        );
+                    }
+                    c.call(&xs).unwrap()
+                } else {
+                    gr.call(&xs).unwrap()
+                };
+                out.iter().map(|a| a.to_f64_vec().unwrap()).collect()
+            })
+        };
+        let want = run(Device::cpu(), DType::F64, false);
+        for (device, compiled) in devices.iter().flat_map(|&d| [(d, false), (d, true)]) {
+            let got = run(device, DType::BF16, compiled);
+            for (i, (a, w)) in got.iter().zip(&want).enumerate() {
+                // bf16 rounds P and dS before their products: a bound relative to the largest entry.
+                let top = w.iter().fold(0f64, |m, x| m.max(x.abs()));
+                let err = a.iter().zip(w).fold(0f64, |m, (x, y)| m.max((x - y).abs()));
+                assert!(
+                    err <= 0.03 * top + 1e-3,
+                    "case {case} (d {d}, hq {hq}, hkv {hkv}, tq {tq}, tk {tk}, causal {causal}, strided {strided}, {device:?}, compiled {compiled}): input {i}: max error {err} against max {top}"
+                );
+            }
+        }
+    }
+}

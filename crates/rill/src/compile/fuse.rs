@@ -221,6 +221,7 @@ fn build_group(
                 | Primitive::Sort(_)
                 | Primitive::Matmul
                 | Primitive::Attention { .. }
+                | Primitive::AttentionGrad { .. }
                 | Primitive::QuantMatmul { .. }
                 | Primitive::Dequantize { .. }
                 | Primitive::Rope { .. }
@@ -299,6 +300,7 @@ fn build_group(
             | Primitive::Sort(_)
             | Primitive::Matmul
             | Primitive::Attention { .. }
+            | Primitive::AttentionGrad { .. }
             | Primitive::QuantMatmul { .. }
             | Primitive::Dequantize { .. }
             | Primitive::Rope { .. }

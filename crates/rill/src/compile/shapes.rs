@@ -85,6 +85,7 @@ fn derive(node: &TapeNode, ins: &[&[usize]], read: &dyn Fn(&ShapeOf) -> Vec<usiz
             let [q, k, v, mask @ ..] = ins else { return None };
             attention::attention(prim.name(), q, k, v, mask.first().copied())
         }
+        AttentionGrad { part, .. } => attention::attention_grad(prim.name(), *part, ins),
         QuantMatmul { format } => {
             let [x, w] = ins else { return None };
             quant::qmatmul(prim.name(), *format, x, w)
@@ -251,6 +252,7 @@ fn count(tape: &Tape, inputs: &[Vec<usize>], shapes: &[Vec<usize>], rule: &Rule)
         | Primitive::Sort(_)
         | Primitive::Matmul
         | Primitive::Attention { .. }
+        | Primitive::AttentionGrad { .. }
         | Primitive::QuantMatmul { .. }
         | Primitive::Dequantize { .. }
         | Primitive::Rope { .. }

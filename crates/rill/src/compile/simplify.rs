@@ -30,6 +30,10 @@ pub fn same_op(a: &Primitive, b: &Primitive) -> bool {
             b,
             Attention { scale: s2, mask: m2 } if s1.map(f64::to_bits) == s2.map(f64::to_bits) && m1 == m2
         ),
+        AttentionGrad { scale: s1, causal: c1, part: p1 } => matches!(
+            b,
+            AttentionGrad { scale: s2, causal: c2, part: p2 } if s1.to_bits() == s2.to_bits() && c1 == c2 && p1 == p2
+        ),
         QuantMatmul { format: f } => matches!(b, QuantMatmul { format: g } if f == g),
         Dequantize { format: f } => matches!(b, Dequantize { format: g } if f == g),
         Rope { dims: d1, base: b1, scale: s1, layout: l1 } => matches!(

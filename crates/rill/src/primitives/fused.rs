@@ -293,6 +293,7 @@ pub(crate) fn fusable(prim: &crate::primitives::Primitive, ins: &[DType], out: D
         | Sort(_)
         | Matmul
         | Attention { .. }
+        | AttentionGrad { .. }
         | QuantMatmul { .. }
         | Dequantize { .. }
         | Rope { .. }

@@ -170,7 +170,7 @@ impl Primitive {
             Sort(_) => Owner::Sort,
             Softmax { .. } | LayerNorm { .. } | RmsNorm { .. } => Owner::Nn,
             Matmul => Owner::Linalg,
-            Attention { .. } => Owner::Attention,
+            Attention { .. } | AttentionGrad { .. } => Owner::Attention,
             QuantMatmul { .. } | Dequantize { .. } => Owner::Unwritten,
             Rope { .. } | SliceUpdate { .. } => Owner::Decode,
             Reshape

@@ -85,7 +85,7 @@ pub(crate) mod sort;
 mod unary;
 pub(crate) mod vexp;
 
-pub use attention::AttentionMaskKind;
+pub use attention::{AttentionGradPart, AttentionMaskKind};
 pub use binary::BinaryOp;
 pub(crate) use binary::each_binary;
 pub use decode::RopeLayout;
@@ -244,6 +244,17 @@ pub enum Primitive {
         scale: Option<f64>,
         /// How the scores are masked.
         mask: AttentionMaskKind,
+    },
+    /// One part of `Attention`'s gradient by fused kernels that, like the forward, never
+    /// store the scores (`primitives/attention.rs`); for `D == Dv` and no mask or the
+    /// causal one. Inputs `q, k, v, o, do` for `Stats`, `q, k, v, do, stats` for the others.
+    AttentionGrad {
+        /// Multiplies the scores (resolved: never the default).
+        scale: f64,
+        /// The bottom-right causal mask; otherwise none.
+        causal: bool,
+        /// Which part.
+        part: AttentionGradPart,
     },
     /// `x [..., K] @ wᵀ` with `w` block-quantized (`primitives/quant.rs`); inputs `x` and
     /// the packed bytes `[N, K / 32 * block_bytes]` (u8), read without dequantizing the
@@ -410,6 +421,7 @@ impl Primitive {
             Sort(s) => s.name(),
             Matmul => "matmul",
             Attention { .. } => "scaled_dot_product_attention",
+            AttentionGrad { .. } => "scaled_dot_product_attention_grad",
             QuantMatmul { .. } => "qmatmul",
             Dequantize { .. } => "dequantize",
             Rope { .. } => "rope",
@@ -448,7 +460,9 @@ impl Primitive {
             Reduce { .. } | ArgReduce { .. } | Softmax { .. } | LayerNorm { .. } | RmsNorm { .. } | Cumsum { .. } => {
                 Family::Reduction
             }
-            Matmul | Attention { .. } | QuantMatmul { .. } | Dequantize { .. } | Rope { .. } => Family::LinearAlgebra,
+            Matmul | Attention { .. } | AttentionGrad { .. } | QuantMatmul { .. } | Dequantize { .. } | Rope { .. } => {
+                Family::LinearAlgebra
+            }
             Sort(_) => Family::Reduction,
             Reshape | Permute(_) | BroadcastTo | Slice { .. } | StopGradient | Depend | Checkpoint { .. } => {
                 Family::View

@@ -74,7 +74,7 @@ fn mask_of<C: Real>(inputs: &[&Storage], kind: AttentionMaskKind, dm: &Dims) -> 
 }
 
 /// The values of `s` in row-major order, in the compute type.
-fn up<T: FloatElem>(s: &Storage) -> Vec<T::A> {
+pub(crate) fn up<T: FloatElem>(s: &Storage) -> Vec<T::A> {
     strided::contiguous::<T>(s).iter().map(|v| v.up()).collect()
 }
 
@@ -172,7 +172,7 @@ struct Plane<'a, C> {
 }
 
 #[inline(always)]
-fn dot<C: Real>(a: &[C], b: &[C]) -> C {
+pub(crate) fn dot<C: Real>(a: &[C], b: &[C]) -> C {
     // Independent lanes, so the compiler can vectorise the sum.
     const L: usize = 8;
     let mut lanes = [C::ZERO; L];

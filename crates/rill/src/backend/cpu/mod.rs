@@ -7,6 +7,7 @@
 //! the output dtype (predicates output bool), reductions keep their input dtype.
 
 pub(crate) mod attention;
+mod attention_grad;
 mod blocks;
 mod buffer;
 pub(crate) mod creation;
@@ -57,6 +58,9 @@ pub(crate) fn eval(prim: &Primitive, shape: &[usize], dtype: DType, inputs: &[&S
         RmsNorm { eps, has_weight } => nn::rms_norm(inputs, *eps, *has_weight),
         Matmul => matmul::matmul(inputs[0], inputs[1], shape, dtype),
         Attention { scale, mask } => attention::attention(inputs, *scale, *mask, shape, dtype),
+        AttentionGrad { scale, causal, part } => {
+            attention_grad::attention_grad(inputs, *scale, *causal, *part, shape, dtype)
+        }
         QuantMatmul { format } => quant::qmatmul(inputs[0], inputs[1], *format, shape, dtype),
         Dequantize { format } => quant::dequantize(inputs[0], *format, shape, dtype),
         Rope { dims, base, scale, layout } => decode::rope(inputs, *dims, *base, *scale, *layout),

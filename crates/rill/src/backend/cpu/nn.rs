@@ -22,6 +22,7 @@ pub(crate) trait Real: Acc + std::ops::Sub<Output = Self> + std::ops::Div<Output
     fn sqrt(self) -> Self;
     fn of(v: f64) -> Self;
     fn of_usize(v: usize) -> Self;
+    fn as_f64(self) -> f64;
 }
 impl Real for f32 {
     #[inline(always)]
@@ -40,6 +41,9 @@ impl Real for f32 {
     fn of_usize(v: usize) -> Self {
         v as f32
     }
+    fn as_f64(self) -> f64 {
+        self as f64
+    }
 }
 impl Real for f64 {
     fn exp(self) -> Self {
@@ -56,6 +60,9 @@ impl Real for f64 {
     }
     fn of_usize(v: usize) -> Self {
         v as f64
+    }
+    fn as_f64(self) -> f64 {
+        self
     }
 }
 

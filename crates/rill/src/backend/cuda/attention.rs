@@ -39,9 +39,9 @@ const SIMT_ROWS: usize = 4;
 const SIMT_MAX_DV: usize = 256;
 
 /// The kernel parameter struct (mirrors `struct AttnP` in the source), as i64 words.
-const P_WORDS: usize = 65;
+pub(crate) const P_WORDS: usize = 65;
 
-const PARAMS_SRC: &str = r#"
+pub(crate) const PARAMS_SRC: &str = r#"
 #define NEG_INF __int_as_float(0xff800000u)
 struct AttnP {
     i64 nb; i64 bshape[8];
@@ -81,25 +81,12 @@ fn mask_src(kind: AttentionMaskKind, md: Option<DType>, log2: bool, idx: &str) -
     }
 }
 
-/// The tensor-core kernel for `d` (f16 or bf16), head dimensions `dk`/`dv`.
-pub(crate) fn tc_source(d: DType, dk: usize, dv: usize, kind: AttentionMaskKind, md: Option<DType>) -> String {
-    let ab = if d == DType::BF16 { "bf16" } else { "f16" };
-    let (mt, mexpr) = mask_src(kind, md, true, "om + row * p.mq + key * p.mk");
-    let causal = (kind == AttentionMaskKind::Causal) as i32;
-    let array = (kind == AttentionMaskKind::Array) as i32;
-    let sq = (BQ * (dk + 8)).max(64 * (dv + 8));
+/// The tensor-core kernels' shared device functions for `ab` (`"f16"` or `"bf16"`):
+/// `cp.async` tile loads, `ldmatrix`, `mma.sync.m16n8k16` with f32 accumulation and
+/// packing two floats into the inputs' type. Tiles are 128-thread cooperative loads.
+pub(crate) fn tc_helpers(ab: &str) -> String {
     format!(
-        r#"{PRELUDE}
-{PARAMS_SRC}
-#define BQ 64
-#define BK 64
-#define D {dk}
-#define DV {dv}
-#define SD (D + 8)
-#define SDV (DV + 8)
-#define CAUSAL {causal}
-#define ARRAY {array}
-__device__ __forceinline__ u32 smem(const void* p) {{ return (u32)__cvta_generic_to_shared(p); }}
+        r#"__device__ __forceinline__ u32 smem(const void* p) {{ return (u32)__cvta_generic_to_shared(p); }}
 __device__ __forceinline__ void cp16(u32 dst, const void* src, int n) {{
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(n) : "memory");
 }}
@@ -133,6 +120,30 @@ __device__ __forceinline__ void load_tile(u16* s, int ss, const u16* g, i64 gs, 
         cp16(smem(s + r * ss + cc), src, ok ? 16 : 0);
     }}
 }}
+"#
+    )
+}
+
+/// The tensor-core kernel for `d` (f16 or bf16), head dimensions `dk`/`dv`.
+pub(crate) fn tc_source(d: DType, dk: usize, dv: usize, kind: AttentionMaskKind, md: Option<DType>) -> String {
+    let ab = if d == DType::BF16 { "bf16" } else { "f16" };
+    let (mt, mexpr) = mask_src(kind, md, true, "om + row * p.mq + key * p.mk");
+    let causal = (kind == AttentionMaskKind::Causal) as i32;
+    let array = (kind == AttentionMaskKind::Array) as i32;
+    let sq = (BQ * (dk + 8)).max(64 * (dv + 8));
+    let helpers = tc_helpers(ab);
+    format!(
+        r#"{PRELUDE}
+{PARAMS_SRC}
+#define BQ 64
+#define BK 64
+#define D {dk}
+#define DV {dv}
+#define SD (D + 8)
+#define SDV (DV + 8)
+#define CAUSAL {causal}
+#define ARRAY {array}
+{helpers}
 extern "C" __global__ void __launch_bounds__(128) k_attn_tc(u16* out, const u16* q, const u16* k, const u16* v, const {mt}* mask, AttnP p) {{
     __shared__ __align__(16) u16 sK[BK * SD];
     __shared__ __align__(16) u16 sQV[{sq}];
@@ -344,7 +355,37 @@ extern "C" __global__ void __launch_bounds__(128) k_attn_simt({t}* out, const {t
     )
 }
 
-/// Attention over inputs `q, k, v[, mask]` into a new contiguous `shape` of `dtype`.
+/// The kernels' `AttnP` words: the batch shape `batch` (merged where the five layouts
+/// allow), the batch, head and token strides of the layouts in the slots q, k, v, mask and
+/// output (`[.., H, T, last]`; the mask slot also its last stride), the sizes
+/// `[Hq, Hkv, Tq, Tk]` and the scale.
+pub(crate) fn attn_params(batch: &[usize], lays: [&Layout; 5], sizes: [usize; 4], scale: f64) -> [i64; P_WORDS] {
+    let nb = batch.len();
+    let bst: Vec<&[isize]> = lays.iter().map(|l| &l.strides[..nb]).collect();
+    let (dims, mst) = merge_dims(batch, &bst);
+    debug_assert!(dims.len() <= MAX_BATCH_DIMS);
+    let mut p = [0i64; P_WORDS];
+    p[0] = dims.len() as i64;
+    for a in 0..MAX_BATCH_DIMS {
+        p[1 + a] = dims.get(a).map_or(1, |&x| x as i64);
+        for (o, st) in mst.iter().enumerate() {
+            p[9 + 8 * o + a] = st.get(a).map_or(0, |&x| x as i64);
+        }
+    }
+    let ht = |l: &Layout| [l.strides[nb] as i64, l.strides[nb + 1] as i64];
+    let [hq, hkv, tq, tk] = sizes.map(|x| x as i64);
+    let rest = [[hq, hkv], [tq, tk], ht(lays[0]), ht(lays[1]), ht(lays[2]), ht(lays[3])];
+    for (i, pair) in rest.iter().enumerate() {
+        p[49 + 2 * i] = pair[0];
+        p[50 + 2 * i] = pair[1];
+    }
+    p[61] = lays[3].strides[nb + 2] as i64;
+    p[62] = lays[4].strides[nb] as i64;
+    p[63] = lays[4].strides[nb + 1] as i64;
+    p[64] = scale.to_bits() as i64;
+    p
+}
+
 /// Query heads one decode block takes (its rows of `q`).
 const DEC_ROWS: usize = 8;
 /// Keys a decode block's 4 warps take per step (32 each).
@@ -550,6 +591,7 @@ extern "C" __global__ void __launch_bounds__(64) k_attn_dec_sum({t}* out, const 
     )
 }
 
+/// Attention over inputs `q, k, v[, mask]` into a new contiguous `shape` of `dtype`.
 pub(crate) fn attention(
     cs: &GpuStream<'_>,
     inputs: &[&Storage],
@@ -602,29 +644,8 @@ pub(crate) fn attention(
         offset: 0,
     });
     let ol = Layout::contiguous(shape);
-    let lays = [&q.layout, &k.layout, &v.layout, &ml, &ol];
-    let bst: Vec<&[isize]> = lays.iter().map(|l| &l.strides[..nb]).collect();
-    let (dims, mst) = merge_dims(&qs[..nb], &bst);
-    debug_assert!(dims.len() <= MAX_BATCH_DIMS);
-    let mut p = [0i64; P_WORDS];
-    p[0] = dims.len() as i64;
-    for a in 0..MAX_BATCH_DIMS {
-        p[1 + a] = dims.get(a).map_or(1, |&x| x as i64);
-        for (o, st) in mst.iter().enumerate() {
-            p[9 + 8 * o + a] = st.get(a).map_or(0, |&x| x as i64);
-        }
-    }
-    let ht = |l: &Layout| [l.strides[nb] as i64, l.strides[nb + 1] as i64];
-    let rest = [[hq as i64, hkv as i64], [tq as i64, tk as i64], ht(&q.layout), ht(&k.layout), ht(&v.layout), ht(&ml)];
-    for (i, pair) in rest.iter().enumerate() {
-        p[49 + 2 * i] = pair[0];
-        p[50 + 2 * i] = pair[1];
-    }
-    p[61] = ml.strides[nb + 2] as i64;
-    p[62] = ol.strides[nb] as i64;
-    p[63] = ol.strides[nb + 1] as i64;
     let scale = scale.unwrap_or(if dk == 0 { 1.0 } else { 1.0 / (dk as f64).sqrt() });
-    p[64] = scale.to_bits() as i64;
+    let p = attn_params(&qs[..nb], [&q.layout, &k.layout, &v.layout, &ml, &ol], [hq, hkv, tq, tk], scale);
     let planes: usize = qs[..nb + 1].iter().product();
     let mname = md.map_or("none", |d| d.name());
     let (po, pq, pk, pv) = (elem_ptr(&out), elem_ptr(&q), elem_ptr(&k), elem_ptr(&v));

@@ -25,8 +25,8 @@ use super::buffer::{cuda_of, download, scalar_on_device, slab_scalar, upload};
 use super::driver::{Driver, GpuStream};
 use super::handles::{CudaStreamHandle, Ev};
 use super::{
-    attention, blocks, check, copy, decode, elementwise as ew, fused, launch, matmul, norm, quant, random, reduce,
-    scan, scatter, sort, take,
+    attention, attention_grad, blocks, check, copy, decode, elementwise as ew, fused, launch, matmul, norm, quant,
+    random, reduce, scan, scatter, sort, take,
 };
 use smallvec::SmallVec;
 
@@ -254,6 +254,9 @@ fn eval(
         RmsNorm { eps, has_weight } => norm::rms_norm(cs, &owned(), *eps, *has_weight),
         Matmul => matmul::matmul(cs, x(), inputs[1], shape, dtype),
         Attention { scale, mask } => attention::attention(cs, inputs, *scale, *mask, shape, dtype),
+        AttentionGrad { scale, causal, part } => {
+            attention_grad::attention_grad(cs, inputs, *scale, *causal, *part, shape, dtype)
+        }
         QuantMatmul { format } => quant::qmatmul(cs, x(), inputs[1], *format, shape, dtype),
         Dequantize { format } => quant::dequantize(cs, x(), *format, shape, dtype),
         Rope { dims, base, scale, layout } => decode::rope(cs, inputs, *dims, *base, *scale, *layout),
