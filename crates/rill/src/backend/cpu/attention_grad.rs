@@ -138,7 +138,7 @@ fn run<T: FloatElem>(
         });
         return from_f64_slice(&rows.concat(), dtype, shape);
     }
-    let (dout, st) = (up::<T>(inputs[3]), up_stats(inputs[4]));
+    let (dout, st) = (up::<T>(inputs[3]), crate::backend::cpu::to_f64_vec(inputs[4]));
     let stat = |bh: usize, i: usize| (st[2 * (bh * tq + i)], st[2 * (bh * tq + i) + 1]);
     let mut buf = CpuBuffer::alloc(dtype, n)?;
     let out = buf.typed_mut::<T>();
@@ -151,8 +151,9 @@ fn run<T: FloatElem>(
                 let at = row * d;
                 let mut acc = vec![<T::A as Real>::of(0.0); d];
                 let (qr, dr) = (&q[at..at + d], &dout[at..at + d]);
-                each_key(&dm, qr, dr, &k, &v, dm.kv_plane(bh), i, sc, of::<T>(lse), of::<T>(delta), |j, _, ds| {
-                    let kr = &k[(dm.kv_plane(bh) * tk + j) * d..];
+                let kv = dm.kv_plane(bh);
+                each_key(&dm, qr, dr, &k, &v, kv, i, sc, of::<T>(lse), of::<T>(delta), |j, _, ds| {
+                    let kr = &k[(kv * tk + j) * d..];
                     for (a, &x) in acc.iter_mut().zip(&kr[..d]) {
                         *a = a.add(ds.mul(x));
                     }
@@ -198,11 +199,6 @@ fn run<T: FloatElem>(
         }
     }
     Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape))
-}
-
-/// The `Stats` input (f32 or f64) as f64 values in row-major order.
-fn up_stats(s: &Storage) -> Vec<f64> {
-    crate::backend::cpu::to_f64_vec(s)
 }
 
 fn of<T: FloatElem>(v: f64) -> T::A {
