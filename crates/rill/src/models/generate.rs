@@ -45,7 +45,7 @@ pub struct SampleContext<'a> {
     /// This step's random key (the options' seed folded with the step).
     pub key: Key,
     /// The prompt and the tokens generated so far, per row.
-    pub history: &'a [Vec<u32>],
+    pub history: &'a [&'a [u32]],
 }
 
 /// Chooses the next token of each row from the logits `[B, vocab]` (f32, lazy): returns
@@ -117,7 +117,7 @@ impl Sampler for crate::sample::Sampler {
     fn sample(&self, logits: &Array, ctx: &SampleContext<'_>) -> Result<Array> {
         let history = if self.needs_history() {
             // Token ids [B, longest], negative ids padding the shorter rows.
-            let len = ctx.history.iter().map(Vec::len).max().unwrap_or(0);
+            let len = ctx.history.iter().map(|h| h.len()).max().unwrap_or(0);
             let mut ids = vec![-1i64; ctx.history.len() * len];
             for (r, row) in ctx.history.iter().enumerate() {
                 for (j, &t) in row.iter().enumerate() {
@@ -438,7 +438,7 @@ impl Generator {
 
     /// The sampler's ids `[B]` (i32, lazy) for the logits of step `launched`.
     fn choose(&mut self, logits: &Array) -> Result<Array> {
-        let history: Vec<Vec<u32>> = self.rows.iter().map(|r| r.history.clone()).collect();
+        let history: Vec<&[u32]> = self.rows.iter().map(|r| r.history.as_slice()).collect();
         let step = self.launched;
         self.launched += 1;
         let key = Key::new(self.options.seed).fold_in(step as u32);

@@ -10,8 +10,8 @@
 //! right for an entry registered later, so rill changes what the entry does instead:
 //!
 //! When rill opens a backend library it points that library's import of `__cxa_atexit`
-//! (its GOT slot, resolved by the dynamic linker) at [`guarded_cxa_atexit`], which
-//! registers the same destructor wrapped in [`run_guarded`]. At exit the wrapper first
+//! (its GOT slot, resolved by the dynamic linker) at [`guarded_cxa_atexit`](elf::guarded_cxa_atexit), which
+//! registers the same destructor wrapped in `run_guarded`. At exit the wrapper first
 //! runs the exit shutdown (once; the first of these entries or rill's own hook does it),
 //! which closes the backend gate and waits for every thread inside a backend library,
 //! then the destructor. If a thread is still inside after the bounds, the destructor is
