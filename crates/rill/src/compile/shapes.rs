@@ -1,6 +1,6 @@
 //! Shape re-derivation for shapeless replay.
 //!
-//! [`derive`] recomputes a node's shape from its inputs' shapes, for the primitives whose
+//! [`derive`](fn@derive) recomputes a node's shape from its inputs' shapes, for the primitives whose
 //! output shape is a function of their input shapes and parameters and for the nodes
 //! with a shape rule (see `rules`: count fills, reshapes that remove or insert axes of
 //! size 1, matmul broadcasts). The others (fills of a fixed shape other than 0-d,
@@ -140,7 +140,7 @@ fn derive(node: &TapeNode, ins: &[&[usize]], read: &dyn Fn(&ShapeOf) -> Vec<usiz
     })
 }
 
-/// The output shape of a fused block for these input shapes (see [`derive`]).
+/// The output shape of a fused block for these input shapes (see [`derive`](fn@derive)).
 fn block_shape(b: &crate::primitives::fused::FusedBlock, ins: &[&[usize]]) -> Option<Result<Vec<usize>>> {
     use crate::primitives::fused::BlockKind;
     Some(match &b.kind {
