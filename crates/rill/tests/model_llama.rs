@@ -328,6 +328,37 @@ fn a_batch_of_prompts_decodes_each_row_as_alone() {
     }
 }
 
+/// A sampler that reads the history sees, at every step, each row's prompt followed by
+/// exactly the tokens generated so far (rows of different lengths, one batch).
+#[test]
+fn a_history_reading_sampler_sees_each_rows_prompt_and_tokens() {
+    let Some(m) = model() else { return };
+    // Four rows, as the other batch tests (the model traces one shape per batch size).
+    let ps: Vec<Vec<u32>> = prompts().into_iter().skip(1).step_by(2).collect();
+    const TOKENS: usize = 5;
+    let seen: std::sync::Arc<std::sync::Mutex<Vec<Vec<Vec<u32>>>>> = Default::default();
+    let log = seen.clone();
+    let sampler = move |logits: &Array, ctx: &rill::models::llama::SampleContext<'_>| {
+        log.lock().unwrap().push(ctx.history.iter().map(|h| h.to_vec()).collect());
+        logits.argmax(-1, false)
+    };
+    let opts = GenerateOptions {
+        max_tokens: TOKENS,
+        stop_at_eos: false,
+        sampler: std::sync::Arc::new(sampler),
+        ..Default::default()
+    };
+    let rows = run_rows(m, &ps, opts);
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), TOKENS, "one sampler call a step");
+    for (step, hist) in seen.iter().enumerate() {
+        for (r, p) in ps.iter().enumerate() {
+            let want: Vec<u32> = p.iter().chain(&rows[r].0[..step]).copied().collect();
+            assert_eq!(hist[r], want, "step {step}, row {r}");
+        }
+    }
+}
+
 /// Every row's ids, texts and finish reasons, step by step.
 fn run_rows(m: &Llama, prompts: &[Vec<u32>], opts: GenerateOptions) -> Vec<(Vec<u32>, String, Option<FinishReason>)> {
     let mut g = m.generate_batch(prompts, opts).unwrap();
