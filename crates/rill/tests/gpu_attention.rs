@@ -1,6 +1,6 @@
 //! `scaled_dot_product_attention` on the GPU (the decode kernel for one query row, the
-//! tensor-core kernel for f16/bf16 with D and Dv multiples of 16 up to 128, the SIMT
-//! kernel otherwise) against the float64
+//! tensor-core kernel for f16/bf16 with D and Dv multiples of 16 up to 128, cuBLAS
+//! products around a row softmax for f32/f64, the SIMT kernel otherwise) against the float64
 //! reference, on generated cases: batch axes, grouped-query ratios, Tq != Tk and
 //! decode-sized Tq, several key tiles, causal, bool and additive masks with
 //! broadcasting, fully masked rows, strided inputs. Skipped without a GPU;
@@ -9,8 +9,8 @@
 mod attention_ref;
 mod common;
 
-use attention_ref::{Case, MaskCase, check};
-use common::{Rng, gpu};
+use attention_ref::{Case, MaskCase, check, tolerance};
+use common::{Rng, assert_close, gpu};
 use rill::{Array, AttentionMask, DType};
 
 #[test]
@@ -81,6 +81,38 @@ fn gpu_decode_and_long_causal() {
                 transposed: false,
             };
             check(&case, &mut rng, "long");
+        }
+    });
+}
+
+/// f32 and f64 attention whose scores exceed what the cuBLAS path holds at once (512 MiB):
+/// planes taken in chunks, and one plane's rows in chunks, with bool, causal and additive
+/// masks; sampled rows against the float64 reference.
+#[test]
+fn gpu_scores_larger_than_one_chunk() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(31);
+    common::on(g, || {
+        let cases = [
+            (vec![3], 4, 4096, 4096, 16, 8, MaskCase::Bool(vec![3, 1, 1, 4096]), DType::F32, true),
+            (vec![], 8, 4096, 4200, 8, 8, MaskCase::Causal, DType::F32, false),
+            (vec![1], 2, 6000, 6000, 8, 8, MaskCase::Add(vec![2, 6000, 1], DType::F32), DType::F64, false),
+        ];
+        for (batch, hq, tq, tk, d, dv, mask, dtype, transposed) in cases {
+            let case = Case { batch, hq, hkv: 1, tq, tk, d, dv, dtype, mask, scale: None, transposed };
+            let (x, vals, mask) = case.inputs(&mut rng);
+            let got = case.call(&x, mask.as_ref().map(|m| &m.0)).unwrap().to_f64_vec().unwrap();
+            let planes = case.batch.iter().product::<usize>() * case.hq;
+            let mut rows: Vec<(usize, usize)> = vec![(0, 0), (planes - 1, tq - 1)];
+            rows.extend(
+                (0..64).map(|_| ((rng.next_u64() % planes as u64) as usize, (rng.next_u64() % tq as u64) as usize)),
+            );
+            for (p, i) in rows {
+                let want = case.reference_row(&vals, mask.as_ref().map(|m| m.1.as_slice()), p, i);
+                let at = (p * tq + i) * dv;
+                let what = format!("plane {p} row {i}: {case:?}");
+                assert_close(&got[at..at + dv], &want, tolerance(dtype), &what);
+            }
         }
     });
 }

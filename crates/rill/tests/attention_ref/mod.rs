@@ -185,9 +185,17 @@ impl Case {
     /// The float64 reference: `softmax(q kᵀ · scale + mask) v`; a row with every key
     /// masked out is 0.
     pub fn reference(&self, v: &[Vec<f64>], mask: Option<&[f64]>) -> Vec<f64> {
+        let planes: usize = self.batch.iter().product::<usize>() * self.hq;
+        (0..planes)
+            .flat_map(|p| (0..self.tq).map(move |i| (p, i)))
+            .flat_map(|(p, i)| self.reference_row(v, mask, p, i))
+            .collect()
+    }
+
+    /// The reference's output row of query `i` in the (batch, query head) plane `p`.
+    pub fn reference_row(&self, v: &[Vec<f64>], mask: Option<&[f64]>, p: usize, i: usize) -> Vec<f64> {
         let (q, k, vv) = (&v[0], &v[1], &v[2]);
         let (hq, hkv, tq, tk, d, dv) = (self.hq, self.hkv, self.tq, self.tk, self.d, self.dv);
-        let planes: usize = self.batch.iter().product::<usize>() * hq;
         let scale = self.scale.unwrap_or(1.0 / (d as f64).sqrt());
         let scores: Vec<usize> = self.batch.iter().copied().chain([hq, tq, tk]).collect();
         let mshape = match &self.mask {
@@ -204,41 +212,32 @@ impl Case {
             }
             m[flat]
         };
-        let mut out = vec![0.0; planes * tq * dv];
-        let mut s = vec![0.0; tk];
-        for p in 0..planes {
-            let (b, h) = (p / hq, p % hq);
-            let kvp = b * hkv + h / (hq / hkv);
-            let mut idx: Vec<usize> = Vec::with_capacity(scores.len());
-            let mut rem = p;
-            for &n in scores[..scores.len() - 2].iter().rev() {
-                idx.push(rem % n);
-                rem /= n;
-            }
-            idx.reverse();
-            idx.extend([0, 0]);
-            for i in 0..tq {
-                let last = idx.len() - 1;
-                idx[last - 1] = i;
-                for (j, sj) in s.iter_mut().enumerate() {
-                    idx[last] = j;
-                    let dot: f64 = (0..d).map(|c| q[(p * tq + i) * d + c] * k[(kvp * tk + j) * d + c]).sum();
-                    let causal_out = matches!(self.mask, MaskCase::Causal) && (j + tq > i + tk);
-                    *sj = if causal_out { f64::NEG_INFINITY } else { dot * scale + mask_at(&idx) };
-                }
-                let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                if m == f64::NEG_INFINITY {
-                    continue; // every key masked out: the row stays 0
-                }
-                let e: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
-                let sum: f64 = e.iter().sum();
-                for c in 0..dv {
-                    let acc: f64 = (0..tk).map(|j| e[j] * vv[(kvp * tk + j) * dv + c]).sum();
-                    out[(p * tq + i) * dv + c] = acc / sum;
-                }
-            }
+        let (b, h) = (p / hq, p % hq);
+        let kvp = b * hkv + h / (hq / hkv);
+        let mut idx: Vec<usize> = Vec::with_capacity(scores.len());
+        let mut rem = p;
+        for &n in scores[..scores.len() - 2].iter().rev() {
+            idx.push(rem % n);
+            rem /= n;
         }
-        out
+        idx.reverse();
+        idx.extend([i, 0]);
+        let last = idx.len() - 1;
+        let s: Vec<f64> = (0..tk)
+            .map(|j| {
+                idx[last] = j;
+                let dot: f64 = (0..d).map(|c| q[(p * tq + i) * d + c] * k[(kvp * tk + j) * d + c]).sum();
+                let causal_out = matches!(self.mask, MaskCase::Causal) && (j + tq > i + tk);
+                if causal_out { f64::NEG_INFINITY } else { dot * scale + mask_at(&idx) }
+            })
+            .collect();
+        let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if m == f64::NEG_INFINITY {
+            return vec![0.0; dv]; // every key masked out: the row is 0
+        }
+        let e: Vec<f64> = s.iter().map(|&x| (x - m).exp()).collect();
+        let sum: f64 = e.iter().sum();
+        (0..dv).map(|c| (0..tk).map(|j| e[j] * vv[(kvp * tk + j) * dv + c]).sum::<f64>() / sum).collect()
     }
 }
 

@@ -1,12 +1,15 @@
-//! Scaled dot-product attention on the GPU, flash-attention style: a block takes a tile
-//! of queries, walks the keys in tiles with an online softmax, and keeps the running
-//! maximum, sum and output rows in registers; no `[Tq, Tk]` matrix touches global memory.
+//! Scaled dot-product attention on the GPU. The kernels here are flash-attention style: a
+//! block takes a tile of queries, walks the keys in tiles with an online softmax, and keeps
+//! the running maximum, sum and output rows in registers; no `[Tq, Tk]` matrix touches
+//! global memory. f32 and f64 over several query rows instead go through cuBLAS
+//! (`attention_gemm.rs`), with the scores of at most 512 MiB in global memory at once.
 //!
 //! | inputs | kernel |
 //! |---|---|
 //! | f16/bf16, `D` and `Dv` multiples of 16 up to 128 | `k_attn_tc`: 4 warps, 64 queries a block (16 a warp) and 64 keys a tile; Q, K and V tiles in shared memory (`cp.async`, rows padded by 16 bytes so `ldmatrix` is conflict-free), `mma.sync.m16n8k16` with f32 accumulation for `Q Kᵀ` and `P V` (P rounded to the inputs' type, as in FlashAttention), the next V tile loading while `Q Kᵀ` runs and the next K tile while `P V` runs; one kernel per (dtype, `D`, `Dv`, mask) |
 //! | one query row (`Tq = 1`, decoding), f16/bf16/f32, `D` and `Dv` up to 256 | `k_attn_dec`: a block takes up to 8 query heads of one key/value head (they share each key and value it loads) and one split of the keys, 4 warps of 32 keys a step (a lane per key's dot products, then the lanes share the output columns); splits are chosen to give about two blocks per multiprocessor, and `k_attn_dec_sum` merges them |
-//! | anything else (f32, f64, other `D` up to 256 per lane group) | `k_attn_simt`: a warp per query row, 32 keys per step (a lane per key's dot product, then the lanes share the `Dv` columns of the output) |
+//! | f32/f64, more than one query row | `attention_gemm.rs`: the scores of a chunk of planes by a batched cuBLAS product, `k_attn_rows` (mask and softmax in place), then `P V` by a second product |
+//! | anything else (f16/bf16 of other `D`, or with `RILL_ATTN_GEMM=0`; `D` up to 256 per lane group) | `k_attn_simt`: a warp per query row, 32 keys per step (a lane per key's dot product, then the lanes share the `Dv` columns of the output) |
 //!
 //! Both read q, k, v through (batch, head, token) strides with the last axis contiguous
 //! (other inputs are copied first), the mask through its broadcast strides, and write a
@@ -65,7 +68,7 @@ __device__ __forceinline__ void attn_offsets(const AttnP& p, i64 bh, i64& oq, i6
 
 /// The mask's part of a kernel: its C type and a statement applying the mask element at
 /// `idx` (an expression) to the score `x` (log2-scaled when `log2`).
-fn mask_src(kind: AttentionMaskKind, md: Option<DType>, log2: bool, idx: &str) -> (String, String) {
+pub(crate) fn mask_src(kind: AttentionMaskKind, md: Option<DType>, log2: bool, idx: &str) -> (String, String) {
     match (kind, md) {
         (AttentionMaskKind::Array, Some(d)) => {
             let t = ctype(d).to_string();
@@ -632,7 +635,6 @@ pub(crate) fn attention(
             !tc || (elem_ptr(s).is_multiple_of(16) && (0..r - 1).all(|a| l.shape[a] <= 1 || l.strides[a] % 8 == 0));
         if inner && aligned { Ok(s.clone()) } else { super::elementwise::copy(cs, s) }
     };
-    let (q, k, v) = (fit(inputs[0])?, fit(inputs[1])?, fit(inputs[2])?);
     let scores: Vec<usize> = qs[..r - 1].iter().copied().chain([tk]).collect();
     let (mask, md) = match kind {
         AttentionMaskKind::Array => (Some(inputs[3]), Some(inputs[3].dtype)),
@@ -643,8 +645,12 @@ pub(crate) fn attention(
         strides: smallvec::smallvec![0; r],
         offset: 0,
     });
-    let ol = Layout::contiguous(shape);
     let scale = scale.unwrap_or(if dk == 0 { 1.0 } else { 1.0 / (dk as f64).sqrt() });
+    if !dec && super::attention_gemm::applies(inputs, dtype, tq, tk, dk, dv) {
+        return super::attention_gemm::attention(cs, inputs, kind, &ml, scale, shape, dtype);
+    }
+    let (q, k, v) = (fit(inputs[0])?, fit(inputs[1])?, fit(inputs[2])?);
+    let ol = Layout::contiguous(shape);
     let p = attn_params(&qs[..nb], [&q.layout, &k.layout, &v.layout, &ml, &ol], [hq, hkv, tq, tk], scale);
     let planes: usize = qs[..nb + 1].iter().product();
     let mname = md.map_or("none", |d| d.name());

@@ -50,7 +50,21 @@ fn tf32() -> bool {
 }
 
 pub(crate) fn matmul(cs: &GpuStream<'_>, a: &Storage, b: &Storage, shape: &[usize], dtype: DType) -> Result<Storage> {
-    product(cs, a, b, shape, dtype, None)?.ok_or_else(|| super::unsupported("matmul", "no product was computed"))
+    product(cs, a, b, shape, dtype, None, None)?.ok_or_else(|| super::unsupported("matmul", "no product was computed"))
+}
+
+/// `a @ b` written into `out`, a contiguous view (any offset) of the product's shape and
+/// dtype, for callers that place products inside a larger buffer. The inner dimension
+/// must not be 0 (nothing would be written).
+pub(crate) fn matmul_into(cs: &GpuStream<'_>, a: &Storage, b: &Storage, out: &Storage) -> Result<()> {
+    let k = a.layout.shape.last().copied().unwrap_or(0);
+    if k == 0 || !out.layout.is_contiguous() {
+        return Err(super::unsupported("matmul", "a product into a buffer needs k > 0 and a contiguous output"));
+    }
+    let shape = out.layout.shape.clone();
+    product(cs, a, b, &shape, out.dtype, None, Some(out))?
+        .map(|_| ())
+        .ok_or_else(|| super::unsupported("matmul", "no product was computed"))
 }
 
 /// What cuBLASLt applies after a product (`primitives::fused::LtEpilogue` for one call).
@@ -105,11 +119,11 @@ pub(crate) fn matmul_epilogue(
         return Ok(None);
     }
     let epi = Epi { act, bias: bias.is_some(), residual: residual.is_some() };
-    product(cs, a, b, shape, dtype, Some(EpiArgs { epi, bias, residual, alpha }))
+    product(cs, a, b, shape, dtype, Some(EpiArgs { epi, bias, residual, alpha }), None)
 }
 
-/// The product `a @ b` into a new storage (with `epi` through cuBLASLt, or `None` when it
-/// cannot apply it).
+/// The product `a @ b` into a new storage, or into `into` (a contiguous view of `shape`)
+/// when given (with `epi` through cuBLASLt, or `None` when it cannot apply it).
 fn product(
     cs: &GpuStream<'_>,
     a: &Storage,
@@ -117,6 +131,7 @@ fn product(
     shape: &[usize],
     dtype: DType,
     epi: Option<EpiArgs<'_>>,
+    into: Option<&Storage>,
 ) -> Result<Option<Storage>> {
     use cbsys::cublasComputeType_t as C;
     use cbsys::cudaDataType_t as T;
@@ -132,9 +147,9 @@ fn product(
     let k = a.layout.shape[a.layout.shape.len() - 1];
     let batch: usize = shape[..nd - 2].iter().product();
     if m * n * batch == 0 {
-        return new_storage(cs, dtype, shape).map(Some);
+        return into.map_or_else(|| new_storage(cs, dtype, shape), |o| Ok(o.clone())).map(Some);
     }
-    if k == 0 {
+    if k == 0 && into.is_none() {
         return super::elementwise::full(cs, shape, dtype, 0.0).map(Some);
     }
     // A batch of products sharing one right operand (a matrix broadcast over the batch)
@@ -151,8 +166,9 @@ fn product(
                 offset: s.layout.offset,
             })
         };
-        let folded = product(cs, &view(a, rows, k), &view(b, k, n), &[rows, n], dtype, None)?;
-        return Ok(folded.map(|c| c.with_layout(Layout::contiguous(shape))));
+        let into = into.map(|o| view(o, rows, n));
+        let folded = product(cs, &view(a, rows, k), &view(b, k, n), &[rows, n], dtype, None, into.as_ref())?;
+        return Ok(folded.map(|c| c.with_layout(Layout { offset: c.layout.offset, ..Layout::contiguous(shape) })));
     }
     let too_big = [m, n, k, batch].iter().any(|&v| v > i32::MAX as usize);
     if too_big {
@@ -169,7 +185,10 @@ fn product(
         Ok((c, v))
     };
     let ((a, va), (b, vb)) = (viewed(a)?, viewed(b)?);
-    let out = new_storage(cs, dtype, shape)?;
+    let out = match into {
+        Some(o) => o.clone(),
+        None => new_storage(cs, dtype, shape)?,
+    };
     let size = dtype.size() as u64;
     let addr = |s: &Storage| cuda_of(s).map(|x| x.ptr()).unwrap_or(0) + s.layout.offset as u64 * size;
     let (pa, pb, pc) = (addr(&a), addr(&b), addr(&out));

@@ -43,6 +43,7 @@
 //! only while the runtime is running, and leaked on purpose during shutdown.
 
 mod attention;
+mod attention_gemm;
 mod attention_grad;
 mod blocks;
 mod buffer;
