@@ -9,7 +9,9 @@
 //!   or, where rows are 16-byte aligned, a vector of consecutive inner columns and loops
 //!   over `red` with coalesced loads; a block is `bx` column threads by `by` threads that
 //!   split `red` and combine in a shared-memory tree; when the columns cannot fill the GPU
-//!   `red` is also split over grid y into partials that `k_colfin` combines in order).
+//!   `red` is also split over grid y into partials that `k_colfin` combines: up to 32
+//!   columns a block, each column's partials split over the block's other threads in a
+//!   fixed order).
 //!
 //! Anything else (reduced axes that merge into several runs, broadcast or negative
 //! strides, strided rows of a full reduction) is copied with the reduced axes last.
@@ -654,6 +656,18 @@ pub(crate) fn col_plan(cols: usize, red: usize, vc: usize, sms: usize) -> ColPla
     ColPlan { bx: bx as u32, by: by as u32, gx: gx.min(i32::MAX as usize) as u32, gy: gy as u32, vc }
 }
 
+/// Threads of a `k_colfin` block.
+const FIN_BLOCK: usize = 512;
+
+/// The launch of `k_colfin` over `cols` columns of `gy` partials: up to 32 columns a block
+/// and the rest of its threads splitting each column's partials (at most one each).
+fn fin_config(cols: usize, gy: usize) -> LaunchConfig {
+    let bx = cols.next_power_of_two().min(32);
+    let by = (FIN_BLOCK / bx).min(gy.next_power_of_two());
+    let gx = cols.div_ceil(bx).min(i32::MAX as usize);
+    LaunchConfig { grid_dim: (gx as u32, 1, 1), block_dim: (bx as u32, by as u32, 1), shared_mem_bytes: 0 }
+}
+
 /// Columns per thread of a column read: a 16-byte vector when every row of every column
 /// group starts aligned.
 pub(crate) fn col_vec(f: &Form, px: u64, vn: usize) -> usize {
@@ -666,12 +680,12 @@ pub(crate) fn col_vec(f: &Form, px: u64, vn: usize) -> usize {
 }
 
 /// The column module: `k_col1` (one column per thread), `k_colv` (`VN` consecutive columns
-/// per thread, 16-byte loads) and `k_colfin` (the in-order combine of grid-y partials).
+/// per thread, 16-byte loads) and `k_colfin` (the fixed-order combine of grid-y partials).
 ///
 /// `k_col*(O* out, A* part, const T* x, i64 cols, i64 ni, i64 s1, i64 red, i64 sr)`,
 /// launched with a `(bx, by)` block (`by` a power of two) on a `(gx, gy)` grid; with
 /// `gy == 1` it writes `out`, else `part[y * cols + c]`. `k_colfin(O* out, const A* part,
-/// i64 cols, i64 gy, i64 red)`, one thread per column.
+/// i64 cols, i64 gy, i64 red)`, launched by [`fin_config`].
 fn col_source(s: &ReduceSpec, vn: usize) -> String {
     let ReduceSpec { t, o, acc, init, combine, ld, st, .. } = s;
     format!(
@@ -757,13 +771,26 @@ extern "C" __global__ void __launch_bounds__({CBLOCK}) k_colv(O* __restrict__ ou
     __shared__ A sh[{CBLOCK} * VN];
     col<VN>(out, part, x, cols, ni, s1, red, sr, sh);
 }}
-// Column `c`'s `gy` partials of `red` rows, combined in chunk order.
-extern "C" __global__ void k_colfin(O* __restrict__ out, const A* __restrict__ part, i64 cols, i64 gy, i64 red) {{
-    for (i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += (i64)gridDim.x * blockDim.x) {{
-        A a = (A)({init});
-        for (i64 y = 0; y < gy; ++y) a = comb(a, part[y * cols + c]);
-        out[c] = st(a, red);
+// Column `c`'s `gy` partials of `red` rows: a block is `bx` columns by `by` threads (a
+// power of two); thread `ty` combines partials ty, ty + by, .. in order, then the block's
+// `by` sums of each column meet in a shared-memory tree (a fixed order).
+extern "C" __global__ void __launch_bounds__({FIN_BLOCK}) k_colfin(O* __restrict__ out, const A* __restrict__ part, i64 cols, i64 gy, i64 red) {{
+    __shared__ A sh[{FIN_BLOCK}];
+    const int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
+    const i64 c = (i64)blockIdx.x * bx + tx;
+    A a = (A)({init});
+    if (c < cols) {{
+#pragma unroll 4
+        for (i64 y = ty; y < gy; y += by) a = comb(a, part[y * cols + c]);
     }}
+    const int me = ty * bx + tx;
+    sh[me] = a;
+    __syncthreads();
+    for (int s = by >> 1; s > 0; s >>= 1) {{
+        if (ty < s) {{ a = comb(a, sh[me + s * bx]); sh[me] = a; }}
+        __syncthreads();
+    }}
+    if (ty == 0 && c < cols) out[c] = st(a, red);
 }}
 "#
     )
@@ -806,7 +833,7 @@ fn launch_cols(cs: &GpuStream<'_>, op: ReduceOp, d: DType, po: u64, px: u64, f: 
         b.arg(&po).arg(&pp).arg(&c64).arg(&gy).arg(&red);
         // SAFETY: `part` holds gy*cols accumulators written by the launch before, `out`
         // `cols` elements.
-        unsafe { b.launch(cs, super::nvrtc::grid_for(cols)) }.map_err(launch_err)?;
+        unsafe { b.launch(cs, fin_config(cols, p.gy as usize)) }.map_err(launch_err)?;
         drop(part);
     }
     Ok(())
@@ -1336,6 +1363,22 @@ mod tests {
         assert_eq!(col_plan(4, 1 << 24, 4, 132), ColPlan { bx: 1, by: 256, gx: 1, gy: 1056, vc: 4 });
         assert_eq!(col_plan(4096, 4096, 4, 132), ColPlan { bx: 64, by: 4, gx: 16, gy: 64, vc: 4 });
         assert_eq!(col_plan(1 << 20, 64, 1, 132), ColPlan { bx: 64, by: 4, gx: 16384, gy: 1, vc: 1 });
+    }
+
+    /// `k_colfin`'s launch covers every column, with a power-of-two split of the partials
+    /// no wider than them, within one block's threads.
+    #[test]
+    fn column_combine_launches() {
+        for cols in [1usize, 3, 4, 31, 32, 33, 768, 3072, 1 << 20] {
+            for gy in [2usize, 3, 7, 64, 256, 1056, 65535] {
+                let c = fin_config(cols, gy);
+                let (bx, by) = (c.block_dim.0 as usize, c.block_dim.1 as usize);
+                assert!(bx * by <= FIN_BLOCK && by.is_power_of_two() && bx <= 32, "{cols} {gy}: {c:?}");
+                assert!(by < 2 * gy && c.grid_dim.0 as usize * bx >= cols, "{cols} {gy}: {c:?}");
+            }
+        }
+        assert_eq!(fin_config(768, 256).block_dim, (32, 16, 1));
+        assert_eq!(fin_config(4, 1056).block_dim, (4, 128, 1));
     }
 
     /// Reference reduction form by enumerating addresses: output o*ni+i reads
