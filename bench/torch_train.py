@@ -1,7 +1,8 @@
 """Peer of `rill bench train`: the same two training workloads in PyTorch, forward plus
 backward (the loss and the gradient of every parameter), eager autograd and under
 torch.compile, with the cases of crates/rill-cli/src/bench_train.rs:
-    python3 bench/torch_train.py [--device cuda|cpu]
+    python3 bench/torch_train.py [--device cuda|cpu] [train:WORKLOAD[:DTYPE] ...]
+(with case filters as `rill bench train:encoder:f32` takes them: only the matching cases)
 Prints one line per case in the format of `rill bench train`, each figure the median of
 5 timed steps after 2 warm-up steps (3 for torch.compile, which compiles on the first)."""
 import argparse
@@ -82,11 +83,24 @@ def timed(fn, warm, reps, sync):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("filters", nargs="*", help="train[:WORKLOAD[:DTYPE]] (all cases when none)")
     args = ap.parse_args()
+
+    def selected(workload, dtn):
+        if not args.filters:
+            return True
+        for f in args.filters:
+            parts = f.split(":")[1:]
+            if (not parts or parts[0] == workload) and (len(parts) < 2 or parts[1] == dtn):
+                return True
+        return False
+
     dev = torch.device(args.device)
     gpu = dev.type == "cuda"
     sync = torch.cuda.synchronize if gpu else (lambda: None)
     for workload, dtn, dims in cases(gpu):
+        if not selected(workload, dtn):
+            continue
         dt = {"bf16": torch.bfloat16, "f32": torch.float32}[dtn]
         params, x = inputs(workload, dt, dims, dev)
         heads = dims[3] if workload == "encoder" else 1
