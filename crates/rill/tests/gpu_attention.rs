@@ -85,6 +85,46 @@ fn gpu_decode_and_long_causal() {
     });
 }
 
+/// The tensor-core kernel with two row tiles a warp (head dimension 64, no array mask,
+/// 512 and more queries over enough planes to fill a GPU of up to 132 multiprocessors
+/// twice), grouped heads, with and without the causal mask; sampled rows against the
+/// float64 reference.
+#[test]
+fn gpu_two_row_tiles_a_warp() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(64);
+    common::on(g, || {
+        for (tq, tk, mask, dtype) in [(512, 512, MaskCase::None, DType::BF16), (600, 700, MaskCase::Causal, DType::F16)]
+        {
+            let case = Case {
+                batch: vec![4],
+                hq: 24,
+                hkv: 8,
+                tq,
+                tk,
+                d: 64,
+                dv: 64,
+                dtype,
+                mask,
+                scale: None,
+                transposed: false,
+            };
+            let (x, vals, _) = case.inputs(&mut rng);
+            let got = case.call(&x, None).unwrap().to_f64_vec().unwrap();
+            let planes = case.batch.iter().product::<usize>() * case.hq;
+            let mut rows: Vec<(usize, usize)> = vec![(0, 0), (planes - 1, tq - 1)];
+            rows.extend(
+                (0..200).map(|_| ((rng.next_u64() % planes as u64) as usize, (rng.next_u64() % tq as u64) as usize)),
+            );
+            for (p, i) in rows {
+                let want = case.reference_row(&vals, None, p, i);
+                let at = (p * tq + i) * case.dv;
+                assert_close(&got[at..at + case.dv], &want, tolerance(dtype), &format!("plane {p} row {i}: {case:?}"));
+            }
+        }
+    });
+}
+
 /// f32 and f64 attention whose scores exceed what the cuBLAS path holds at once (512 MiB):
 /// planes taken in chunks, and one plane's rows in chunks, with bool, causal and additive
 /// masks; sampled rows against the float64 reference.

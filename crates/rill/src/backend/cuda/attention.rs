@@ -6,7 +6,7 @@
 //!
 //! | inputs | kernel |
 //! |---|---|
-//! | f16/bf16, `D` and `Dv` multiples of 16 up to 128 | `k_attn_tc`: 4 warps, 64 queries a block (16 a warp) and 64 keys a tile; Q, K and V tiles in shared memory (`cp.async`, rows padded by 16 bytes so `ldmatrix` is conflict-free), `mma.sync.m16n8k16` with f32 accumulation for `Q Kᵀ` and `P V` (P rounded to the inputs' type, as in FlashAttention), the next V tile loading while `Q Kᵀ` runs and the next K tile while `P V` runs; one kernel per (dtype, `D`, `Dv`, mask) |
+//! | f16/bf16, `D` and `Dv` multiples of 16 up to 128 | `k_attn_tc`: 4 warps, 64 queries a block (16 a warp; 128 and two row tiles a warp when `D`, `Dv` ≤ 64 with no array mask and blocks enough, so each K and V fragment read from shared memory feeds twice the products) and 64 keys a tile; Q, K and V tiles in shared memory (`cp.async`, rows padded by 16 bytes so `ldmatrix` is conflict-free), `mma.sync.m16n8k16` with f32 accumulation for `Q Kᵀ` and `P V` (P rounded to the inputs' type, as in FlashAttention), the next V tile loading while `Q Kᵀ` runs and the next K tile while `P V` runs; one kernel per (dtype, `D`, `Dv`, mask) |
 //! | one query row (`Tq = 1`, decoding), f16/bf16/f32, `D` and `Dv` up to 256 | `k_attn_dec`: a block takes up to 8 query heads of one key/value head (they share each key and value it loads) and one split of the keys, 4 warps of 32 keys a step (a lane per key's dot products, then the lanes share the output columns); splits are chosen to give about two blocks per multiprocessor, and `k_attn_dec_sum` merges them |
 //! | f32/f64, more than one query row | `attention_gemm.rs`: the scores of a chunk of planes by a batched cuBLAS product, `k_attn_rows` (mask and softmax in place), then `P V` by a second product |
 //! | anything else (f16/bf16 of other `D`, or with `RILL_ATTN_GEMM=0`; `D` up to 256 per lane group) | `k_attn_simt`: a warp per query row, 32 keys per step (a lane per key's dot product, then the lanes share the `Dv` columns of the output) |
@@ -127,18 +127,43 @@ __device__ __forceinline__ void load_tile(u16* s, int ss, const u16* g, i64 gs, 
     )
 }
 
-/// The tensor-core kernel for `d` (f16 or bf16), head dimensions `dk`/`dv`.
-pub(crate) fn tc_source(d: DType, dk: usize, dv: usize, kind: AttentionMaskKind, md: Option<DType>) -> String {
+/// Row tiles of 16 queries each warp of `k_attn_tc` takes: two (128 queries a block) when
+/// `D` and `Dv` are at most 64, there is no array mask, `Tq` is at least 512 and the
+/// 128-row blocks of the `planes` still give every multiprocessor two; else one. Two tiles
+/// let each K and V fragment read from shared memory feed twice the products, but hold
+/// twice the registers: with an array mask read per score, or with fewer blocks than the
+/// GPU can run at once, one tile a warp was faster (`rill bench sdpa`).
+/// `RILL_ATTN_TC_TILES=1` keeps one, for comparison.
+pub(crate) fn tc_tiles(dk: usize, dv: usize, kind: AttentionMaskKind, tq: usize, planes: usize, sms: usize) -> usize {
+    static ONE: crate::sync::OnceLock<bool> = crate::sync::OnceLock::new();
+    let one = *ONE.get_or_init(|| std::env::var("RILL_ATTN_TC_TILES").as_deref() == Ok("1"));
+    let fits = dk <= 64 && dv <= 64 && kind != AttentionMaskKind::Array;
+    let busy = tq >= 512 && planes.saturating_mul(tq.div_ceil(2 * BQ)) >= 2 * sms;
+    if !one && fits && busy { 2 } else { 1 }
+}
+
+/// The tensor-core kernel for `d` (f16 or bf16), head dimensions `dk`/`dv`, `mt` row tiles
+/// of 16 queries a warp (`64 * mt` queries a block).
+pub(crate) fn tc_source(
+    d: DType,
+    dk: usize,
+    dv: usize,
+    kind: AttentionMaskKind,
+    md: Option<DType>,
+    mt: usize,
+) -> String {
     let ab = if d == DType::BF16 { "bf16" } else { "f16" };
-    let (mt, mexpr) = mask_src(kind, md, true, "om + row * p.mq + key * p.mk");
+    let (mtype, mexpr) = mask_src(kind, md, true, "om + row * p.mq + key * p.mk");
     let causal = (kind == AttentionMaskKind::Causal) as i32;
     let array = (kind == AttentionMaskKind::Array) as i32;
-    let sq = (BQ * (dk + 8)).max(64 * (dv + 8));
+    let bq = BQ * mt;
+    let sq = (bq * (dk + 8)).max(64 * (dv + 8));
     let helpers = tc_helpers(ab);
     format!(
         r#"{PRELUDE}
 {PARAMS_SRC}
-#define BQ 64
+#define MT {mt}
+#define BQ {bq}
 #define BK 64
 #define D {dk}
 #define DV {dv}
@@ -147,7 +172,7 @@ pub(crate) fn tc_source(d: DType, dk: usize, dv: usize, kind: AttentionMaskKind,
 #define CAUSAL {causal}
 #define ARRAY {array}
 {helpers}
-extern "C" __global__ void __launch_bounds__(128) k_attn_tc(u16* out, const u16* q, const u16* k, const u16* v, const {mt}* mask, AttnP p) {{
+extern "C" __global__ void __launch_bounds__(128) k_attn_tc(u16* out, const u16* q, const u16* k, const u16* v, const {mtype}* mask, AttnP p) {{
     __shared__ __align__(16) u16 sK[BK * SD];
     __shared__ __align__(16) u16 sQV[{sq}];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -169,26 +194,40 @@ extern "C" __global__ void __launch_bounds__(128) k_attn_tc(u16* out, const u16*
     if (ntiles > 0) {{ load_tile(sK, SD, K, p.kt, 0, p.tk, BK, D); cp_commit(); }}
     cp_wait0();
     __syncthreads();
-    u32 qf[D / 16][4];
+    // Warp `w` owns query rows w * 16 * MT + mt * 16 .. + 15 of the block.
+    u32 qf[MT][D / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {{
-        int row = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, col = kk * 16 + (lane >> 4) * 8;
-        ldm4(qf[kk], smem(sQV + row * SD + col));
+    for (int t = 0; t < MT; ++t) {{
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {{
+            int row = (warp * MT + t) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, col = kk * 16 + (lane >> 4) * 8;
+            ldm4(qf[t][kk], smem(sQV + row * SD + col));
+        }}
     }}
     __syncthreads();
-    float o[DV / 8][4];
+    float o[MT][DV / 8][4];
+    float m[MT][2], l[MT][2];
+    i64 r[MT][2];
 #pragma unroll
-    for (int i = 0; i < DV / 8; ++i) {{ o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f; }}
-    float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;
+    for (int t = 0; t < MT; ++t) {{
+#pragma unroll
+        for (int i = 0; i < DV / 8; ++i) {{ o[t][i][0] = o[t][i][1] = o[t][i][2] = o[t][i][3] = 0.f; }}
+        m[t][0] = m[t][1] = NEG_INF;
+        l[t][0] = l[t][1] = 0.f;
+        r[t][0] = q0 + (warp * MT + t) * 16 + (lane >> 2);
+        r[t][1] = r[t][0] + 8;
+    }}
     const float sl2 = (float)p.scale * 1.4426950408889634f;
-    const i64 r0 = q0 + warp * 16 + (lane >> 2), r1 = r0 + 8;
-    for (i64 t = 0; t < ntiles; ++t) {{
-        const i64 k0 = t * BK;
+    for (i64 tile = 0; tile < ntiles; ++tile) {{
+        const i64 k0 = tile * BK;
         load_tile(sQV, SDV, V, p.vt, k0, p.tk, BK, DV);
         cp_commit();
-        float s[BK / 8][4];
+        float s[MT][BK / 8][4];
 #pragma unroll
-        for (int i = 0; i < BK / 8; ++i) {{ s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f; }}
+        for (int t = 0; t < MT; ++t) {{
+#pragma unroll
+            for (int i = 0; i < BK / 8; ++i) {{ s[t][i][0] = s[t][i][1] = s[t][i][2] = s[t][i][3] = 0.f; }}
+        }}
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {{
 #pragma unroll
@@ -196,82 +235,105 @@ extern "C" __global__ void __launch_bounds__(128) k_attn_tc(u16* out, const u16*
                 u32 b[4];
                 int key = nb * 16 + (lane & 7) + ((lane >> 4) << 3), col = kk * 16 + ((lane >> 3) & 1) * 8;
                 ldm4(b, smem(sK + key * SD + col));
-                mma(s[2 * nb], qf[kk], b[0], b[1]);
-                mma(s[2 * nb + 1], qf[kk], b[2], b[3]);
+#pragma unroll
+                for (int t = 0; t < MT; ++t) {{
+                    mma(s[t][2 * nb], qf[t][kk], b[0], b[1]);
+                    mma(s[t][2 * nb + 1], qf[t][kk], b[2], b[3]);
+                }}
             }}
         }}
         // Scale (log2 domain) and mask; the per-element checks only where a tile needs them.
         const bool edge = (k0 + BK > p.tk) || (CAUSAL && k0 + BK - 1 > q0 + off) || ARRAY;
 #pragma unroll
-        for (int nb = 0; nb < BK / 8; ++nb) {{
+        for (int t = 0; t < MT; ++t) {{
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {{
-                float x = s[nb][e] * sl2;
-                if (edge) {{
-                    i64 row = e < 2 ? r0 : r1;
-                    i64 key = k0 + nb * 8 + 2 * (lane & 3) + (e & 1);
-                    if (ARRAY && row < p.tq && key < p.tk) {mexpr}
-                    if (key >= p.tk || (CAUSAL && key > row + off)) x = NEG_INF;
+            for (int nb = 0; nb < BK / 8; ++nb) {{
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {{
+                    float x = s[t][nb][e] * sl2;
+                    if (edge) {{
+                        i64 row = r[t][e >> 1];
+                        i64 key = k0 + nb * 8 + 2 * (lane & 3) + (e & 1);
+                        if (ARRAY && row < p.tq && key < p.tk) {mexpr}
+                        if (key >= p.tk || (CAUSAL && key > row + off)) x = NEG_INF;
+                    }}
+                    s[t][nb][e] = x;
                 }}
-                s[nb][e] = x;
             }}
         }}
-        float mx0 = NEG_INF, mx1 = NEG_INF;
 #pragma unroll
-        for (int nb = 0; nb < BK / 8; ++nb) {{
-            mx0 = fmaxf(mx0, fmaxf(s[nb][0], s[nb][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[nb][2], s[nb][3]));
+        for (int t = 0; t < MT; ++t) {{
+            float mx0 = NEG_INF, mx1 = NEG_INF;
+#pragma unroll
+            for (int nb = 0; nb < BK / 8; ++nb) {{
+                mx0 = fmaxf(mx0, fmaxf(s[t][nb][0], s[t][nb][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[t][nb][2], s[t][nb][3]));
+            }}
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            const float n0 = fmaxf(m[t][0], mx0), n1 = fmaxf(m[t][1], mx1);
+            // A row with every key so far masked keeps max -inf: shift by 0 so exp2 gives 0, not NaN.
+            const float u0 = n0 == NEG_INF ? 0.f : n0, u1 = n1 == NEG_INF ? 0.f : n1;
+            const float c0 = exp2f(m[t][0] - u0), c1 = exp2f(m[t][1] - u1);
+            m[t][0] = n0; m[t][1] = n1;
+            float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+            for (int nb = 0; nb < BK / 8; ++nb) {{
+                s[t][nb][0] = exp2f(s[t][nb][0] - u0); s[t][nb][1] = exp2f(s[t][nb][1] - u0);
+                s[t][nb][2] = exp2f(s[t][nb][2] - u1); s[t][nb][3] = exp2f(s[t][nb][3] - u1);
+                rs0 += s[t][nb][0] + s[t][nb][1];
+                rs1 += s[t][nb][2] + s[t][nb][3];
+            }}
+            l[t][0] = l[t][0] * c0 + rs0;
+            l[t][1] = l[t][1] * c1 + rs1;
+#pragma unroll
+            for (int i = 0; i < DV / 8; ++i) {{ o[t][i][0] *= c0; o[t][i][1] *= c0; o[t][i][2] *= c1; o[t][i][3] *= c1; }}
         }}
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
-        // A row with every key so far masked keeps max -inf: shift by 0 so exp2 gives 0, not NaN.
-        const float u0 = n0 == NEG_INF ? 0.f : n0, u1 = n1 == NEG_INF ? 0.f : n1;
-        const float c0 = exp2f(m0 - u0), c1 = exp2f(m1 - u1);
-        m0 = n0; m1 = n1;
-        float rs0 = 0.f, rs1 = 0.f;
-#pragma unroll
-        for (int nb = 0; nb < BK / 8; ++nb) {{
-            s[nb][0] = exp2f(s[nb][0] - u0); s[nb][1] = exp2f(s[nb][1] - u0);
-            s[nb][2] = exp2f(s[nb][2] - u1); s[nb][3] = exp2f(s[nb][3] - u1);
-            rs0 += s[nb][0] + s[nb][1];
-            rs1 += s[nb][2] + s[nb][3];
-        }}
-        l0 = l0 * c0 + rs0;
-        l1 = l1 * c1 + rs1;
-#pragma unroll
-        for (int i = 0; i < DV / 8; ++i) {{ o[i][0] *= c0; o[i][1] *= c0; o[i][2] *= c1; o[i][3] *= c1; }}
         cp_wait0();
         __syncthreads();
-        if (t + 1 < ntiles) {{ load_tile(sK, SD, K, p.kt, k0 + BK, p.tk, BK, D); cp_commit(); }}
+        if (tile + 1 < ntiles) {{ load_tile(sK, SD, K, p.kt, k0 + BK, p.tk, BK, D); cp_commit(); }}
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {{
-            u32 a[4] = {{ pack(s[2 * kk][0], s[2 * kk][1]), pack(s[2 * kk][2], s[2 * kk][3]),
-                          pack(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack(s[2 * kk + 1][2], s[2 * kk + 1][3]) }};
+            u32 a[MT][4];
+#pragma unroll
+            for (int t = 0; t < MT; ++t) {{
+                a[t][0] = pack(s[t][2 * kk][0], s[t][2 * kk][1]);
+                a[t][1] = pack(s[t][2 * kk][2], s[t][2 * kk][3]);
+                a[t][2] = pack(s[t][2 * kk + 1][0], s[t][2 * kk + 1][1]);
+                a[t][3] = pack(s[t][2 * kk + 1][2], s[t][2 * kk + 1][3]);
+            }}
 #pragma unroll
             for (int dn = 0; dn < DV / 16; ++dn) {{
                 u32 b[4];
                 int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, col = dn * 16 + (lane >> 4) * 8;
                 ldm4t(b, smem(sQV + key * SDV + col));
-                mma(o[2 * dn], a, b[0], b[1]);
-                mma(o[2 * dn + 1], a, b[2], b[3]);
+#pragma unroll
+                for (int t = 0; t < MT; ++t) {{
+                    mma(o[t][2 * dn], a[t], b[0], b[1]);
+                    mma(o[t][2 * dn + 1], a[t], b[2], b[3]);
+                }}
             }}
         }}
         cp_wait0();
         __syncthreads();
     }}
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
 #pragma unroll
-    for (int dn = 0; dn < DV / 8; ++dn) {{
-        int col = dn * 8 + 2 * (lane & 3);
-        if (r0 < p.tq) *(u32*)(O + r0 * p.ot + col) = pack(o[dn][0] * i0, o[dn][1] * i0);
-        if (r1 < p.tq) *(u32*)(O + r1 * p.ot + col) = pack(o[dn][2] * i1, o[dn][3] * i1);
+    for (int t = 0; t < MT; ++t) {{
+        float l0 = l[t][0], l1 = l[t][1];
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+        const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
+        const i64 r0 = r[t][0], r1 = r[t][1];
+#pragma unroll
+        for (int dn = 0; dn < DV / 8; ++dn) {{
+            int col = dn * 8 + 2 * (lane & 3);
+            if (r0 < p.tq) *(u32*)(O + r0 * p.ot + col) = pack(o[t][dn][0] * i0, o[t][dn][1] * i0);
+            if (r1 < p.tq) *(u32*)(O + r1 * p.ot + col) = pack(o[t][dn][2] * i1, o[t][dn][3] * i1);
+        }}
     }}
 }}
 "#
@@ -705,9 +767,10 @@ pub(crate) fn attention(
         return Ok(out);
     }
     let (func, blocks, extra) = if tc {
-        let key = format!("attn_tc:{}:{dk}:{dv}:{kind:?}:{mname}", dtype.name());
-        let f = nvrtc::function(cs.driver(), &cs.dev, &key, "k_attn_tc", || tc_source(dtype, dk, dv, kind, md))?;
-        (f, tq.div_ceil(BQ) * planes, None)
+        let mt = tc_tiles(dk, dv, kind, tq, planes, cs.dev.sms as usize);
+        let key = format!("attn_tc:{}:{dk}:{dv}:{kind:?}:{mname}:{mt}", dtype.name());
+        let f = nvrtc::function(cs.driver(), &cs.dev, &key, "k_attn_tc", || tc_source(dtype, dk, dv, kind, md, mt))?;
+        (f, tq.div_ceil(BQ * mt) * planes, None)
     } else {
         let dvl = dv.div_ceil(32).max(1);
         let key = format!("attn_simt:{}:{dvl}:{kind:?}:{mname}", dtype.name());
@@ -743,15 +806,17 @@ mod tests {
             for (dk, dv) in [(64, 64), (128, 128), (16, 48)] {
                 for kind in kinds {
                     let md = (kind == AttentionMaskKind::Array).then_some(DType::Bool);
-                    if !check_compiles(&format!("test:attn_tc:{d}:{dk}:{dv}:{kind:?}"), &tc_source(d, dk, dv, kind, md))
-                    {
-                        return;
+                    for mt in if dk <= 64 && dv <= 64 { 1..=2 } else { 1..=1 } {
+                        let src = tc_source(d, dk, dv, kind, md, mt);
+                        if !check_compiles(&format!("test:attn_tc:{d}:{dk}:{dv}:{kind:?}:{mt}"), &src) {
+                            return;
+                        }
                     }
                 }
             }
             check_compiles(
                 &format!("test:attn_tc:{d}:f32mask"),
-                &tc_source(d, 64, 64, AttentionMaskKind::Array, Some(d)),
+                &tc_source(d, 64, 64, AttentionMaskKind::Array, Some(d), 2),
             );
         }
         for d in [DType::F16, DType::BF16, DType::F32] {
