@@ -9,8 +9,8 @@
 mod attention_ref;
 mod common;
 
-use attention_ref::{Case, MaskCase, check, tolerance};
-use common::{Rng, assert_close, gpu};
+use attention_ref::{Case, MaskCase, check, check_rows};
+use common::{Rng, gpu};
 use rill::{Array, AttentionMask, DType};
 
 #[test]
@@ -109,18 +109,7 @@ fn gpu_two_row_tiles_a_warp() {
                 scale: None,
                 transposed: false,
             };
-            let (x, vals, _) = case.inputs(&mut rng);
-            let got = case.call(&x, None).unwrap().to_f64_vec().unwrap();
-            let planes = case.batch.iter().product::<usize>() * case.hq;
-            let mut rows: Vec<(usize, usize)> = vec![(0, 0), (planes - 1, tq - 1)];
-            rows.extend(
-                (0..200).map(|_| ((rng.next_u64() % planes as u64) as usize, (rng.next_u64() % tq as u64) as usize)),
-            );
-            for (p, i) in rows {
-                let want = case.reference_row(&vals, None, p, i);
-                let at = (p * tq + i) * case.dv;
-                assert_close(&got[at..at + case.dv], &want, tolerance(dtype), &format!("plane {p} row {i}: {case:?}"));
-            }
+            check_rows(&case, &mut rng, 200, "two tiles");
         }
     });
 }
@@ -140,19 +129,7 @@ fn gpu_scores_larger_than_one_chunk() {
         ];
         for (batch, hq, tq, tk, d, dv, mask, dtype, transposed) in cases {
             let case = Case { batch, hq, hkv: 1, tq, tk, d, dv, dtype, mask, scale: None, transposed };
-            let (x, vals, mask) = case.inputs(&mut rng);
-            let got = case.call(&x, mask.as_ref().map(|m| &m.0)).unwrap().to_f64_vec().unwrap();
-            let planes = case.batch.iter().product::<usize>() * case.hq;
-            let mut rows: Vec<(usize, usize)> = vec![(0, 0), (planes - 1, tq - 1)];
-            rows.extend(
-                (0..64).map(|_| ((rng.next_u64() % planes as u64) as usize, (rng.next_u64() % tq as u64) as usize)),
-            );
-            for (p, i) in rows {
-                let want = case.reference_row(&vals, mask.as_ref().map(|m| m.1.as_slice()), p, i);
-                let at = (p * tq + i) * dv;
-                let what = format!("plane {p} row {i}: {case:?}");
-                assert_close(&got[at..at + dv], &want, tolerance(dtype), &what);
-            }
+            check_rows(&case, &mut rng, 64, "chunks");
         }
     });
 }

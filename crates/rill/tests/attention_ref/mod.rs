@@ -260,3 +260,26 @@ pub fn check(case: &Case, rng: &mut Rng, what: &str) {
     let want = case.reference(&vals, mask.as_ref().map(|m| m.1.as_slice()));
     assert_close(&got.to_f64_vec().unwrap(), &want, tolerance(case.dtype), &format!("{what}: {case:?}"));
 }
+
+/// Runs `case` on the ambient device and checks `samples` random output rows (and the
+/// first and last) against [`Case::reference_row`]: for cases too large for the whole
+/// float64 reference.
+pub fn check_rows(case: &Case, rng: &mut Rng, samples: usize, what: &str) {
+    let (x, vals, mask) = case.inputs(rng);
+    let got = case.call(&x, mask.as_ref().map(|m| &m.0)).unwrap().to_f64_vec().unwrap();
+    let (planes, tq) = (case.batch.iter().product::<usize>() * case.hq, case.tq);
+    let mut rows = vec![(0, 0), (planes - 1, tq - 1)];
+    rows.extend(
+        (0..samples).map(|_| ((rng.next_u64() % planes as u64) as usize, (rng.next_u64() % tq as u64) as usize)),
+    );
+    for (p, i) in rows {
+        let want = case.reference_row(&vals, mask.as_ref().map(|m| m.1.as_slice()), p, i);
+        let at = (p * tq + i) * case.dv;
+        assert_close(
+            &got[at..at + case.dv],
+            &want,
+            tolerance(case.dtype),
+            &format!("{what}: plane {p} row {i}: {case:?}"),
+        );
+    }
+}

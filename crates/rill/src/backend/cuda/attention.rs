@@ -709,7 +709,7 @@ pub(crate) fn attention(
     });
     let scale = scale.unwrap_or(if dk == 0 { 1.0 } else { 1.0 / (dk as f64).sqrt() });
     if !dec && super::attention_gemm::applies(inputs, dtype, tq, tk, dk, dv) {
-        return super::attention_gemm::attention(cs, inputs, kind, &ml, scale, shape, dtype);
+        return super::attention_gemm::attention(cs, inputs, kind, mask, &ml, scale, shape, dtype);
     }
     let (q, k, v) = (fit(inputs[0])?, fit(inputs[1])?, fit(inputs[2])?);
     let ol = Layout::contiguous(shape);

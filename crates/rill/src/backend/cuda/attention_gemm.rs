@@ -22,6 +22,7 @@ use crate::sync::OnceLock;
 
 use super::attention::{PARAMS_SRC, attn_params, mask_src};
 use super::buffer::new_storage;
+use super::copy::make_contiguous;
 use super::driver::GpuStream;
 use super::launch::Launch;
 use super::matmul::matmul_into;
@@ -126,12 +127,15 @@ fn view(s: &Storage, off: usize, shape: [usize; 3], strides: [usize; 3]) -> Stor
     })
 }
 
-/// Attention of `q, k, v[, mask]` (inputs of [`applies`]) into a new contiguous `shape`;
-/// `ml` is the mask's layout broadcast to the scores' shape.
+/// Attention of `q, k, v` (inputs of [`applies`]) into a new contiguous `shape`, with the
+/// array `mask` of a `kind` that has one; `ml` is the mask's layout broadcast to the
+/// scores' shape.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
     cs: &GpuStream<'_>,
     inputs: &[&Storage],
     kind: AttentionMaskKind,
+    mask: Option<&Storage>,
     ml: &Layout,
     scale: f64,
     shape: &[usize],
@@ -145,12 +149,9 @@ pub(crate) fn attention(
     let dv = inputs[2].layout.shape[nb + 2];
     // Contiguous q, k, v: a plane's rows and keys are then one matrix each, planes one
     // stride apart.
-    let dense = |s: &Storage| if s.layout.is_contiguous() { Ok(s.clone()) } else { super::elementwise::copy(cs, s) };
+    let dense = |s: &Storage| if s.layout.is_contiguous() { Ok(s.clone()) } else { make_contiguous(cs, s) };
     let (q, k, v) = (dense(inputs[0])?, dense(inputs[1])?, dense(inputs[2])?);
-    let (mask, md) = match kind {
-        AttentionMaskKind::Array => (Some(inputs[3]), Some(inputs[3].dtype)),
-        AttentionMaskKind::None | AttentionMaskKind::Causal => (None, None),
-    };
+    let md = mask.map(|m| m.dtype);
     let out = new_storage(cs, dtype, shape)?;
     let ol = Layout::contiguous(shape);
     let p = attn_params(&qs[..nb], [&q.layout, &k.layout, &v.layout, ml, &ol], [hq, hkv, tq, tk], scale);

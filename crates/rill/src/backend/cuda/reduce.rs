@@ -698,6 +698,25 @@ typedef {acc} A;
 __device__ __forceinline__ A comb(A a, A b) {{ return {combine}; }}
 __device__ __forceinline__ A ldv(T v) {{ return (A)({ld}); }}
 __device__ __forceinline__ O st(A a, i64 n) {{ return {st}; }}
+// Each thread's `VC` values, combined over the block's `by` rows of threads in a
+// shared-memory tree (a fixed order); row `ty == 0` ends with the results.
+template <int VC>
+__device__ __forceinline__ void tree(A (&a)[VC], A* sh) {{
+    int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
+    if (by == 1) return;
+    int me = (ty * bx + tx) * VC;
+#pragma unroll
+    for (int k = 0; k < VC; ++k) sh[me + k] = a[k];
+    __syncthreads();
+    for (int s = by >> 1; s > 0; s >>= 1) {{
+        if (ty < s) {{
+            int you = ((ty + s) * bx + tx) * VC;
+#pragma unroll
+            for (int k = 0; k < VC; ++k) {{ a[k] = comb(a[k], sh[you + k]); sh[me + k] = a[k]; }}
+        }}
+        __syncthreads();
+    }}
+}}
 // Columns `c0 .. c0 + VC` (one column group: `ni % VC == 0`) over rows `r0 + ty, + by, ..`
 // below `r1`, four rows in flight in four accumulators; then the block's `by` partials of
 // each column in a shared-memory tree (a fixed order).
@@ -738,20 +757,7 @@ __device__ __forceinline__ void col(O* __restrict__ out, A* __restrict__ part, c
 #pragma unroll
         for (int k = 0; k < VC; ++k) a[k] = comb(comb(a[k], b[0][k]), comb(b[1][k], b[2][k]));
     }}
-    if (by > 1) {{
-        int me = (ty * bx + tx) * VC;
-#pragma unroll
-        for (int k = 0; k < VC; ++k) sh[me + k] = a[k];
-        __syncthreads();
-        for (int s = by >> 1; s > 0; s >>= 1) {{
-            if (ty < s) {{
-                int you = ((ty + s) * bx + tx) * VC;
-#pragma unroll
-                for (int k = 0; k < VC; ++k) {{ a[k] = comb(a[k], sh[you + k]); sh[me + k] = a[k]; }}
-            }}
-            __syncthreads();
-        }}
-    }}
+    tree<VC>(a, sh);
     if (ty == 0 && ok) {{
         if (gy == 1) {{
 #pragma unroll
@@ -772,25 +778,18 @@ extern "C" __global__ void __launch_bounds__({CBLOCK}) k_colv(O* __restrict__ ou
     col<VN>(out, part, x, cols, ni, s1, red, sr, sh);
 }}
 // Column `c`'s `gy` partials of `red` rows: a block is `bx` columns by `by` threads (a
-// power of two); thread `ty` combines partials ty, ty + by, .. in order, then the block's
-// `by` sums of each column meet in a shared-memory tree (a fixed order).
+// power of two); thread `ty` combines partials ty, ty + by, .. in order, then the tree.
 extern "C" __global__ void __launch_bounds__({FIN_BLOCK}) k_colfin(O* __restrict__ out, const A* __restrict__ part, i64 cols, i64 gy, i64 red) {{
     __shared__ A sh[{FIN_BLOCK}];
-    const int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
-    const i64 c = (i64)blockIdx.x * bx + tx;
-    A a = (A)({init});
+    const int ty = threadIdx.y, by = blockDim.y;
+    const i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    A a[1] = {{ (A)({init}) }};
     if (c < cols) {{
 #pragma unroll 4
-        for (i64 y = ty; y < gy; y += by) a = comb(a, part[y * cols + c]);
+        for (i64 y = ty; y < gy; y += by) a[0] = comb(a[0], part[y * cols + c]);
     }}
-    const int me = ty * bx + tx;
-    sh[me] = a;
-    __syncthreads();
-    for (int s = by >> 1; s > 0; s >>= 1) {{
-        if (ty < s) {{ a = comb(a, sh[me + s * bx]); sh[me] = a; }}
-        __syncthreads();
-    }}
-    if (ty == 0 && c < cols) out[c] = st(a, red);
+    tree<1>(a, sh);
+    if (ty == 0 && c < cols) out[c] = st(a[0], red);
 }}
 "#
     )
