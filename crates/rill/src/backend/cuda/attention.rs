@@ -7,7 +7,7 @@
 //! | inputs | kernel |
 //! |---|---|
 //! | f16/bf16, `D` and `Dv` multiples of 16 up to 128 | `k_attn_tc`: 4 warps, 64 queries a block (16 a warp; 128 and two row tiles a warp when `D`, `Dv` ≤ 64 with no array mask and blocks enough, so each K and V fragment read from shared memory feeds twice the products) and 64 keys a tile; Q, K and V tiles in shared memory (`cp.async`, rows padded by 16 bytes so `ldmatrix` is conflict-free), `mma.sync.m16n8k16` with f32 accumulation for `Q Kᵀ` and `P V` (P rounded to the inputs' type, as in FlashAttention), the next V tile loading while `Q Kᵀ` runs and the next K tile while `P V` runs; one kernel per (dtype, `D`, `Dv`, mask) |
-//! | one query row (`Tq = 1`, decoding), f16/bf16/f32, `D` and `Dv` up to 256 | `k_attn_dec`: a block takes up to 8 query heads of one key/value head (they share each key and value it loads) and one split of the keys, 4 warps of 32 keys a step (a lane per key's dot products, then the lanes share the output columns); splits are chosen to give about two blocks per multiprocessor, and `k_attn_dec_sum` merges them |
+//! | one query row (`Tq = 1`, decoding), f16/bf16/f32, `D` and `Dv` up to 256 | `k_attn_dec`: a block takes up to 8 query heads of one key/value head (they share each key and value it loads) and one split of the keys, 4 warps of 32 keys a step (a lane per key's dot products, then the lanes share the output columns); splits of at least 512 keys are chosen to give about two blocks per multiprocessor, and `k_attn_dec_sum` merges them (a cache of up to 512 keys is one split, one kernel) |
 //! | f32/f64, more than one query row | `attention_gemm.rs`: the scores of a chunk of planes by a batched cuBLAS product, `k_attn_rows` (mask and softmax in place), then `P V` by a second product |
 //! | anything else (f16/bf16 of other `D`, or with `RILL_ATTN_GEMM=0`; `D` up to 256 per lane group) | `k_attn_simt`: a warp per query row, 32 keys per step (a lane per key's dot product, then the lanes share the `Dv` columns of the output) |
 //!
@@ -453,10 +453,11 @@ pub(crate) fn attn_params(batch: &[usize], lays: [&Layout; 5], sizes: [usize; 4]
 
 /// Query heads one decode block takes (its rows of `q`).
 const DEC_ROWS: usize = 8;
-/// Keys a decode block's 4 warps take per step (32 each).
-const DEC_STEP: usize = 128;
 /// Most key splits of one decode plane.
 const DEC_MAX_SPLITS: usize = 64;
+/// Fewest keys a decode split takes: below this the merge kernel costs more than the
+/// shorter walk saves, so a short cache is one split and one kernel.
+const DEC_MIN_SPLIT_KEYS: usize = 512;
 
 /// The decode kernel `k_attn_dec` (one query row, `Tq = 1`) and its combine
 /// `k_attn_dec_sum`: a block takes up to `rows` query heads of one key/value head (they
@@ -723,8 +724,9 @@ pub(crate) fn attention(
         let groups = group.div_ceil(DEC_ROWS);
         let rows = group.div_ceil(groups);
         let units = planes / hq * hkv * groups;
-        let splits =
-            (2 * cs.dev.sms.max(1) as usize).div_ceil(units).clamp(1, tk.div_ceil(DEC_STEP).clamp(1, DEC_MAX_SPLITS));
+        let splits = (2 * cs.dev.sms.max(1) as usize)
+            .div_ceil(units)
+            .clamp(1, tk.div_ceil(DEC_MIN_SPLIT_KEYS).clamp(1, DEC_MAX_SPLITS));
         let blocks = units * splits;
         if blocks > i32::MAX as usize {
             return Err(super::unsupported(NAME, format!("{blocks} thread blocks (at most 2^31 - 1)")));
