@@ -1,5 +1,6 @@
 //! `compile`'s fused blocks on the CPU: matmul epilogues, residual norms, multi-tensor
-//! apply (the Adam/AdamW update of `rill::optim`) and attention written as ops.
+//! apply (the Adam/AdamW update of `rill::optim`), quantized products with the norm or
+//! gated activation before them and the residual after, and attention written as ops.
 //! Generated cases (`common/blocks.rs`) give the bits of eager evaluation (attention:
 //! within the dtype's tolerance) and match a float64 reference; the compiled graphs
 //! hold the blocks (`Compiled::primitive_counts`) and the kernels ran
@@ -58,6 +59,14 @@ fn a_bias_of_the_wrong_shape_errors_as_eager() {
     let eager = f(&[x.clone(), w.clone(), bias.clone()]).unwrap_err();
     let compiled = rill::compile(f).call(&[x, w, bias]).unwrap_err();
     assert_eq!(format!("{eager}"), format!("{compiled}"));
+}
+
+/// A norm or gated activation before a block-quantized product and a residual after it
+/// are one block, with eager's bits.
+#[test]
+fn qmatmul_blocks_give_eager_bits() {
+    let _serial = blocks::stats_lock();
+    assert_eq!(blocks::qmatmul_blocks(Device::cpu(), 21, 42), 42);
 }
 
 #[test]

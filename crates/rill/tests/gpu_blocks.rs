@@ -81,3 +81,12 @@ fn gpu_attention_written_as_ops() {
     let Some(g) = common::gpu() else { return };
     assert_eq!(blocks::attention_blocks(g, 42, 48), 48);
 }
+
+/// Quantized product blocks on a GPU: the fused matrix-vector kernel (norm, gated
+/// activation and residual inside) and the tiled kernels' rows (the ops one by one).
+#[test]
+fn gpu_qmatmul_blocks() {
+    let _serial = blocks::stats_lock();
+    let Some(g) = common::gpu() else { return };
+    assert_eq!(blocks::qmatmul_blocks(g, 22, 84), 84);
+}

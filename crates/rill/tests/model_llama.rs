@@ -232,6 +232,24 @@ fn logits_and_greedy_tokens_match_transformers() {
     assert!(m.traced_shapes() <= 4, "decode traced per position? {} traces", m.traced_shapes());
 }
 
+/// The decode step's products take the norm before them, the gated activation and the
+/// residual adds into their blocks (`compile`'s quantized product blocks): four a layer
+/// and the output head, with no norm or product node left on its own.
+#[test]
+fn a_decode_step_fuses_norms_activations_and_residuals_into_its_products() {
+    if model().is_none() {
+        return;
+    }
+    // Its own instance: the shared model's trace count is checked above.
+    let m = Llama::load(rill::io::cache::default_llm().unwrap(), Device::cpu(), LoadOptions::default()).unwrap();
+    let counts = m.decode_primitive_counts(1, 64).unwrap();
+    let layers = m.config().layers;
+    assert_eq!(counts.get("fused_qmatmul").copied(), Some(4 * layers + 1), "{counts:?}");
+    for p in ["qmatmul", "rms_norm", "fused_add_rms_norm"] {
+        assert_eq!(counts.get(p).copied(), None, "{p} in {counts:?}");
+    }
+}
+
 /// Short prompts of the fixture's text, each a different length.
 fn prompts() -> Vec<Vec<u32>> {
     let m = model().unwrap();

@@ -24,6 +24,15 @@
 //!   becomes a view of its piece of the block's output (not in a shapeless tape). An
 //!   optimizer step over many parameters is then one kernel.
 //!
+//! - **Quantized products.** A `QuantMatmul` whose `x` is an RMS norm or an elementwise
+//!   program that nothing else reads, or whose product only an elementwise node of its
+//!   shape reads, becomes a `QMatmul` block: `post(x @ wᵀ, ..)` with `x` computed inside
+//!   (made first, so the residual add after a product becomes its post program rather
+//!   than the first half of a residual norm). A decode step's products then take the
+//!   norm before them, the gated activation and the residual add after them into their
+//!   one kernel on a GPU; the norm's sum of squares is then summed in another order than
+//!   the norm kernel's, so the last bits of a half-precision result may differ from eager.
+//!
 //! Before fusion (`attention`, on the simplified tape):
 //! - **Attention.** `softmax(q @ swapaxes(k) [* c] [+ mask], -1) @ v` with scalar `c`
 //!   becomes one `Attention` node (the fused kernel of `scaled_dot_product_attention`),
@@ -39,7 +48,7 @@ use crate::compile::trace::{Ref, Tape, TapeNode, order_reads};
 use crate::dtype::DType;
 use crate::primitives::attention::AttentionMaskKind;
 use crate::primitives::fused::{
-    BlockKind, Builder, FusedBlock, FusedProgram, Inst, fusable, lt_epilogue, renumber_inputs,
+    BlockKind, Builder, FusedBlock, FusedProgram, Inst, QInput, fusable, lt_epilogue, renumber_inputs,
 };
 use crate::primitives::{BinaryOp, Primitive};
 
@@ -90,6 +99,10 @@ fn block(kind: BlockKind) -> Primitive {
 /// Rewrites `tape` with fused blocks. `fixed_shapes`: the tape is replayed on its traced
 /// shapes only, so blocks whose views fix shapes may be made.
 pub(crate) fn blocks(tape: &mut Tape, fixed_shapes: bool) {
+    if qmatmul_blocks(tape) {
+        order_reads(tape);
+        dce(tape);
+    }
     let mut changed = matmul_epilogues(tape);
     changed |= residual_norms(tape, fixed_shapes);
     // Blocks and views appended at the end are read by earlier nodes: order first (the
@@ -197,6 +210,100 @@ fn matmul_epilogues(tape: &mut Tape) -> bool {
             rule: node.rule.clone(),
         };
         tape.nodes[i] = new;
+        changed = true;
+    }
+    changed
+}
+
+/// Whether `s` broadcasts to `to` without growing it.
+fn broadcasts_to(s: &[usize], to: &[usize]) -> bool {
+    s.len() <= to.len() && s.iter().rev().zip(to.iter().rev()).all(|(&a, &b)| a == 1 || a == b)
+}
+
+/// Quantized product blocks (see the module docs); true when any was made.
+fn qmatmul_blocks(tape: &mut Tape) -> bool {
+    let (count, is_out) = uses(tape);
+    let n = tape.nodes.len();
+    // The last reader of each node (its only one where `count` is 1).
+    let mut reader = vec![usize::MAX; n];
+    for (c, node) in tape.nodes.iter().enumerate() {
+        for r in node.inputs.iter().copied().chain(node.rule.iter().flat_map(|r| r.refs())) {
+            if let Ref::Node(i) = r {
+                reader[i] = c;
+            }
+        }
+    }
+    let mut changed = false;
+    for j in 0..n {
+        let node = &tape.nodes[j];
+        let Primitive::QuantMatmul { format } = node.prim else { continue };
+        let [x, w] = node.inputs[..] else { continue };
+        if node.rule.is_some() {
+            continue;
+        }
+        let (xshape, xd) = (ref_shape(tape, x).to_vec(), ref_dtype(tape, x));
+        // The x side: an RMS norm or an elementwise program that only this product reads.
+        let own = |p: usize| {
+            let m = &tape.nodes[p];
+            count[p] == 1 && !is_out[p] && m.stream == node.stream && m.rule.is_none()
+        };
+        let (input, xins) = match x {
+            Ref::Node(p) if own(p) => match tape.nodes[p].prim {
+                Primitive::RmsNorm { eps, has_weight } if tape.nodes[p].inputs.len() == 1 + has_weight as usize => {
+                    (QInput::RmsNorm { eps, has_weight }, tape.nodes[p].inputs.clone())
+                }
+                _ => match program_of(tape, p) {
+                    Some((prog, ext))
+                        if prog.more.is_empty()
+                            && prog.output_dtype() == xd
+                            && ext.iter().all(|&r| broadcasts_to(ref_shape(tape, r), &xshape)) =>
+                    {
+                        (QInput::Program(prog), ext)
+                    }
+                    _ => (QInput::Plain, vec![x]),
+                },
+            },
+            _ => (QInput::Plain, vec![x]),
+        };
+        // The post program: the product's only reader, elementwise, of the product's shape.
+        let mut post = None;
+        let mut place = j;
+        let mut extra: Vec<Ref> = Vec::new();
+        let i = reader[j];
+        if count[j] == 1 && !is_out[j] && i != usize::MAX {
+            let c = &tape.nodes[i];
+            if c.rule.is_none()
+                && c.stream == node.stream
+                && c.shape == node.shape
+                && let Some((prog, ext)) = program_of(tape, i)
+                && prog.more.is_empty()
+                && ext.iter().filter(|&&r| r == Ref::Node(j)).count() == 1
+                && ext.iter().all(|&r| r == Ref::Node(j) || broadcasts_to(ref_shape(tape, r), &node.shape))
+            {
+                let pk = ext.iter().position(|&r| r == Ref::Node(j)).unwrap_or(0);
+                let perm: Vec<usize> =
+                    (0..ext.len()).map(|k| if k == pk { 0 } else { k + (k < pk) as usize }).collect();
+                post = Some(renumber_inputs(&prog, &perm));
+                extra = ext.iter().enumerate().filter(|&(k, _)| k != pk).map(|(_, &r)| r).collect();
+                place = i;
+            }
+        }
+        if input == QInput::Plain && post.is_none() {
+            continue;
+        }
+        let mut inputs = xins;
+        inputs.push(w);
+        inputs.extend(extra);
+        let at = &tape.nodes[place];
+        let new = TapeNode {
+            prim: block(BlockKind::QMatmul { format, input, post, kernels: Default::default() }),
+            inputs,
+            shape: at.shape.clone(),
+            dtype: at.dtype,
+            stream: at.stream.clone(),
+            rule: None,
+        };
+        tape.nodes[place] = new;
         changed = true;
     }
     changed

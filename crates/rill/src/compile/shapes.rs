@@ -142,7 +142,7 @@ fn derive(node: &TapeNode, ins: &[&[usize]], read: &dyn Fn(&ShapeOf) -> Vec<usiz
 
 /// The output shape of a fused block for these input shapes (see [`derive`](fn@derive)).
 fn block_shape(b: &crate::primitives::fused::FusedBlock, ins: &[&[usize]]) -> Option<Result<Vec<usize>>> {
-    use crate::primitives::fused::BlockKind;
+    use crate::primitives::fused::{BlockKind, QInput};
     Some(match &b.kind {
         BlockKind::Matmul { .. } => {
             let (a, m) = (ins.first()?, ins.get(1)?);
@@ -172,6 +172,35 @@ fn block_shape(b: &crate::primitives::fused::FusedBlock, ins: &[&[usize]]) -> Op
             let weight = if *has_weight { cols.next() } else { None };
             let bias = if *has_bias { cols.next() } else { None };
             nn::norm(b.name(), x, weight, bias).map(|_| x.to_vec())
+        }
+        BlockKind::QMatmul { format, input, .. } => {
+            let nx = input.arity();
+            let w = ins.get(nx)?;
+            let x = match input {
+                QInput::Plain => ins[0].to_vec(),
+                QInput::Program(_) => match broadcast_all(b.name(), &ins[..nx]) {
+                    Ok(s) => s,
+                    Err(e) => return Some(Err(e)),
+                },
+                QInput::RmsNorm { has_weight, .. } => {
+                    if let Err(e) = nn::norm(b.name(), ins[0], has_weight.then(|| ins[1]), None) {
+                        return Some(Err(e));
+                    }
+                    ins[0].to_vec()
+                }
+            };
+            let out = match quant::qmatmul(b.name(), *format, &x, w) {
+                Ok(s) => s,
+                Err(e) => return Some(Err(e)),
+            };
+            // The post program's operands broadcast to the product, never past it.
+            let mut all: Vec<&[usize]> = vec![&out];
+            all.extend(ins[nx + 1..].iter().copied());
+            match broadcast_all(b.name(), &all) {
+                Ok(s) if s == out => Ok(s),
+                Ok(_) => return None,
+                Err(e) => Err(e),
+            }
         }
         // Views of these fix the traced shapes: made only for tapes replayed on them.
         BlockKind::ResidualNorm { keep_sum: true, .. } | BlockKind::Multi { .. } => return None,

@@ -524,6 +524,30 @@ impl Llama {
         self.inner.step.cache_len()
     }
 
+    /// The primitives of the compiled step that decodes one token for each of `batch`
+    /// rows against caches of `capacity` positions, by name
+    /// ([`Compiled::primitive_counts`](crate::Compiled::primitive_counts)): what a token
+    /// costs after `compile`'s fusion (on a GPU each non-view node is about one kernel).
+    /// For tests and diagnostics; the step runs once on zero caches.
+    pub fn decode_primitive_counts(
+        &self,
+        batch: usize,
+        capacity: usize,
+    ) -> Result<std::collections::BTreeMap<&'static str, usize>> {
+        let cache = self.new_cache(batch, capacity)?;
+        let m = &*self.inner;
+        let _g = m.stream.enter();
+        let zeros = vec![0i32; batch];
+        let mut inputs = vec![
+            Array::from_slice(&zeros, &[batch, 1])?,
+            Array::from_slice(&zeros, &[batch])?,
+            Array::from_slice(&zeros, &[batch])?,
+        ];
+        inputs.extend(cache.keys.iter().cloned());
+        inputs.extend(cache.values.iter().cloned());
+        m.step.primitive_counts(&inputs)
+    }
+
     /// An empty cache for `batch` sequences of at most `capacity` positions (at most the
     /// model's context length).
     pub fn new_cache(&self, batch: usize, capacity: usize) -> Result<KvCache> {

@@ -346,6 +346,36 @@ pub(crate) enum BlockKind {
     /// output is 1-D: the members' results one after the other, each member's as its
     /// program's outputs one after the other (`output_count() * size` elements).
     Multi { program: FusedProgram, sizes: Vec<usize>, scalar: Vec<bool> },
+    /// `post(x @ wᵀ, extra...)` of a block-quantized product (`QuantMatmul`) whose `x`
+    /// is computed from the block's first inputs as `input` says. The node's inputs are
+    /// the `x` side's (`input.arity()`), then the packed `w`, then `post`'s inputs after
+    /// its first (each broadcast to the node's shape). `post`'s input 0 is the product
+    /// in `x`'s dtype. A decode step's matrix-vector products then read the normalised
+    /// or gated activations and add the residual inside their one kernel.
+    QMatmul { format: crate::quant::QuantFormat, input: QInput, post: Option<FusedProgram>, kernels: KernelMemo },
+}
+
+/// How a [`BlockKind::QMatmul`] block computes the `x` of its product.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum QInput {
+    /// `x` itself (one input): the block exists for its `post` program.
+    Plain,
+    /// An elementwise program of its inputs, all broadcast to `x`'s shape; its output
+    /// dtype is `x`'s.
+    Program(FusedProgram),
+    /// `rms_norm(x[, weight], eps)` over the last axis (inputs `x[, weight]`).
+    RmsNorm { eps: f64, has_weight: bool },
+}
+
+impl QInput {
+    /// The block inputs the `x` side reads.
+    pub(crate) fn arity(&self) -> usize {
+        match self {
+            QInput::Plain => 1,
+            QInput::Program(p) => p.input_dtypes.len(),
+            QInput::RmsNorm { has_weight, .. } => 1 + *has_weight as usize,
+        }
+    }
 }
 
 /// A matmul program that cuBLASLt computes as `act(a @ b + residual + bias)`: the
@@ -371,7 +401,7 @@ pub(crate) enum LtAct {
 impl FusedBlock {
     /// The block's name in messages and in `Compiled::primitive_counts`: `fused_matmul_lt`
     /// (a matmul whose program cuBLASLt can apply as its epilogue), `fused_matmul`,
-    /// `fused_add_layer_norm`, `fused_add_rms_norm`, `fused_multi`.
+    /// `fused_add_layer_norm`, `fused_add_rms_norm`, `fused_multi`, `fused_qmatmul`.
     pub fn name(&self) -> &'static str {
         match self.kind {
             BlockKind::Matmul { lt: Some(_), .. } => "fused_matmul_lt",
@@ -379,6 +409,7 @@ impl FusedBlock {
             BlockKind::ResidualNorm { rms: false, .. } => "fused_add_layer_norm",
             BlockKind::ResidualNorm { rms: true, .. } => "fused_add_rms_norm",
             BlockKind::Multi { .. } => "fused_multi",
+            BlockKind::QMatmul { .. } => "fused_qmatmul",
         }
     }
 }
@@ -562,6 +593,32 @@ fn unfuse(p: &Primitive, ins: &[Array], shape: &[usize]) -> crate::error::Result
                     parts.push(run_outputs(program, &member, size)?);
                 }
                 crate::ops::movement::copies::concatenate(&parts.iter().collect::<Vec<_>>(), 0)
+            }
+            BlockKind::QMatmul { format, input, post, .. } => {
+                let nx = input.arity();
+                let x = match input {
+                    QInput::Plain => ins[0].clone(),
+                    QInput::Program(p) => run_program(p, &ins[..nx])?,
+                    QInput::RmsNorm { eps, has_weight } => ins[0].rms_norm(has_weight.then(|| &ins[1]), *eps)?,
+                };
+                let w = &ins[nx];
+                let mut pshape = x.shape().to_vec();
+                pshape.pop();
+                pshape.push(w.shape().first().copied().unwrap_or(0));
+                let product = super::grad::record(
+                    Primitive::QuantMatmul { format: *format },
+                    vec![x.clone(), w.clone()],
+                    &pshape,
+                    x.dtype(),
+                )?;
+                match post {
+                    None => Ok(product),
+                    Some(p) => {
+                        let mut args = vec![product];
+                        args.extend(ins[nx + 1..].iter().cloned());
+                        fit(run_program(p, &args)?, shape)
+                    }
+                }
             }
         },
         other => Err(super::grad::no_rule(other.name(), "vjp")),

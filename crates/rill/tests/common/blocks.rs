@@ -501,3 +501,165 @@ pub fn cluster_cases(seed: u64, count: usize) -> Vec<Case> {
         })
         .collect()
 }
+
+/// The shapes of a quantized product block's pattern (see [`qmatmul_blocks`]).
+#[derive(Clone, Copy, Debug)]
+pub enum QPattern {
+    /// `rms_norm(x, nw) @ wᵀ`
+    Norm,
+    /// `rms_norm(x) @ wᵀ` (no weight)
+    NormPlain,
+    /// `(silu(gu[.., :k]) * gu[.., k:]) @ wᵀ`, the gate and up halves of one joined array
+    Gated,
+    /// `x @ wᵀ + r`
+    Residual,
+    /// `r + (silu(gate) * up) @ wᵀ`, the gated activation and the residual together
+    GatedResidual,
+    /// `h1 = r + x @ w1ᵀ; h1, rms_norm(h1, nw) @ w2ᵀ`: a layer's residual, then the next
+    /// norm and product (two blocks, `h1` returned)
+    Chain,
+    /// `n = rms_norm(x, nw); n @ wᵀ, n * 2`: the norm is read elsewhere and stays a node
+    Shared,
+}
+
+impl QPattern {
+    pub const ALL: [QPattern; 7] = [
+        QPattern::Norm,
+        QPattern::NormPlain,
+        QPattern::Gated,
+        QPattern::Residual,
+        QPattern::GatedResidual,
+        QPattern::Chain,
+        QPattern::Shared,
+    ];
+
+    /// The pattern's outputs from its inputs `x` (see each form), with `prod(i, a)` the
+    /// product of `a` with weight `i`.
+    fn apply(self, x: &[Array], prod: &dyn Fn(usize, &Array) -> Result<Array>) -> Result<Vec<Array>> {
+        let k = x[0].shape().last().copied().unwrap_or(0) as isize;
+        let gated = |gu: &Array| -> Result<Array> {
+            let axis = gu.ndim() as isize - 1;
+            let g = gu.slice_axis(axis, Some(0), Some(k / 2), 1)?;
+            let u = gu.slice_axis(axis, Some(k / 2), Some(k), 1)?;
+            g.silu()?.mul(&u)
+        };
+        Ok(match self {
+            QPattern::Norm => vec![prod(0, &x[0].rms_norm(Some(&x[1]), 1e-5)?)?],
+            QPattern::NormPlain => vec![prod(0, &x[0].rms_norm(None, 1e-6)?)?],
+            QPattern::Gated => vec![prod(0, &gated(&x[0])?)?],
+            QPattern::Residual => vec![prod(0, &x[0])?.add(&x[1])?],
+            QPattern::GatedResidual => vec![x[1].add(&prod(0, &gated(&x[0])?)?)?],
+            QPattern::Chain => {
+                let h1 = x[1].add(&prod(0, &x[0])?)?;
+                let y = prod(1, &h1.rms_norm(Some(&x[2]), 1e-5)?)?;
+                vec![h1, y]
+            }
+            QPattern::Shared => {
+                let n = x[0].rms_norm(Some(&x[1]), 1e-5)?;
+                vec![prod(0, &n)?, n.mul(2.0)?]
+            }
+        })
+    }
+
+    /// The block nodes and the unfused products a compiled pattern holds.
+    fn expect(self) -> [(&'static str, usize); 3] {
+        match self {
+            QPattern::Chain => [("fused_qmatmul", 2), ("qmatmul", 0), ("rms_norm", 0)],
+            QPattern::Shared => [("fused_qmatmul", 0), ("qmatmul", 1), ("rms_norm", 1)],
+            _ => [("fused_qmatmul", 1), ("qmatmul", 0), ("rms_norm", 0)],
+        }
+    }
+}
+
+/// Quantized product blocks (`compile` fusing a norm or elementwise program before a
+/// block-quantized product and an elementwise program after it): every pattern of
+/// [`QPattern`] over generated formats, dtypes, row counts (the matrix-vector rows, chunks
+/// of them, and the tiled kernel's), `K` and `N`, compiled against eager on `g` (bit for
+/// bit on the CPU, within the dtype's tolerance on a GPU, where the norm's sum of squares
+/// is summed in another order) and against float64 with the dequantized weights. Returns
+/// the number of cases.
+pub fn qmatmul_blocks(g: Device, seed: u64, count: usize) -> usize {
+    use rill::quant::{QMatrix, QuantFormat};
+    let exact = !g.is_gpu();
+    let mut rng = Rng::new(seed);
+    for i in 0..count {
+        let pat = QPattern::ALL[i % QPattern::ALL.len()];
+        let dt = DTYPES[(i / QPattern::ALL.len()) % DTYPES.len()];
+        let format = QuantFormat::ALL[rng.next_u64() as usize % 3];
+        let m = [1, 1, 2, 3, 5, 8, 9, 17, 64, 70][rng.next_u64() as usize % 10];
+        let lead: Vec<usize> = if rng.next_u64().is_multiple_of(3) && m % 2 == 0 { vec![2, m / 2] } else { vec![m] };
+        let k = 32 * (1 + rng.next_u64() as usize % 6);
+        // The chain's second product reads N columns: whole blocks.
+        let n = if matches!(pat, QPattern::Chain) {
+            32 * (1 + rng.next_u64() as usize % 2)
+        } else {
+            1 + rng.next_u64() as usize % 70
+        };
+        let with = |last: usize| -> Vec<usize> { lead.iter().copied().chain([last]).collect() };
+        let k2 = if matches!(pat, QPattern::Chain) { n } else { k };
+        let weights: Vec<(Vec<f64>, Vec<usize>)> = vec![vals(&mut rng, &[n, k], 0.3), vals(&mut rng, &[n, k2], 0.3)];
+        // Inputs per pattern: x (or the joined gate/up), then the norm weight or residual.
+        let inputs: Vec<(Vec<f64>, Vec<usize>)> = match pat {
+            QPattern::Norm | QPattern::Shared => vec![vals(&mut rng, &with(k), 2.0), vals(&mut rng, &[k], 1.0)],
+            QPattern::NormPlain => vec![vals(&mut rng, &with(k), 2.0)],
+            QPattern::Gated => vec![vals(&mut rng, &with(2 * k), 2.0)],
+            QPattern::Residual => vec![vals(&mut rng, &with(k), 1.0), vals(&mut rng, &with(n), 1.0)],
+            QPattern::GatedResidual => vec![vals(&mut rng, &with(2 * k), 2.0), vals(&mut rng, &with(n), 1.0)],
+            QPattern::Chain => {
+                vec![vals(&mut rng, &with(k), 1.0), vals(&mut rng, &with(n), 1.0), vals(&mut rng, &[n], 1.0)]
+            }
+        };
+        let what = format!("qmatmul block {pat:?} {} {dt} x {:?} N {n}", format.name(), inputs[0].1);
+        let run = |dev: Device, as_dt: DType, compiled: bool| {
+            on(dev, || {
+                let ws: Vec<QMatrix> = weights
+                    .iter()
+                    .map(|(v, s)| {
+                        let a = Array::from_slice(v, s).unwrap().astype(DType::F32).unwrap();
+                        QMatrix::quantize(&a, format).unwrap()
+                    })
+                    .collect();
+                let x = make(&inputs, dt);
+                if as_dt == DType::F64 {
+                    // The reference: the dequantized weights in float64.
+                    let wd: Vec<Array> = ws
+                        .iter()
+                        .map(|w| {
+                            w.dequantize(DType::F32).unwrap().astype(DType::F64).unwrap().transpose(&[1, 0]).unwrap()
+                        })
+                        .collect();
+                    let x: Vec<Array> = x.iter().map(|a| a.astype(DType::F64).unwrap()).collect();
+                    let prod = |j: usize, a: &Array| a.matmul(&wd[j]);
+                    let out = pat.apply(&x, &prod).unwrap();
+                    return (BTreeMap::new(), out.iter().map(|a| a.to_f64_vec().unwrap()).collect::<Vec<_>>());
+                }
+                let f = move |x: &[Array]| pat.apply(x, &|j, a| rill::quant::qmatmul(a, &ws[j]));
+                if !compiled {
+                    let out = f(&x).unwrap();
+                    return (BTreeMap::new(), out.iter().map(|a| a.to_f64_vec().unwrap()).collect::<Vec<_>>());
+                }
+                let c = rill::compile(f);
+                let counts = c.primitive_counts(&x).unwrap();
+                let out = c.call(&x).unwrap();
+                (counts, out.iter().map(|a| a.to_f64_vec().unwrap()).collect::<Vec<_>>())
+            })
+        };
+        let (counts, got) = run(g, dt, true);
+        for (name, want) in pat.expect() {
+            assert_eq!(counts.get(name).copied().unwrap_or(0), want, "{what}: {name} nodes in {counts:?}");
+        }
+        let (_, eager) = run(g, dt, false);
+        let (_, reference) = run(Device::cpu(), DType::F64, false);
+        for (o, ((y, e), r)) in got.iter().zip(&eager).zip(&reference).enumerate() {
+            let what = format!("{what} output {o}");
+            if exact {
+                let differ = y.iter().zip(e).position(|(a, b)| a.to_bits() != b.to_bits());
+                assert!(differ.is_none(), "{what}: element {differ:?} differs from eager");
+            } else {
+                assert_close(y, e, 2.0 * tol(dt), &format!("{what}: compiled vs eager"));
+            }
+            assert_close(y, r, 8.0 * tol(dt), &format!("{what}: compiled vs f64"));
+        }
+    }
+    count
+}

@@ -3,17 +3,22 @@
 //! have the same bits: a matmul block is the product and then its program (the fused
 //! interpreter); a residual norm is the add kernel and then the norm kernel, writing
 //! the sum and the norm into one buffer when both are kept; a multi-tensor block runs
-//! its program over each member into its piece of the output.
+//! its program over each member into its piece of the output; a quantized product block
+//! computes its `x` (program or RMS norm), the product, then its post program.
 
-use crate::backend::cpu::{CpuBuffer, elementwise, fused, matmul, nn};
+use crate::backend::cpu::{CpuBuffer, elementwise, fused, matmul, nn, quant};
 use crate::backend::{Buffer, Storage};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::primitives::BinaryOp;
-use crate::primitives::fused::{BlockKind, FusedBlock};
+use crate::primitives::fused::{BlockKind, FusedBlock, QInput};
 use crate::runtime::stats::{MATMUL_EPILOGUE_KERNELS, MULTI_TENSOR_LAUNCHES, MULTI_TENSOR_MEMBERS, RESIDUAL_NORMS};
 use crate::shape::numel;
 use crate::sync::atomic::Ordering::Relaxed;
+
+fn shapes_of<'a>(ins: &[&'a Storage]) -> Vec<&'a [usize]> {
+    ins.iter().map(|s| &s.layout.shape[..]).collect()
+}
 
 /// Computes a fused block.
 pub(crate) fn eval_block(b: &FusedBlock, inputs: &[&Storage], shape: &[usize], dtype: DType) -> Result<Storage> {
@@ -50,6 +55,30 @@ pub(crate) fn eval_block(b: &FusedBlock, inputs: &[&Storage], shape: &[usize], d
                 out[n..].copy_from_slice(sum_values::<T>(&norm));
             });
             Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape))
+        }
+        BlockKind::QMatmul { format, input, post, .. } => {
+            let nx = input.arity();
+            if inputs.len() < nx + 1 {
+                return Err(Error::invalid(b.name(), format!("{} inputs, expected at least {}", inputs.len(), nx + 1)));
+            }
+            let x = match input {
+                QInput::Plain => inputs[0].clone(),
+                QInput::Program(p) => {
+                    let xd = p.output_dtype();
+                    let xs = crate::shape::broadcast_all(b.name(), &shapes_of(&inputs[..nx]))?;
+                    fused::eval_fused(p, &inputs[..nx], &xs, xd)?
+                }
+                QInput::RmsNorm { eps, has_weight } => nn::rms_norm(&inputs[..nx], *eps, *has_weight)?,
+            };
+            let w = inputs[nx];
+            let mut pshape = x.layout.shape.to_vec();
+            pshape.pop();
+            pshape.push(w.layout.shape.first().copied().unwrap_or(0));
+            let product = quant::qmatmul(&x, w, *format, &pshape, x.dtype)?;
+            let Some(p) = post else { return Ok(product) };
+            let mut ins: Vec<&Storage> = vec![&product];
+            ins.extend_from_slice(&inputs[nx + 1..]);
+            fused::eval_fused(p, &ins, shape, dtype)
         }
         BlockKind::Multi { program, sizes, scalar } => {
             let k = scalar.len();

@@ -16,6 +16,7 @@
 //!   member's pointers and element count passed by value, `blockIdx.y` picking the
 //!   member and a grid-stride loop over its elements. A program of several outputs
 //!   stores each through a reference, `n` elements after the one before.
+//! - A quantized product block is `qfused.rs`'s.
 
 use cudarc::driver::LaunchConfig;
 
@@ -91,6 +92,9 @@ pub(crate) fn block(
             Ok(out)
         }
         BlockKind::Multi { program, sizes, scalar } => multi(cs, b, program, sizes, scalar, inputs, shape, dtype),
+        BlockKind::QMatmul { format, input, post, kernels } => {
+            super::qfused::qmatmul_block(cs, *format, input, post.as_ref(), kernels, inputs, shape, dtype)
+        }
     }
 }
 

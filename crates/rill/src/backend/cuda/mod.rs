@@ -66,6 +66,7 @@ mod map;
 mod matmul;
 mod norm;
 mod nvrtc;
+mod qfused;
 mod quant;
 mod random;
 mod reduce;

@@ -46,7 +46,7 @@ fn tc_rows() -> usize {
     *ROWS.get_or_init(|| std::env::var("RILL_QMM_TC_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(TC_ROWS))
 }
 /// Weight rows per block of the matrix-vector kernel (a warp each).
-const MV_WARPS: u32 = 4;
+pub(crate) const MV_WARPS: u32 = 4;
 /// Output tile of the tiled kernel (rows of `x` and of `w`).
 const TILE: usize = 64;
 
@@ -116,7 +116,7 @@ __device__ __forceinline__ float deq(float q, float d, float m) {
 "#;
 
 /// The defines that specialise a source: format, block bytes, x type and its conversions.
-fn head(f: QuantFormat, d: DType) -> String {
+pub(crate) fn head(f: QuantFormat, d: DType) -> String {
     format!(
         "{PRELUDE}\n#define QFMT {}\n#define BB {}\ntypedef {} XT;\n#define LDX(e) ({})\n#define STO(v) ({})\n{BLOCK_SRC}",
         fmt_code(f),
@@ -496,6 +496,12 @@ fn operands(cs: &GpuStream<'_>, x: &Storage, w: &Storage) -> Result<(Storage, St
         super::elementwise::copy(cs, w)?
     };
     Ok((xs, ws))
+}
+
+/// Whether `m` rows of `x` (dtype `d`, `k` columns) take the matrix-vector kernel: up to
+/// [`MV_CHUNKED_ROWS`], and not the tensor-core kernel's rows.
+pub(crate) fn mv_applies(d: DType, k: usize, m: usize) -> bool {
+    m <= MV_CHUNKED_ROWS && !(d != DType::F32 && k.is_multiple_of(8) && m >= tc_rows())
 }
 
 /// `x [.., K] @ wᵀ` into a new `[.., N]` storage of `dtype` (x's dtype).

@@ -1,0 +1,412 @@
+//! The quantized product block (`BlockKind::QMatmul`, made by `compile/blocks.rs`) on a
+//! GPU: `post(x @ wᵀ, extra..)` where `x` is read as it is, computed by an elementwise
+//! program of the block's inputs, or RMS-normalised.
+//!
+//! Where the product takes the matrix-vector kernel (up to
+//! [`MV_CHUNKED_ROWS`](super::quant::MV_CHUNKED_ROWS) rows of
+//! `x`, not the tensor-core rows), `k_qmvf` is `k_qmv` with the `x` side and the post
+//! program inside: each `x` value it loads is the program's value (rounded to `x`'s dtype
+//! as the program's kernel stores it) or the RMS norm's (each warp first sums its rows'
+//! squares over the whole row, then scales each value and rounds it as the norm kernel
+//! stores it), and each output is the post program of the rounded product. A decode step's
+//! norm, gated activation and residual add then cost no kernels of their own. Every
+//! operand is read through a row stride and a column stride (views of a joined
+//! projection's output need no copy); one whose leading axes do not merge into one stride
+//! is copied first. More rows run the ops one after the other (program or norm kernel,
+//! the product's kernel, the post program's kernel), as unfused.
+
+use cudarc::driver::{CudaFunction, LaunchConfig};
+
+use crate::backend::Storage;
+use crate::backend::cuda::fused_src::{c_type, op_function};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::primitives::fused::{FusedProgram, KernelMemo, QInput};
+use crate::quant::QuantFormat;
+use crate::shape::{broadcast_all, numel};
+
+use super::buffer::new_storage;
+use super::driver::GpuStream;
+use super::launch::Launch;
+use super::norm::elem_ptr;
+use super::quant::{MV_MAX_ROWS, MV_WARPS, head, mv_applies};
+use super::{fused, norm, nvrtc};
+
+const NAME: &str = "fused_qmatmul";
+
+/// Most output rows for which `k_qmvf` computes an RMS norm inside.
+const NORM_INSIDE_MAX_N: usize = 16384;
+
+/// `s` broadcast to `shape` as rows of its last axis: (first element's address, row
+/// stride, column stride) in elements, or `None` when its leading axes do not merge.
+fn rows_view(s: &Storage, shape: &[usize]) -> Option<(u64, i64, i64)> {
+    let l = s.layout.broadcast_to(shape);
+    let r = shape.len();
+    let ptr = super::buffer::cuda_of(s).map(|b| b.ptr()).unwrap_or(0) + (l.offset * s.dtype.size()) as u64;
+    if r == 0 {
+        return Some((ptr, 0, 0));
+    }
+    let cs = if shape[r - 1] <= 1 { 0 } else { l.strides[r - 1] as i64 };
+    let (mut rs, mut span): (Option<i64>, i64) = (None, 0);
+    for a in (0..r - 1).rev() {
+        if shape[a] <= 1 {
+            continue;
+        }
+        let st = l.strides[a] as i64;
+        match rs {
+            None => {
+                rs = Some(st);
+                span = shape[a] as i64;
+            }
+            Some(row) => {
+                if st != row * span {
+                    return None;
+                }
+                span *= shape[a] as i64;
+            }
+        }
+    }
+    Some((ptr, rs.unwrap_or(0), cs))
+}
+
+/// `s`, or its contiguous copy when it cannot be read as rows of `shape`.
+fn rows_of(cs: &GpuStream<'_>, s: &Storage, shape: &[usize]) -> Result<(Storage, (u64, i64, i64))> {
+    if let Some(v) = rows_view(s, shape) {
+        return Ok((s.clone(), v));
+    }
+    let c = super::elementwise::copy(cs, s)?;
+    let v = rows_view(&c, shape).ok_or_else(|| Error::invalid(NAME, "a contiguous copy has no row view"))?;
+    Ok((c, v))
+}
+
+/// The source of `k_qmvf` for `mr` rows of `x` per block.
+fn source(f: QuantFormat, xd: DType, mr: usize, input: &QInput, post: Option<&FusedProgram>, out: DType) -> String {
+    let mut s = head(f, xd);
+    let mut params = vec![format!("{}* out", c_type(out)), "const u8* w".into(), "i64 n, i64 k, i64 m".into()];
+    // XV(R, J): x's value at row r0 + R (R: the block's row), column J, as a float.
+    let (xv, pre) = match input {
+        QInput::Plain => {
+            params.push("const XT* x0, i64 xr0, i64 xc0".into());
+            ("LDX(x0[(r0 + (R)) * xr0 + (J) * xc0])".to_string(), String::new())
+        }
+        QInput::Program(p) => {
+            s += &op_function(p).replace("fused_op(", "pre_op(");
+            let mut args = Vec::new();
+            for (i, &d) in p.input_dtypes().iter().enumerate() {
+                params.push(format!("const {}* x{i}, i64 xr{i}, i64 xc{i}", c_type(d)));
+                args.push(format!("x{i}[(r0 + (R)) * xr{i} + (J) * xc{i}]"));
+            }
+            (format!("LDX(pre_op({}))", args.join(", ")), String::new())
+        }
+        QInput::RmsNorm { has_weight, .. } => {
+            params.push("const XT* x0, i64 xr0, i64 xc0, const XT* nw, i64 nwc, double eps_d".into());
+            let wv = if *has_weight { " * LDX(nw[(J) * nwc])" } else { "" };
+            // The norm kernel's value: (v - 0) * scale [* w], stored in x's dtype.
+            let xv = format!("LDX(STO((LDX(x0[(r0 + (R)) * xr0 + (J) * xc0]) * inv[R]){wv}))");
+            let pre = r#"
+    float inv[MR];
+    #pragma unroll
+    for (int r = 0; r < MR; r++) {
+        if (r >= rows) break;
+        float s2 = 0.f;
+        for (i64 j = lane; j < k; j += 32) { const float u = LDX(x0[(r0 + r) * xr0 + j * xc0]); s2 += u * u; }
+        for (int o = 16; o > 0; o >>= 1) s2 += __shfl_xor_sync(0xffffffffu, s2, o);
+        inv[r] = 1.f / sqrtf(s2 / (float)k + (float)eps_d);
+    }
+"#
+            .to_string();
+            (xv, pre)
+        }
+    };
+    // ST(V, R): the output of row r0 + R at the warp's column from the product's float V.
+    let st = match post {
+        None => "STO(V)".to_string(),
+        Some(p) => {
+            s += &op_function(p).replace("fused_op(", "post_op(");
+            let mut args = vec!["STO(V)".to_string()];
+            for (i, &d) in p.input_dtypes().iter().enumerate().skip(1) {
+                params.push(format!("const {}* e{i}, i64 er{i}, i64 ec{i}", c_type(d)));
+                args.push(format!("e{i}[(r0 + (R)) * er{i} + row * ec{i}]"));
+            }
+            format!("post_op({})", args.join(", "))
+        }
+    };
+    let body = r#"
+#define MR $MR
+#define XV(R, J) ($XV)
+#define ST(V, R) ($ST)
+extern "C" __global__ void __launch_bounds__(128) k_qmvf($PARAMS) {
+    const int lane = threadIdx.x & 31, p = lane & 3;
+    const i64 r0 = (i64)blockIdx.y * MR;
+    const int rows = (int)(m - r0 < MR ? m - r0 : MR);
+    const i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= n) return;
+$PRE
+    const i64 nb = k >> 5;
+    const u8* wr = w + row * nb * BB;
+    float acc[MR];
+    #pragma unroll
+    for (int r = 0; r < MR; r++) acc[r] = 0.f;
+    for (i64 b = lane >> 2; b < nb; b += 8) {
+        const u8* blk = wr + b * BB;
+        const float d = qscale(blk), mn = qmin(blk);
+        float q[8];
+        part_codes(blk, p, q);
+        #pragma unroll
+        for (int r = 0; r < MR; r++) {
+            if (r >= rows) break;
+            float s = 0.f, sx = 0.f;
+            #pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const float xv = XV(r, b * 32 + part_idx(p, i));
+                s += q[i] * xv;
+                sx += xv;
+            }
+#if QFMT == 0
+            acc[r] += d * (s - 8.f * sx);
+            (void)mn;
+#elif QFMT == 1
+            acc[r] += d * s + mn * sx;
+#else
+            acc[r] += d * s;
+            (void)sx; (void)mn;
+#endif
+        }
+    }
+    #pragma unroll
+    for (int r = 0; r < MR; r++) {
+        if (r >= rows) break;
+        float v = acc[r];
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) out[(r0 + r) * n + row] = ST(v, r);
+    }
+}
+"#;
+    s + &body
+        .replace("$MR", &mr.to_string())
+        .replace("$XV", &xv)
+        .replace("$ST", &st)
+        .replace("$PARAMS", &params.join(", "))
+        .replace("$PRE", &pre)
+}
+
+/// The block `post(x @ wᵀ, extra..)`: `xins` are the `x` side's inputs (`input`), `extra`
+/// the post program's inputs after the product; the result has `shape` and `dtype`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn qmatmul_block(
+    cs: &GpuStream<'_>,
+    format: QuantFormat,
+    input: &QInput,
+    post: Option<&FusedProgram>,
+    memo: &KernelMemo,
+    inputs: &[Storage],
+    shape: &[usize],
+    dtype: DType,
+) -> Result<Storage> {
+    let nx = input.arity();
+    if inputs.len() < nx + 1 {
+        return Err(Error::invalid(NAME, format!("{} inputs, expected at least {}", inputs.len(), nx + 1)));
+    }
+    let (xins, w, extra) = (&inputs[..nx], &inputs[nx], &inputs[nx + 1..]);
+    let (xd, xshape) = match input {
+        QInput::Program(p) => {
+            let shapes: Vec<&[usize]> = xins.iter().map(|s| &s.layout.shape[..]).collect();
+            (p.output_dtype(), broadcast_all(NAME, &shapes)?)
+        }
+        QInput::Plain | QInput::RmsNorm { .. } => (xins[0].dtype, xins[0].layout.shape.to_vec()),
+    };
+    let k = xshape.last().copied().unwrap_or(0);
+    let n = w.layout.shape.first().copied().unwrap_or(0);
+    let mut pshape = xshape.clone();
+    pshape.pop();
+    pshape.push(n);
+    let m = numel(&pshape).checked_div(n).unwrap_or(0);
+    let post_ok = post.is_none_or(|p| p.input_dtypes().first() == Some(&xd) && p.output_dtype() == dtype);
+    let fused_kernel = post_ok && pshape == shape && k > 0 && m > 0 && mv_applies(xd, k, m) && w.layout.is_contiguous();
+    if !fused_kernel {
+        // The ops one after the other, as unfused.
+        let x = match input {
+            QInput::Plain => xins[0].clone(),
+            QInput::Program(p) => fused::fused(cs, p, xins, &xshape, xd)?,
+            QInput::RmsNorm { eps, has_weight } => norm::rms_norm(cs, xins, *eps, *has_weight)?,
+        };
+        let product = super::quant::qmatmul(cs, &x, w, format, &pshape, xd)?;
+        return match post {
+            None => Ok(product),
+            Some(p) => {
+                let mut ins = vec![product];
+                ins.extend(extra.iter().cloned());
+                fused::fused(cs, p, &ins, shape, dtype)
+            }
+        };
+    }
+    if !elem_ptr(w).is_multiple_of(4) {
+        return Err(Error::invalid(NAME, "the packed weight's first byte is not 4-byte aligned"));
+    }
+    // Every warp sums its rows' squares: with many output rows (an output head) the norm's
+    // own kernel, once, costs less. Its kernel is memoised under its own key.
+    if let QInput::RmsNorm { eps, has_weight } = input
+        && n > NORM_INSIDE_MAX_N
+    {
+        let x = norm::rms_norm(cs, xins, *eps, *has_weight)?;
+        return qmvf(cs, format, &QInput::Plain, post, (memo, 1), &[x], &xshape, xd, w, extra, shape, dtype);
+    }
+    qmvf(cs, format, input, post, (memo, 0), xins, &xshape, xd, w, extra, shape, dtype)
+}
+
+/// Launches `k_qmvf` (`memo.1` tells the kernel's form apart in the block's memo).
+#[allow(clippy::too_many_arguments)]
+fn qmvf(
+    cs: &GpuStream<'_>,
+    format: QuantFormat,
+    input: &QInput,
+    post: Option<&FusedProgram>,
+    (memo, form): (&KernelMemo, u8),
+    xins: &[Storage],
+    xshape: &[usize],
+    xd: DType,
+    w: &Storage,
+    extra: &[Storage],
+    shape: &[usize],
+    dtype: DType,
+) -> Result<Storage> {
+    let k = xshape.last().copied().unwrap_or(0);
+    let n = w.layout.shape.first().copied().unwrap_or(0);
+    let m = numel(shape) / n.max(1);
+    let out = new_storage(cs, dtype, shape)?;
+    let mr = m.min(MV_MAX_ROWS);
+    let mut key = Vec::with_capacity(8);
+    key.extend((cs.dev.ordinal as u32).to_le_bytes());
+    key.extend((mr as u32).to_le_bytes());
+    key.push(form);
+    let func: CudaFunction = memo.get_or_try_insert(&key, || {
+        let src = source(format, xd, mr, input, post, dtype);
+        nvrtc::function(cs.driver(), &cs.dev, &format!("qmvf:{src}"), "k_qmvf", || src)
+    })?;
+    // Operands as rows: the x side over x's shape, the post's over the output's.
+    let mut keep: Vec<Storage> = Vec::new();
+    let mut views: Vec<(u64, i64, i64)> = Vec::new();
+    for s in xins {
+        let at = match input {
+            QInput::RmsNorm { .. } if views.len() == 1 => vec![k],
+            _ => xshape.to_vec(),
+        };
+        let (c, v) = rows_of(cs, s, &at)?;
+        keep.push(c);
+        views.push(v);
+    }
+    let mut post_views: Vec<(u64, i64, i64)> = Vec::new();
+    for s in extra {
+        let (c, v) = rows_of(cs, s, shape)?;
+        keep.push(c);
+        post_views.push(v);
+    }
+    let (po, pw) = (elem_ptr(&out), elem_ptr(w));
+    let (n64, k64, m64) = (n as i64, k as i64, m as i64);
+    let grid = n.div_ceil(MV_WARPS as usize).clamp(1, 1 << 30) as u32;
+    let chunks = m.div_ceil(mr) as u32;
+    let cfg = LaunchConfig { grid_dim: (grid, chunks, 1), block_dim: (32 * MV_WARPS, 1, 1), shared_mem_bytes: 0 };
+    let _ = cs.bind();
+    let mut lb = Launch::new(&func);
+    lb.arg(&po).arg(&pw).arg(&n64).arg(&k64).arg(&m64);
+    match input {
+        QInput::RmsNorm { eps, .. } => {
+            let (p0, r0, c0) = views[0];
+            let (pn, _, cn) = views.get(1).copied().unwrap_or((0, 0, 0));
+            lb.arg(&p0).arg(&r0).arg(&c0).arg(&pn).arg(&cn).arg(eps);
+        }
+        QInput::Plain | QInput::Program(_) => {
+            for (p, r, c) in &views {
+                lb.arg(p).arg(r).arg(c);
+            }
+        }
+    }
+    for (p, r, c) in &post_views {
+        lb.arg(p).arg(r).arg(c);
+    }
+    // SAFETY: each operand pointer addresses a view of `m` rows (x side: `k` columns;
+    // post side: `n`) at the row and column strides passed beside it, inside its buffer
+    // (broadcast axes have stride 0); `w` holds n rows of k/32 blocks from a 4-byte aligned
+    // first byte; `out` m*n contiguous elements of the output dtype; the grid covers the n
+    // rows (a warp each, the rest return) and the m rows in chunks of `mr`; the arguments
+    // follow `k_qmvf`'s parameter list as `source` wrote it.
+    unsafe { lb.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))?;
+    drop(keep);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::nvrtc::check_compiles;
+    use crate::primitives::BinaryOp;
+    use crate::primitives::UnaryOp;
+    use crate::primitives::fused::Builder;
+
+    /// `silu(a) * b` in `d`.
+    fn gated(d: DType) -> FusedProgram {
+        let mut b = Builder::default();
+        let (x, y) = (b.load(0, d), b.load(1, d));
+        let s = b.push(crate::primitives::fused::Inst::Unary(UnaryOp::Silu, x), d);
+        let o = b.push(crate::primitives::fused::Inst::Binary(BinaryOp::Mul, s, y), d);
+        b.finish(o)
+    }
+
+    /// `p + r` in `d`.
+    fn residual(d: DType) -> FusedProgram {
+        let mut b = Builder::default();
+        let (x, y) = (b.load(0, d), b.load(1, d));
+        let o = b.push(crate::primitives::fused::Inst::Binary(BinaryOp::Add, x, y), d);
+        b.finish(o)
+    }
+
+    #[test]
+    fn fused_qmv_kernels_compile_for_sm90() {
+        for f in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0] {
+            for d in [DType::F32, DType::BF16, DType::F16] {
+                let inputs = [
+                    QInput::Plain,
+                    QInput::Program(gated(d)),
+                    QInput::RmsNorm { eps: 1e-5, has_weight: true },
+                    QInput::RmsNorm { eps: 1e-5, has_weight: false },
+                ];
+                for (i, input) in inputs.iter().enumerate() {
+                    for post in [None, Some(residual(d))] {
+                        for mr in [1, 8] {
+                            let key = format!("test:qmvf:{}:{}:{i}:{}:{mr}", f.name(), d.name(), post.is_some());
+                            if !check_compiles(&key, &source(f, d, mr, input, post.as_ref(), d)) {
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn row_views_merge_leading_axes() {
+        use crate::backend::Storage;
+        use crate::shape::Layout;
+        let view = |shape: &[usize], strides: &[isize]| {
+            let mut s = Storage::contiguous(
+                crate::backend::Buffer::Cpu(crate::backend::cpu::CpuBuffer::alloc(DType::F32, 4096).unwrap()),
+                DType::F32,
+                &[4096],
+            );
+            s.layout = Layout { shape: shape.into(), strides: strides.into(), offset: 0 };
+            s
+        };
+        // A slice of a joined projection's output: rows of 3072, the first 1536 columns.
+        assert_eq!(
+            rows_view(&view(&[1, 2, 1536], &[6144, 3072, 1]), &[1, 2, 1536]).map(|v| (v.1, v.2)),
+            Some((3072, 1))
+        );
+        // Leading axes that merge, and ones that do not.
+        assert_eq!(rows_view(&view(&[2, 3, 8], &[24, 8, 1]), &[2, 3, 8]).map(|v| (v.1, v.2)), Some((8, 1)));
+        assert!(rows_view(&view(&[2, 3, 8], &[48, 8, 1]), &[2, 3, 8]).is_none());
+        // A row broadcast along the rows, and a column per row.
+        assert_eq!(rows_view(&view(&[8], &[1]), &[4, 8]).map(|v| (v.1, v.2)), Some((0, 1)));
+        assert_eq!(rows_view(&view(&[4, 1], &[1, 1]), &[4, 8]).map(|v| (v.1, v.2)), Some((1, 0)));
+    }
+}
