@@ -11,7 +11,8 @@
 //!   of the `N - 1` decode steps after the first token (the first comes out of the
 //!   prefill) and `tokens_per_s` is `B * (N - 1) / seconds` (the id ends in `:no-overlap`
 //!   with `--no-overlap`), with the runtime counters of a step: `nodes_per_step`,
-//!   `graph_launches_per_step` and `graph_node_updates_per_step` (`rill::runtime::stats`).
+//!   `graph_launches_per_step`, `graph_node_updates_per_step` and `donated_per_step`
+//!   (caches written in place; `rill::runtime::stats`).
 //!
 //! Token ids come from a fixed generator that the peer shares. Each figure is the median
 //! of repeated runs after a warm-up run, which traces the shapes.
@@ -92,7 +93,7 @@ pub fn run(args: &GenerateBenchArgs) -> Result<(), String> {
     for &b in &batches {
         let mut state = 7;
         let prompts: Vec<Vec<u32>> = (0..b).map(|_| token_ids(&mut state, DECODE_PROMPT, vocab)).collect();
-        let mut per_step = (0.0, 0.0, 0.0);
+        let mut per_step = (0.0, 0.0, 0.0, 0.0);
         let s = median_of(1, args.reps, || -> Result<f64, String> {
             let opts =
                 GenerateOptions { max_tokens: n, stop_at_eos: false, overlap: !args.no_overlap, ..Default::default() };
@@ -114,14 +115,15 @@ pub fn run(args: &GenerateBenchArgs) -> Result<(), String> {
                 per(s0.nodes_computed, s1.nodes_computed),
                 per(s0.graph_launches, s1.graph_launches),
                 per(s0.graph_node_updates, s1.graph_node_updates),
+                per(s0.buffers_donated, s1.buffers_donated),
             );
             Ok(took)
         })?;
         let rate = (b * (n - 1)) as f64 / s;
         let mode = if args.no_overlap { ":no-overlap" } else { "" };
         println!(
-            "{{\"id\": \"generate:decode:b{b}:n{n}{mode}\", \"impl\": \"rill\", \"dtype\": \"{dname}\", \"seconds\": {s:.6}, \"tokens_per_s\": {rate:.1}, \"nodes_per_step\": {:.1}, \"graph_launches_per_step\": {:.2}, \"graph_node_updates_per_step\": {:.1}}}",
-            per_step.0, per_step.1, per_step.2
+            "{{\"id\": \"generate:decode:b{b}:n{n}{mode}\", \"impl\": \"rill\", \"dtype\": \"{dname}\", \"seconds\": {s:.6}, \"tokens_per_s\": {rate:.1}, \"nodes_per_step\": {:.1}, \"graph_launches_per_step\": {:.2}, \"graph_node_updates_per_step\": {:.1}, \"donated_per_step\": {:.1}}}",
+            per_step.0, per_step.1, per_step.2, per_step.3
         );
     }
     Ok(())

@@ -1,9 +1,128 @@
-//! Movement ops: every kind of bad input, and empty and 0-d arrays.
+//! Movement ops: every kind of bad input, and empty and 0-d arrays; `slice_update`
+//! writing into an input nothing else holds (donation), on generated cases, on the CPU
+//! and on GPU 0 when there is one.
 
 mod common;
+mod decode_ref;
 
-use common::{devices, on};
+use common::{Rng, array_of, devices, on};
+use decode_ref::UpdateCase;
 use rill::{Array, DType, SliceArg, concatenate, stack};
+
+/// Donation is counted process-wide: no other test of this binary updates slices.
+fn donated() -> u64 {
+    rill::runtime::stats().buffers_donated
+}
+
+#[test]
+fn slice_update_writes_into_an_input_nothing_else_holds() {
+    let dtypes = [DType::F32, DType::BF16, DType::F64, DType::I32, DType::U8, DType::I64];
+    for d in devices() {
+        on(d, || {
+            let mut rng = Rng::new(301);
+            for n in 0..150 {
+                let case = UpdateCase::random(&mut rng, &dtypes);
+                let (x, u, s, xv, uv) = case.inputs(&mut rng);
+                let (u2, u2v) = array_of(
+                    &rng.vec(uv.len(), -9.0, 9.0).iter().map(|v| v.round()).collect::<Vec<_>>(),
+                    &case.update_shape(),
+                    case.dtype,
+                );
+                let (want, want2) = (case.reference(&xv, &uv), case.reference(&case.reference(&xv, &uv), &u2v));
+                let axis = case.axis as isize;
+                let what = format!("{d:?} case {n}: {case:?}");
+                rill::eval(&[x.clone(), u.clone(), u2.clone(), s.clone()]).unwrap();
+
+                // Held by the caller: a new buffer, and x keeps its values.
+                let before = donated();
+                let y = x.slice_update(&u, &s, axis).unwrap();
+                assert_eq!(y.to_f64_vec().unwrap(), want, "{what}");
+                assert_eq!(x.to_f64_vec().unwrap(), xv, "{what}: x itself is unchanged");
+                assert_eq!(donated(), before, "{what}: a held input is not donated");
+
+                // Nothing else holds y (a fresh buffer): the next update writes into it.
+                let before = donated();
+                let z = y.slice_update(&u2, &s, axis).unwrap();
+                drop(y);
+                assert_eq!(z.to_f64_vec().unwrap(), want2, "{what}: written in place");
+                assert_eq!(donated(), before + 1, "{what}: y was donated");
+
+                // A view of y2 still reads its buffer: y2 is given up but not written into.
+                let y2 = x.slice_update(&u, &s, axis).unwrap();
+                let view = y2.reshape(&[-1]).unwrap();
+                view.eval().unwrap();
+                let before = donated();
+                let z = y2.slice_update(&u2, &s, axis).unwrap();
+                drop(y2);
+                assert_eq!(z.to_f64_vec().unwrap(), want2, "{what}: past a view");
+                assert_eq!(view.to_f64_vec().unwrap(), want, "{what}: the view keeps its values");
+                assert_eq!(donated(), before, "{what}: a buffer a view reads is not written");
+
+                // A transposed view that alone holds its buffer: given up, but its strided
+                // layout is not what the kernel writes, so the result goes to a new buffer.
+                if case.shape.len() >= 2 {
+                    let mut sw = case.shape.clone();
+                    sw.swap(0, 1);
+                    let t = Array::from_slice(&xv, &case.shape).unwrap().swapaxes(0, 1).unwrap();
+                    let base = t.contiguous().unwrap().astype(case.dtype).unwrap();
+                    let xt = base.swapaxes(0, 1).unwrap();
+                    xt.eval().unwrap();
+                    drop((t, base));
+                    let z = xt.slice_update(&u, &s, axis).unwrap();
+                    drop(xt);
+                    assert_eq!(z.to_f64_vec().unwrap(), want, "{what}: a transposed input");
+                }
+            }
+
+            // Across streams: an input made on another stream, and one another stream has
+            // read, give the right values (on a GPU they are not written into: the buffer
+            // belongs to, or was read by, another stream; on the CPU they are).
+            let other = rill::Stream::new(&d).unwrap();
+            let base = Array::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
+            let u = Array::from_slice(&[7.0f32, 8.0], &[2, 1]).unwrap();
+            let s = Array::from_slice(&[1i32], &[]).unwrap();
+            rill::eval(&[base.clone(), u.clone(), s.clone()]).unwrap();
+            let want = vec![1.0, 7.0, 3.0, 4.0, 8.0, 6.0];
+            let per_device = |n: u64| if d.is_gpu() { 0 } else { n };
+            let before = donated();
+            let y = rill::with_stream(&other, || base.slice_update(&u, &s, 1)).unwrap();
+            y.eval().unwrap();
+            let z = y.slice_update(&u, &s, 1).unwrap();
+            drop(y);
+            assert_eq!(z.to_f64_vec().unwrap(), want, "{d:?}: made on another stream");
+            let y = base.slice_update(&u, &s, 1).unwrap();
+            let read = rill::with_stream(&other, || y.mul(2.0)).unwrap();
+            read.eval().unwrap();
+            let z = y.slice_update(&Array::from_slice(&[0.0f32, 0.0], &[2, 1]).unwrap(), &s, 1).unwrap();
+            drop(y);
+            assert_eq!(z.to_f64_vec().unwrap(), vec![1.0, 0.0, 3.0, 4.0, 0.0, 6.0], "{d:?}: read by another stream");
+            let doubled: Vec<f64> = want.iter().map(|v| v * 2.0).collect();
+            assert_eq!(read.to_f64_vec().unwrap(), doubled, "{d:?}: the other stream's read");
+            assert_eq!(donated(), before + per_device(2), "{d:?}: across streams");
+
+            // A cache updated by a compiled step, as a decoder's: each step writes into the
+            // cache the previous one returned (the first into the zeros).
+            let f = rill::compile(|a: &[Array]| Ok(vec![a[0].slice_update(&a[1], &a[2], 1)?]));
+            let (mut cache, mut want) = (Array::zeros(&[2, 9, 3], DType::F32).unwrap(), vec![0.0f64; 54]);
+            cache.eval().unwrap();
+            let before = donated();
+            for p in 0..9 {
+                let row: Vec<f64> = (0..6).map(|i| (p * 10 + i) as f64).collect();
+                let u = Array::from_slice(&row, &[2, 1, 3]).unwrap().astype(DType::F32).unwrap();
+                let pos = Array::from_slice(&[p as i32], &[]).unwrap();
+                cache = f.call(&[cache, u, pos]).unwrap().remove(0);
+                cache.eval().unwrap();
+                for b in 0..2 {
+                    for c in 0..3 {
+                        want[(b * 9 + p) * 3 + c] = row[b * 3 + c];
+                    }
+                }
+                assert_eq!(cache.to_f64_vec().unwrap(), want, "{d:?} step {p}");
+            }
+            assert_eq!(donated(), before + 9, "{d:?}: every step wrote in place");
+        });
+    }
+}
 
 #[test]
 fn movement_errors_name_their_inputs() {

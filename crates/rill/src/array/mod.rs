@@ -186,6 +186,15 @@ impl Array {
         let (dtype, state) = (storage.dtype, NodeState { status: Status::Done, inputs: Inputs::new() });
         Array::new_node(prim, shape.into(), dtype, stream, state, Completion::done(Ok(storage)))
     }
+    /// What takes the place of an input that the node `op` consumed (donated: its buffer
+    /// now holds the node's result, see `runtime/execute.rs`) in that node's input list:
+    /// an evaluated array of the same shape, dtype and stream whose reads fail.
+    pub(crate) fn donated_stub(&self, op: &'static str) -> Array {
+        let state = NodeState { status: Status::Done, inputs: Inputs::new() };
+        let err = Error::invalid(op, "this input was donated: its buffer now holds the result of the op that read it");
+        let result = Completion::done(Err(err));
+        Array::new_node(Primitive::Constant, self.node.shape.clone(), self.node.dtype, self.stream(), state, result)
+    }
     /// A process-unique id of this node (never reused).
     pub fn id(&self) -> u64 {
         self.node.id
@@ -228,7 +237,9 @@ impl Array {
     pub fn eval(&self) -> Result<()> {
         crate::runtime::scheduler::eval(std::slice::from_ref(self))
     }
-    /// The inputs of a node not yet evaluated (empty once evaluated).
+    /// The inputs of a node not yet evaluated (empty once evaluated). While the node
+    /// runs, an input it was given to write into (donated, see [`crate::slice_update`])
+    /// reads as an error.
     pub fn inputs(&self) -> Vec<Array> {
         self.node.state.lock().inputs.to_vec()
     }

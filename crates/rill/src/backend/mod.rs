@@ -376,6 +376,19 @@ impl<'a> BatchRun<'a> {
             BatchRun::Cuda(b) => b.run(op, inputs),
         }
     }
+    /// [`BatchRun::run`] for a primitive that [writes into its first
+    /// input](Primitive::writes_into_first_input), given that input's storage by value
+    /// (`donor`, which no array holds any more) and the other inputs (`rest`). The result
+    /// is written into `donor`'s buffer when the backend can own it (no other storage
+    /// shares it, a contiguous layout, and on a GPU a buffer of this stream that no other
+    /// stream has read); otherwise it is computed as `run` would.
+    pub(crate) fn run_donated(&mut self, op: &Op<'_>, donor: Storage, rest: &[&Storage]) -> Result<Storage> {
+        match self {
+            BatchRun::Host(_) => cpu::eval_donated(op.prim, op.shape, op.dtype, donor, rest),
+            #[cfg(feature = "cuda")]
+            BatchRun::Cuda(b) => b.run_donated(op, donor, rest),
+        }
+    }
     /// After the last `run`: sends work still held back; returns what failed then, by
     /// node id (`None`: the whole batch). The runtime also fails their dependants.
     pub(crate) fn send(&mut self) -> Vec<(Option<u64>, Error)> {

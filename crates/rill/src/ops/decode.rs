@@ -78,11 +78,13 @@ pub fn rope(x: &Array, offset: &Array, options: RopeOptions) -> Result<Array> {
 /// raised. Callers that need a bounds error check the start on the host first (the llama
 /// [`Generator`](crate::models::llama::Generator) does).
 ///
-/// **Buffers.** The output is always a new buffer holding a full copy of `x` with the
-/// update written in; `x` is never modified (arrays are immutable values, and another
-/// holder of `x` still sees the old cache). Writing into `x`'s buffer when nothing else
-/// holds it (donation) is not implemented yet: a decode step pays one copy of each
-/// cache it updates.
+/// **Buffers.** Arrays are immutable values: whoever holds `x` (or a view of it) keeps
+/// seeing the old values, and the output is then a new buffer, a full copy of `x` with
+/// the update written in. When nothing else holds `x` by the time the op runs (`x` was
+/// evaluated earlier, and its last handle went into this op, as a decoder's cache does
+/// from one step to the next), `x` is *donated*: only the update is written, into `x`'s
+/// own buffer, which becomes the output's (`rill::runtime::stats().buffers_donated`
+/// counts it). Nothing observable changes but the memory traffic.
 ///
 /// Errors: shapes that do not fit, an axis out of range, a start that is not an integer
 /// array of one of those shapes.

@@ -502,6 +502,11 @@ impl Primitive {
     pub fn is_source(&self) -> bool {
         self.family() == Family::Source
     }
+    /// True when the backends can compute this primitive into its first input's buffer
+    /// (the input donated: nothing but the node holds it; see `runtime/execute.rs`).
+    pub(crate) fn writes_into_first_input(&self) -> bool {
+        matches!(self, Primitive::SliceUpdate { .. })
+    }
 }
 
 /// The families of [`Primitive`] (see [`Primitive::family`]).

@@ -13,6 +13,10 @@
 //! batch from there, and at the end asks the backend to send what it held back and to seal
 //! the results (events, fences) before completing every node in batch order.
 //!
+//! An input that a node may write its result into (a KV cache that `slice_update`
+//! updates) and that nothing else holds is *donated* ([`donate_first_input`]): the backend
+//! gets its storage by value and may compute into its buffer.
+//!
 //! The counters (`nodes_computed`, the in-flight count a shutdown drain waits on) are kept
 //! here and nowhere else.
 
@@ -55,9 +59,10 @@ pub(crate) fn run_batch(stream: &Stream, nodes: &mut Vec<Array>) {
             let node = &a.node;
             let result = match input_storages(node) {
                 Err(e) => Err(e),
-                Ok(inputs) => {
+                Ok(mut inputs) => {
+                    let donor = donate_first_input(node).then(|| inputs.remove(0));
                     let refs: SmallVec<[&Storage; 4]> = inputs.iter().collect();
-                    run_node(&mut run, node, &refs)
+                    run_node(&mut run, node, &refs, donor)
                 }
             };
             stats::NODES_COMPUTED.fetch_add(1, SeqCst);
@@ -70,14 +75,45 @@ pub(crate) fn run_batch(stream: &Stream, nodes: &mut Vec<Array>) {
 }
 
 /// One node through the backend: refused once shutdown cancelled what has not started,
-/// a panic turned into `Error::Panic` of this node.
-fn run_node(run: &mut BatchRun<'_>, node: &Node, inputs: &[&Storage]) -> Result<Storage> {
+/// a panic turned into `Error::Panic` of this node. With a `donor` (the node's first
+/// input, donated), `inputs` are the others.
+fn run_node(run: &mut BatchRun<'_>, node: &Node, inputs: &[&Storage], donor: Option<Storage>) -> Result<Storage> {
     if lifecycle::is_cancelled() {
         return Err(Error::ShutDown);
     }
     let op = Op { id: node.id, prim: node.prim(), shape: &node.shape, dtype: node.dtype };
-    catch_unwind(AssertUnwindSafe(|| run.run(&op, inputs)))
-        .unwrap_or_else(|p| Err(Error::Panic { op: node.prim().name(), msg: crate::error::panic_message(&*p).into() }))
+    catch_unwind(AssertUnwindSafe(|| match donor {
+        Some(d) => run.run_donated(&op, d, inputs),
+        None => run.run(&op, inputs),
+    }))
+    .unwrap_or_else(|p| Err(Error::Panic { op: node.prim().name(), msg: crate::error::panic_message(&*p).into() }))
+}
+
+/// Donation. When `node`'s primitive [writes into its first
+/// input](crate::primitives::Primitive::writes_into_first_input) and that input is
+/// evaluated and held by nothing but this node (one strong reference, read under the
+/// node's lock, which is also what `Array::inputs` takes to hand out a handle), the input
+/// leaves the graph: a stub whose reads fail takes its place in the node's input list and
+/// the input's node is dropped, so the storage the loop already gathered is left as the
+/// only holder of its buffer and the backend may write the result into it. Returns
+/// whether it did. Weak handles do not count: they only wait for a node (a stream's last
+/// node) or hold 0-d scalars, which nothing writes into.
+fn donate_first_input(node: &Node) -> bool {
+    if !node.prim().writes_into_first_input() {
+        return false;
+    }
+    let taken = {
+        let mut g = node.state.lock();
+        match g.inputs.first() {
+            Some(first) if crate::sync::Arc::strong_count(&first.node) == 1 && first.is_evaluated() => {
+                let stub = first.donated_stub(node.prim().name());
+                std::mem::replace(&mut g.inputs[0], stub)
+            }
+            _ => return false,
+        }
+    };
+    drop(taken);
+    true
 }
 
 /// The storages of `node`'s inputs, or the first error. The inputs are read under the
@@ -115,13 +151,22 @@ fn run_deferred(mut run: BatchRun<'_>, nodes: &[Array]) {
             });
             slots.push(slot);
         }
-        let inputs = slots.iter().map(|slot| match *slot {
+        // Only an input made before the batch: one made in it is still held by the batch.
+        let donor = match slots.first() {
+            Some(&Slot::Outside(k)) if outside[k as usize].is_ok() && donate_first_input(node) => {
+                let stub = Err(Error::invalid(node.prim().name(), "a donated input"));
+                std::mem::replace(&mut outside[k as usize], stub).ok()
+            }
+            _ => None,
+        };
+        let rest = &slots[donor.is_some() as usize..];
+        let inputs = rest.iter().map(|slot| match *slot {
             Slot::Batch(k) => results[k as usize].as_ref().map_err(Error::clone),
             Slot::Outside(k) => outside[k as usize].as_ref().map_err(Error::clone),
         });
         let result = match inputs.collect::<Result<SmallVec<[&Storage; 4]>>>() {
             Err(e) => Err(e),
-            Ok(inputs) => run_node(&mut run, node, &inputs),
+            Ok(inputs) => run_node(&mut run, node, &inputs, donor),
         };
         at.insert(node.id, Slot::Batch(results.len() as u32));
         results.push(result);

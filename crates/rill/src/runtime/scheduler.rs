@@ -409,6 +409,9 @@ fn run_stream(mut stream: Stream, runner: Runner<'_>) {
     let mut ran = 0usize;
     loop {
         let Some(mut batch) = take_batch(&stream) else { return };
+        // Every dependency is done (`take_batch` checked): let go of them, so that an input
+        // held only by the batch's nodes can be donated (`execute::donate_first_input`).
+        batch.deps.clear();
         if !on_pool {
             stats::INLINE_BATCHES.fetch_add(1, SeqCst);
         }

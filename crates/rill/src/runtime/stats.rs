@@ -21,6 +21,7 @@
 //! | `matmul_epilogues_lt`, `matmul_epilogue_kernels` | the backends' fused-block kernels | `compile`'s matmul blocks computed by one cuBLASLt call with an epilogue (GPU); by the product and then the program |
 //! | `residual_norms` | the backends' fused-block kernels | `compile`'s residual-norm blocks computed (one kernel each) |
 //! | `multi_tensor_launches`, `multi_tensor_members` | the backends' fused-block kernels | launches of `compile`'s multi-tensor blocks (one per block on the CPU); the tensors they covered |
+//! | `buffers_donated` | the backends' `slice_update` kernels | results written into the buffer of a donated input (one nothing else held) instead of a new one |
 //! | `kernels_compiled`, `kernels_compiled_on_user_threads` | the CUDA backend's NVRTC cache | kernels compiled; of them, on a thread not the runtime's (must stay 0) |
 
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -50,6 +51,7 @@ pub(crate) static MULTI_TENSOR_LAUNCHES: AtomicU64 = AtomicU64::new(0);
 pub(crate) static MULTI_TENSOR_MEMBERS: AtomicU64 = AtomicU64::new(0);
 pub(crate) static KERNELS_COMPILED: AtomicU64 = AtomicU64::new(0);
 pub(crate) static KERNELS_COMPILED_ON_USER_THREADS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static BUFFERS_DONATED: AtomicU64 = AtomicU64::new(0);
 
 /// A snapshot of the runtime's counters (see the module docs for each one).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,6 +120,10 @@ pub struct Stats {
     /// Of `kernels_compiled`, those compiled on a thread that is not the runtime's (always
     /// 0: a compile needed by a blocking `eval` on the calling thread runs on the pool).
     pub kernels_compiled_on_user_threads: u64,
+    /// Results written into the buffer of a donated input (an evaluated input that
+    /// nothing but the consuming node held: a KV cache updated by `slice_update`) instead
+    /// of a new buffer.
+    pub buffers_donated: u64,
     /// `Fused` and `FusedReduce` nodes that fusion at eval made: each is one kernel where
     /// the graph had a chain of elementwise ops (see `rill::runtime::set_eval_fusion`).
     pub eval_fused_groups: u64,
@@ -164,6 +170,7 @@ pub fn stats() -> Stats {
         host_round_trips: HOST_ROUND_TRIPS.load(Relaxed),
         kernels_compiled: KERNELS_COMPILED.load(Relaxed),
         kernels_compiled_on_user_threads: KERNELS_COMPILED_ON_USER_THREADS.load(Relaxed),
+        buffers_donated: BUFFERS_DONATED.load(Relaxed),
         eval_fused_groups: EVAL_FUSED_GROUPS.load(Relaxed),
         eval_fused_ops: EVAL_FUSED_OPS.load(Relaxed),
         matmul_epilogues_lt: MATMUL_EPILOGUES_LT.load(Relaxed),

@@ -2,13 +2,16 @@
 //!
 //! Rope builds a table of `(cos, sin)` per distinct position and pair (in f64) once, then
 //! rotates every head's rows from it, in f64, rounding once on the store. SliceUpdate
-//! copies `x` into a new buffer and writes the update over it.
+//! copies `x` into a new buffer and writes the update over it, or, when `x` was donated
+//! (`slice_update_into`), writes only the update into `x`'s own buffer.
 
 use crate::backend::cpu::{CpuBuffer, PAR_CHUNK, par, strided, to_f64_vec};
 use crate::backend::{Buffer, Storage};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
 use crate::primitives::RopeLayout;
+use crate::runtime::stats;
+use crate::sync::atomic::Ordering::Relaxed;
 
 /// The per-row offsets (or starts) of an index input, as `i64`: one value, or one per
 /// leading row.
@@ -72,36 +75,67 @@ pub(crate) fn clamp_start(start: i64, len: usize, dim: usize) -> usize {
     start.clamp(0, (dim - len) as i64) as usize
 }
 
-/// `x` with `update` written along `axis` (inputs `x, update, start`).
+/// `x` with `update` written along `axis` (inputs `x, update, start`), in a new buffer.
 pub(crate) fn slice_update(inputs: &[&Storage], axis: usize) -> Result<Storage> {
     let (x, update, start) = (inputs[0], inputs[1], inputs[2]);
     let shape = x.layout.shape.to_vec();
-    let ushape = update.layout.shape.to_vec();
-    let dtype = x.dtype;
-    if update.dtype != dtype {
-        return Err(Error::dtype("slice_update", update.dtype, format!("the update must be {dtype}")));
+    let dtype = same_dtype(x, update)?;
+    let mut buf = CpuBuffer::alloc(dtype, shape.iter().product())?;
+    crate::with_dtype!(dtype, T => {
+        let out = buf.typed_mut::<T>();
+        out.copy_from_slice(&strided::contiguous::<T>(x));
+        write_update::<T>(out, &shape, update, start, axis);
+    });
+    Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, &shape))
+}
+
+/// [`slice_update`] with `x` donated (no array holds it any more): the update is written
+/// into `x`'s own buffer when this storage is its only holder and lays it out
+/// contiguously, so only the update's elements move; otherwise into a new buffer.
+pub(crate) fn slice_update_into(mut x: Storage, rest: &[&Storage], axis: usize) -> Result<Storage> {
+    let (update, start) = (rest[0], rest[1]);
+    let dtype = same_dtype(&x, update)?;
+    let shape = x.layout.shape.to_vec();
+    let (at, n) = (x.layout.offset, x.layout.numel());
+    let contiguous = x.layout.is_contiguous();
+    match std::sync::Arc::get_mut(&mut x.buffer) {
+        Some(Buffer::Cpu(buf)) if contiguous => {
+            crate::with_dtype!(dtype, T => {
+                write_update::<T>(&mut buf.typed_mut::<T>()[at..at + n], &shape, update, start, axis);
+            });
+            stats::BUFFERS_DONATED.fetch_add(1, Relaxed);
+            x.fence = None;
+            Ok(x)
+        }
+        _ => slice_update(&[&x, update, start], axis),
     }
+}
+
+fn same_dtype(x: &Storage, update: &Storage) -> Result<crate::dtype::DType> {
+    if update.dtype != x.dtype {
+        return Err(Error::dtype("slice_update", update.dtype, format!("the update must be {}", x.dtype)));
+    }
+    Ok(x.dtype)
+}
+
+/// Writes `update` over `out` (the contiguous elements of an array of `shape`) along
+/// `axis`, from each row's clamped start.
+fn write_update<T: Element>(out: &mut [T], shape: &[usize], update: &Storage, start: &Storage, axis: usize) {
     let starts = index_values(start);
-    let n: usize = shape.iter().product();
-    let (dim, len) = (shape[axis], ushape[axis]);
+    let (dim, len) = (shape[axis], update.layout.shape[axis]);
     // Elements after `axis` (a contiguous run) and the count of runs before it.
     let inner: usize = shape[axis + 1..].iter().product();
     let outer: usize = shape[..axis].iter().product();
     let per_row = if shape.is_empty() || shape[0] == 0 { 1 } else { outer / shape[0] };
-    let mut buf = CpuBuffer::alloc(dtype, n)?;
-    crate::with_dtype!(dtype, T => {
-        let out = buf.typed_mut::<T>();
-        out.copy_from_slice(&strided::contiguous::<T>(x));
-        let up = strided::contiguous::<T>(update);
-        let run = len * inner;
-        if run > 0 {
-            for o in 0..outer {
-                let s = if starts.len() > 1 { starts[o / per_row.max(1)] } else { starts[0] };
-                let s = clamp_start(s, len, dim);
-                let at = (o * dim + s) * inner;
-                out[at..at + run].copy_from_slice(&up[o * run..(o + 1) * run]);
-            }
-        }
-    });
-    Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, &shape))
+    let up = strided::contiguous::<T>(update);
+    let run = len * inner;
+    if run == 0 {
+        return;
+    }
+    for o in 0..outer {
+        let s = if starts.len() > 1 { starts[o / per_row.max(1)] } else { starts[0] };
+        let s = clamp_start(s, len, dim);
+        let at = (o * dim + s) * inner;
+        out[at..at + run].copy_from_slice(&up[o * run..(o + 1) * run]);
+    }
 }

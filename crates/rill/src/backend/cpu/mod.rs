@@ -36,6 +36,24 @@ use crate::primitives::Primitive;
 /// Elements per parallel chunk: below this, kernels run on one thread.
 pub(crate) const PAR_CHUNK: usize = 1 << 15;
 
+/// [`eval`] with the first input given by value, donated (see
+/// `BatchRun::run_donated`): a primitive that can write into it does.
+pub(crate) fn eval_donated(
+    prim: &Primitive,
+    shape: &[usize],
+    dtype: DType,
+    donor: Storage,
+    rest: &[&Storage],
+) -> Result<Storage> {
+    match prim {
+        Primitive::SliceUpdate { axis } => decode::slice_update_into(donor, rest, *axis),
+        _ => {
+            let all: Vec<&Storage> = std::iter::once(&donor).chain(rest.iter().copied()).collect();
+            eval(prim, shape, dtype, &all)
+        }
+    }
+}
+
 /// Computes one primitive on the CPU.
 pub(crate) fn eval(prim: &Primitive, shape: &[usize], dtype: DType, inputs: &[&Storage]) -> Result<Storage> {
     use Primitive::*;

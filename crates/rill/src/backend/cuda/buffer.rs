@@ -221,6 +221,28 @@ pub(crate) fn recycle(arc: Arc<Buffer>) {
     }
 }
 
+/// True when work on `cs` may write into `s`'s buffer in place: a CUDA buffer of `cs`'s
+/// device that this storage alone holds (no array, no view), allocated by `cs` (so its
+/// free is ordered after this stream's kernels), not a constant, read by no other stream,
+/// and laid out contiguously. Its producer event is then cleared: the batch that writes
+/// it sets the new one when it is sealed.
+pub(crate) fn own_for_writing(cs: &GpuStream<'_>, s: &mut Storage) -> bool {
+    if !s.layout.is_contiguous() {
+        return false;
+    }
+    let Some(Buffer::Cuda(b)) = Arc::get_mut(&mut s.buffer) else { return false };
+    if b.ordinal != cs.dev.ordinal
+        || b.alloc_stream_id != cs.id
+        || b.constant
+        || b.slice.is_none()
+        || !b.users.get_mut().is_empty()
+    {
+        return false;
+    }
+    b.produced = OnceLock::new();
+    true
+}
+
 /// The CUDA buffer of a storage (None for host storages).
 pub(crate) fn cuda_of(s: &Storage) -> Option<&CudaBuffer> {
     match &**s.buffer {

@@ -165,6 +165,77 @@ pub(crate) fn slice_update(cs: &GpuStream<'_>, inputs: &[&Storage], axis: usize)
     Ok(out)
 }
 
+/// The in-place slice-update kernel `k_slice_write` for `v`-byte elements and starts of
+/// `sd`: writes only the update's elements into the array's own buffer.
+pub(crate) fn slice_write_source(v: usize, sd: DType) -> String {
+    let (vt, it) = (vec_type(v), ctype(sd));
+    format!(
+        r#"{PRELUDE}
+struct __attribute__((aligned(16))) v16 {{ u64 a, b; }};
+// out[o, s + a, c] = up[o, a, c] for the n elements of up ([outer, len, inner]), from
+// each outer index's clamped start (`per` outer indices per start when `nstart` > 1).
+extern "C" __global__ void k_slice_write({vt}* out, const {vt}* up, const {it}* start, i64 n,
+                                         i64 dim, i64 len, i64 inner, i64 per, i64 nstart) {{
+    i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n) return;
+    i64 c = k % inner, q = k / inner;
+    i64 a = q % len, o = q / len;
+    i64 s = (i64)start[nstart > 1 ? o / per : 0];
+    i64 hi = dim - len;
+    s = s < 0 ? 0 : (s > hi ? hi : s);
+    out[(o * dim + s + a) * inner + c] = up[k];
+}}
+"#
+    )
+}
+
+/// [`slice_update`] with `x` donated (no array holds it any more): the update is written
+/// into `x`'s own buffer when the stream may own it (`buffer::own_for_writing`), so only
+/// the update's elements move; otherwise into a new buffer.
+pub(crate) fn slice_update_into(
+    cs: &GpuStream<'_>,
+    mut x: Storage,
+    update: &Storage,
+    start: &Storage,
+    axis: usize,
+) -> Result<Storage> {
+    if !super::buffer::own_for_writing(cs, &mut x) {
+        return slice_update(cs, &[&x, update, start], axis);
+    }
+    let shape = &x.layout.shape;
+    let (dim, len) = (shape[axis], update.layout.shape[axis]);
+    let inner: usize = shape[axis + 1..].iter().product();
+    let outer: usize = shape[..axis].iter().product();
+    let n = outer * len * inner;
+    if n > 0 {
+        let nstart = start.layout.numel();
+        let per = if nstart > 1 { outer / shape[0] } else { outer };
+        let us = contiguous(cs, update)?;
+        let ss = contiguous(cs, start)?;
+        let (po, pu, ps) = (elem_ptr(&x), elem_ptr(&us), elem_ptr(&ss));
+        // Whole 16-byte vectors per thread when the run after the axis is made of them.
+        let size = x.dtype.size();
+        let wide = (inner * size).is_multiple_of(16) && po % 16 == 0 && pu % 16 == 0;
+        let (v, unit) = if wide { (16, 16 / size) } else { (size, 1) };
+        let sd = start.dtype;
+        let key = format!("slice_write:{v}:{}", sd.name());
+        let func = nvrtc::function(cs.driver(), &cs.dev, &key, "k_slice_write", move || slice_write_source(v, sd))?;
+        let (n64, dim64, len64, in64, per64, ns64) =
+            ((n / unit) as i64, dim as i64, len as i64, (inner / unit) as i64, per.max(1) as i64, nstart as i64);
+        let _ = cs.bind();
+        let mut lb = Launch::new(&func);
+        lb.arg(&po).arg(&pu).arg(&ps).arg(&n64).arg(&dim64).arg(&len64).arg(&in64).arg(&per64).arg(&ns64);
+        // SAFETY: `x` holds `outer * dim * inner` contiguous elements in a buffer this
+        // stream owns alone (`own_for_writing`), `update` `n` (`n / unit` units of `v`
+        // bytes, aligned to them), `start` `nstart`; the written range stays inside `x`
+        // (starts are clamped); the arguments match the kernel's signature.
+        unsafe { lb.launch(cs, grid_for(n / unit)) }.map_err(|e| super::backend_err("launch", e))?;
+    }
+    crate::runtime::stats::BUFFERS_DONATED.fetch_add(1, crate::sync::atomic::Ordering::Relaxed);
+    x.fence = None;
+    Ok(x)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,6 +256,9 @@ mod tests {
         for v in [1, 2, 4, 8, 16] {
             for sd in [DType::I32, DType::I64, DType::U32, DType::U8] {
                 if !check_compiles(&format!("test:slice_update:{v}:{}", sd.name()), &slice_update_source(v, sd)) {
+                    return;
+                }
+                if !check_compiles(&format!("test:slice_write:{v}:{}", sd.name()), &slice_write_source(v, sd)) {
                     return;
                 }
             }

@@ -75,6 +75,34 @@ impl<'a> BatchRun<'a> {
         r
     }
 
+    /// [`BatchRun::run`] with the first input donated (`backend::BatchRun::run_donated`):
+    /// a `SliceUpdate` whose inputs are all on this device writes into it.
+    pub(crate) fn run_donated(&mut self, op: &Op<'_>, donor: Storage, rest: &[&Storage]) -> Result<Storage> {
+        let cs = self.cs;
+        let here = |s: &Storage| cuda_of(s).is_some_and(|b| b.ordinal == cs.dev.ordinal);
+        let (Primitive::SliceUpdate { axis }, [update, start]) = (op.prim, rest) else {
+            return self.run(op, &std::iter::once(&donor).chain(rest.iter().copied()).collect::<SmallVec<[_; 4]>>());
+        };
+        if !(here(&donor) && here(update) && here(start)) {
+            return self.run(op, &[&donor, update, start]);
+        }
+        if let Some(r) = &self.rec {
+            r.node(op.id);
+        }
+        let all = [&donor, *update, *start];
+        prepare_inputs(&cs, &all, &mut self.waited)?;
+        let conds = self.checks.inputs(&all)?;
+        for s in all {
+            keep_read(&cs, s, &mut self.read);
+        }
+        let r = decode::slice_update_into(&cs, donor, update, start, *axis);
+        if let Ok(s) = &r {
+            self.checks.taint(s, &conds);
+        }
+        self.any_ok |= r.is_ok();
+        r
+    }
+
     /// Sends the recorded launches; returns the nodes whose launches failed (`None`: a
     /// failure that cannot be charged to one node, the sender panicked).
     pub(crate) fn send(&mut self) -> Vec<(Option<u64>, Error)> {
@@ -156,6 +184,14 @@ fn prepare_inputs(cs: &GpuStream<'_>, inputs: &[&Storage], waited: &mut Vec<usiz
     Ok(())
 }
 
+/// Adds `s` to `read` when its buffer belongs to another stream (its last use on `cs` is
+/// then set when the batch is sealed; constants of the scalar slab record no users).
+fn keep_read(cs: &GpuStream<'_>, s: &Storage, read: &mut Vec<Storage>) {
+    if cuda_of(s).is_some_and(|b| b.alloc_stream_id != cs.id && !b.constant) {
+        read.push(s.clone());
+    }
+}
+
 /// A device copy of an input that is not on `cs`'s device (uploaded from the host, or
 /// through the host from another device); `None` when it already is.
 fn copy_to_gpu(cs: &GpuStream<'_>, s: &Storage) -> Result<Option<Storage>> {
@@ -186,11 +222,7 @@ fn eval(
     checks: &mut check::Batch,
 ) -> Result<Storage> {
     use Primitive::*;
-    let mut keep = |s: &Storage| {
-        if cuda_of(s).is_some_and(|b| b.alloc_stream_id != cs.id && !b.constant) {
-            read.push(s.clone());
-        }
-    };
+    let mut keep = |s: &Storage| keep_read(cs, s, read);
     if let ToDevice = prim {
         keep(raw[0]);
         return Ok(copy_to_gpu(cs, raw[0])?.unwrap_or_else(|| raw[0].clone()));
