@@ -4,17 +4,20 @@
 //!
 //! Where the product takes the matrix-vector kernel (up to
 //! [`MV_CHUNKED_ROWS`](super::quant::MV_CHUNKED_ROWS) rows of
-//! `x`, not the tensor-core rows), `k_qmvf` is `k_qmv` with the `x` side and the post
-//! program inside: each `x` value it loads is the program's value (rounded to `x`'s dtype
+//! `x`, not the tensor-core rows), `k_qmvf` is the matrix-vector kernel of every quantized
+//! product ([`plain_source`]) with the `x` side and the post program inside: each `x` value it loads is the program's value (rounded to `x`'s dtype
 //! as the program's kernel stores it) or the RMS norm's (each warp first sums its rows'
 //! squares over the whole row, then scales each value and rounds it as the norm kernel
 //! stores it), and each output is the post program of the rounded product. A decode step's
 //! norm, gated activation and residual add then cost no kernels of their own. Every
 //! operand is read through a row stride and a column stride (views of a joined
 //! projection's output need no copy); one whose leading axes do not merge into one stride
-//! is copied first. More rows run the ops one after the other (program or norm kernel,
-//! the product's kernel, the post program's kernel), as unfused; so does every block unless
-//! `RILL_QMV_FUSED=1` (the fused kernel has compiled under NVRTC but not yet run on a GPU).
+//! is copied first. Every warp computes the `x` side for all its rows, so the program or
+//! norm is computed inside only for up to [`PROLOGUE_MAX_ROWS`] rows of `x` (decode);
+//! with more, its own kernel computes `x` once and `k_qmvf` reads it plainly, still with the
+//! post program inside. Rows the matrix-vector kernel does not take run the ops one after
+//! the other (program or norm kernel, the product's kernel, the post program's kernel), as
+//! unfused. `RILL_QMV_FUSED=0` runs every block that way.
 
 use cudarc::driver::{CudaFunction, LaunchConfig};
 
@@ -38,12 +41,16 @@ const NAME: &str = "fused_qmatmul";
 /// Most output rows for which `k_qmvf` computes an RMS norm inside.
 const NORM_INSIDE_MAX_N: usize = 16384;
 
-/// Whether `k_qmvf` runs: only with `RILL_QMV_FUSED=1` until the kernel has run against
-/// the GPU tests (`gpu_blocks.rs`, `gpu_llama.rs`); otherwise the block's ops run one after
-/// the other on their verified kernels.
+/// Most rows of `x` for which `k_qmvf` computes the `x` side (program or norm) inside:
+/// each of its `n` warps recomputes it, which at 64 rows of f32 cost more than the
+/// product (`rill bench generate`, batch 64).
+const PROLOGUE_MAX_ROWS: usize = 4;
+
+/// Whether `k_qmvf` runs (`RILL_QMV_FUSED=0`: the block's ops one after the other, for
+/// comparison).
 fn enabled() -> bool {
     static ON: crate::sync::OnceLock<bool> = crate::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("RILL_QMV_FUSED").as_deref() == Ok("1"))
+    *ON.get_or_init(|| std::env::var("RILL_QMV_FUSED").as_deref() != Ok("0"))
 }
 
 /// `s` broadcast to `shape` as rows of its last axis: (first element's address, row
@@ -86,6 +93,12 @@ fn rows_of(cs: &GpuStream<'_>, s: &Storage, shape: &[usize]) -> Result<(Storage,
     let c = super::elementwise::copy(cs, s)?;
     let v = rows_view(&c, shape).ok_or_else(|| Error::invalid(NAME, "a contiguous copy has no row view"))?;
     Ok((c, v))
+}
+
+/// The plain `k_qmvf` (`x` read as it is, no post program): the matrix-vector kernel of
+/// every quantized product (`quant::qmatmul`).
+pub(crate) fn plain_source(f: QuantFormat, d: DType, mr: usize) -> String {
+    source(f, d, mr, &QInput::Plain, None, d)
 }
 
 /// The source of `k_qmvf` for `mr` rows of `x` per block.
@@ -256,12 +269,21 @@ pub(crate) fn qmatmul_block(
             }
         };
     }
-    // Every warp sums its rows' squares: with many output rows (an output head) the norm's
-    // own kernel, once, costs less. Its kernel is memoised under its own key.
-    if let QInput::RmsNorm { eps, has_weight } = input
-        && n > NORM_INSIDE_MAX_N
-    {
-        let x = norm::rms_norm(cs, xins, *eps, *has_weight)?;
+    // Every warp computes the x side of its rows: with more rows of x, or (a norm, which
+    // sums whole rows) many output rows (an output head), the op's own kernel, once, costs
+    // less. The plain kernel is memoised under its own form.
+    let outside = match input {
+        QInput::Plain => None,
+        _ if m > PROLOGUE_MAX_ROWS => Some(true),
+        QInput::RmsNorm { .. } => Some(n > NORM_INSIDE_MAX_N),
+        QInput::Program(_) => Some(false),
+    };
+    if outside == Some(true) {
+        let x = match input {
+            QInput::RmsNorm { eps, has_weight } => norm::rms_norm(cs, xins, *eps, *has_weight)?,
+            QInput::Program(p) => fused::fused(cs, p, xins, &xshape, xd)?,
+            QInput::Plain => xins[0].clone(),
+        };
         return qmvf(cs, format, &QInput::Plain, post, (memo, 1), &[x], &xshape, xd, w, extra, shape, dtype);
     }
     qmvf(cs, format, input, post, (memo, 0), xins, &xshape, xd, w, extra, shape, dtype)

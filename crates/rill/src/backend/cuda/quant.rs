@@ -4,7 +4,7 @@
 //!
 //! | rows of `x` | kernel |
 //! |---|---|
-//! | 1 to [`MV_CHUNKED_ROWS`] (decode, batched decode) of f32 `x`, fewer than [`TC_ROWS`] of f16/bf16 | `k_qmv`: a warp per weight row, 4 warps a block, a grid row per chunk of up to [`MV_MAX_ROWS`] rows of `x`; each lane takes a quarter of a block (8 values: 4 code bytes of a 4-bit format, 8 of Q8_0), 8 consecutive blocks per warp step, so a warp's loads cover one contiguous run of the row; the codes dot the `x` rows in registers (`d · Σ q·x` plus the block's offset times `Σ x`) and the lanes' sums meet through shuffles |
+//! | 1 to [`MV_CHUNKED_ROWS`] (decode, batched decode) of f32 `x`, fewer than [`TC_ROWS`] of f16/bf16 | `k_qmvf` in its plain form (`qfused.rs`): a warp per weight row, 4 warps a block, a grid row per chunk of up to [`MV_MAX_ROWS`] rows of `x`; each lane takes a quarter of a block (8 values: 4 code bytes of a 4-bit format, 8 of Q8_0), 8 consecutive blocks per warp step, so a warp's loads cover one contiguous run of the row; the codes dot the `x` rows in registers (`d · Σ q·x` plus the block's offset times `Σ x`) and the lanes' sums meet through shuffles |
 //! | [`TC_ROWS`] or more of f16/bf16 `x` with 16-byte aligned rows | `k_qmm_tc`: 64 x 64 output tiles on tensor cores (`mma.sync`), the codes as exact integers of x's type, each block's f32 tile scaled into the accumulator ([`qmm_tc_source`]) |
 //! | more, otherwise | `k_qmm`: 64 x 64 output tiles, 256 threads of 4 x 4 outputs; per block of K, the 64 weight rows' blocks are dequantized into shared memory as f32 (a quarter block per thread) beside the `x` tile, then 32 rank-1 updates in f32 |
 //!
@@ -125,63 +125,6 @@ pub(crate) fn head(f: QuantFormat, d: DType) -> String {
         load(d, "e"),
         store_float(d, "v", false),
     )
-}
-
-/// `k_qmv` for `mr` rows of `x`.
-fn qmv_source(f: QuantFormat, d: DType, mr: usize) -> String {
-    let body = r#"
-#define MR $MR
-extern "C" __global__ void __launch_bounds__(128) k_qmv(XT* out, const XT* x, const u8* w, i64 n, i64 k, i64 m) {
-    const int lane = threadIdx.x & 31, p = lane & 3;
-    // Block row y takes rows MR*y.. of x (fewer in the last chunk).
-    const i64 r0 = (i64)blockIdx.y * MR;
-    const int rows = (int)(m - r0 < MR ? m - r0 : MR);
-    x += r0 * k;
-    out += r0 * n;
-    const i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= n) return;
-    const i64 nb = k >> 5;
-    const u8* wr = w + row * nb * BB;
-    float acc[MR];
-    #pragma unroll
-    for (int r = 0; r < MR; r++) acc[r] = 0.f;
-    for (i64 b = lane >> 2; b < nb; b += 8) {
-        const u8* blk = wr + b * BB;
-        const float d = qscale(blk), m = qmin(blk);
-        float q[8];
-        part_codes(blk, p, q);
-        #pragma unroll
-        for (int r = 0; r < MR; r++) {
-            if (r >= rows) break;
-            const XT* xr = x + r * k + b * 32;
-            float s = 0.f, sx = 0.f;
-            #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const float xv = LDX(xr[part_idx(p, i)]);
-                s += q[i] * xv;
-                sx += xv;
-            }
-#if QFMT == 0
-            acc[r] += d * (s - 8.f * sx);
-            (void)m;
-#elif QFMT == 1
-            acc[r] += d * s + m * sx;
-#else
-            acc[r] += d * s;
-            (void)sx; (void)m;
-#endif
-        }
-    }
-    #pragma unroll
-    for (int r = 0; r < MR; r++) {
-        if (r >= rows) break;
-        float v = acc[r];
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0) out[r * n + row] = STO(v);
-    }
-}
-"#;
-    head(f, d) + &body.replace("$MR", &mr.to_string())
 }
 
 /// `k_qmm`, the tiled kernel.
@@ -534,17 +477,19 @@ pub(crate) fn qmatmul(
         // One kernel per exact row count up to a chunk, then one for chunks of 8.
         let mr = m.min(MV_MAX_ROWS);
         let key = format!("qmv:{name}:{}:{mr}", dtype.name());
-        let func = nvrtc::function(cs.driver(), &cs.dev, &key, "k_qmv", move || qmv_source(format, dtype, mr))?;
+        let src = move || super::qfused::plain_source(format, dtype, mr);
+        let func = nvrtc::function(cs.driver(), &cs.dev, &key, "k_qmvf", src)?;
         let grid = n.div_ceil(MV_WARPS as usize).clamp(1, 1 << 30) as u32;
         let chunks = m.div_ceil(mr) as u32;
         let cfg = LaunchConfig { grid_dim: (grid, chunks, 1), block_dim: (32 * MV_WARPS, 1, 1), shared_mem_bytes: 0 };
-        let m64 = m as i64;
+        let (m64, col) = (m as i64, 1i64);
         let mut lb = Launch::new(&func);
-        lb.arg(&po).arg(&px).arg(&pw).arg(&n64).arg(&k64).arg(&m64);
-        // SAFETY: `x` holds m*k contiguous elements of `dtype`, `w` n rows of k/32 blocks
-        // from a 4-byte aligned first byte, `out` m*n elements; the grid covers the n rows
-        // (a warp each, the rest return) and the m rows in chunks of `mr` (the last one's
-        // missing rows skipped); the arguments match `k_qmv`'s signature.
+        lb.arg(&po).arg(&pw).arg(&n64).arg(&k64).arg(&m64).arg(&px).arg(&k64).arg(&col);
+        // SAFETY: `x` holds m*k contiguous elements of `dtype` (row stride k, column stride
+        // 1), `w` n rows of k/32 blocks from a 4-byte aligned first byte, `out` m*n
+        // elements; the grid covers the n rows (a warp each, the rest return) and the m
+        // rows in chunks of `mr` (the last one's missing rows skipped); the arguments match
+        // the plain `k_qmvf`'s signature.
         unsafe { lb.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))?;
     } else {
         // The tiled kernels share their grid and arguments; tensor cores need f16/bf16 x
@@ -560,7 +505,7 @@ pub(crate) fn qmatmul(
         let m64 = m as i64;
         let mut lb = Launch::new(&func);
         lb.arg(&po).arg(&px).arg(&pw).arg(&m64).arg(&n64).arg(&k64);
-        // SAFETY: as for `k_qmv`; the kernels guard rows past m and n and loop over row
+        // SAFETY: as for `k_qmvf`; the kernels guard rows past m and n and loop over row
         // tiles past the grid's y extent.
         unsafe { lb.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))?;
     }
@@ -607,7 +552,8 @@ mod tests {
             for d in [DType::F32, DType::F16, DType::BF16] {
                 let n = f.name();
                 for mr in [1, 3, MV_MAX_ROWS] {
-                    if !check_compiles(&format!("test:qmv:{n}:{d}:{mr}"), &qmv_source(f, d, mr)) {
+                    let src = crate::backend::cuda::qfused::plain_source(f, d, mr);
+                    if !check_compiles(&format!("test:qmv:{n}:{d}:{mr}"), &src) {
                         return;
                     }
                 }
