@@ -103,90 +103,97 @@ pub(crate) fn rope(
     Ok(out)
 }
 
-/// The slice-update kernel `k_slice_update` for `v`-byte elements and starts of `sd`.
-pub(crate) fn slice_update_source(v: usize, sd: DType) -> String {
+/// The slice-update kernels for `v`-byte elements and starts of `sd`: `k_slice_update`,
+/// one thread per element of `out` (`x` with the update written in), or with `write`
+/// `k_slice_write`, one per element of the update, written into `out`, which is `x`'s
+/// own buffer (`x` is then not read).
+pub(crate) fn slice_source(v: usize, sd: DType, write: bool) -> String {
     let (vt, it) = (vec_type(v), ctype(sd));
+    let (name, split, store) = if write {
+        ("k_slice_write", "q % len, o = q / len", "out[(o * dim + s + a) * inner + c] = up[k]")
+    } else {
+        (
+            "k_slice_update",
+            "q % dim, o = q / dim",
+            "out[k] = (a >= s && a < s + len) ? up[(o * len + (a - s)) * inner + c] : x[k]",
+        )
+    };
     format!(
         r#"{PRELUDE}
 struct __attribute__((aligned(16))) v16 {{ u64 a, b; }};
-// out = x with up written along an axis of `dim` from a clamped start: `inner` elements
-// after the axis, `per` runs (outer indices) per start when `nstart` > 1.
-extern "C" __global__ void k_slice_update({vt}* out, const {vt}* x, const {vt}* up, const {it}* start, i64 n,
-                                          i64 dim, i64 len, i64 inner, i64 per, i64 nstart) {{
+// Along an axis of `dim` from a clamped start: `inner` elements after the axis, `per`
+// runs (outer indices) per start when `nstart` > 1; `a` indexes the axis of out (or of up).
+extern "C" __global__ void {name}({vt}* out, const {vt}* x, const {vt}* up, const {it}* start, i64 n,
+                                  i64 dim, i64 len, i64 inner, i64 per, i64 nstart) {{
     i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= n) return;
     i64 c = k % inner, q = k / inner;
-    i64 a = q % dim, o = q / dim;
+    i64 a = {split};
     i64 s = (i64)start[nstart > 1 ? o / per : 0];
     i64 hi = dim - len;
     s = s < 0 ? 0 : (s > hi ? hi : s);
-    out[k] = (a >= s && a < s + len) ? up[(o * len + (a - s)) * inner + c] : x[k];
+    {store};
 }}
 "#
     )
 }
 
-/// `x` with `update` written along `axis` (inputs `x, update, start`).
-pub(crate) fn slice_update(cs: &GpuStream<'_>, inputs: &[&Storage], axis: usize) -> Result<Storage> {
-    let (x, update, start) = (inputs[0], inputs[1], inputs[2]);
-    let shape = x.layout.shape.to_vec();
-    let d = x.dtype;
-    let out = new_storage(cs, d, &shape)?;
-    let n: usize = shape.iter().product();
+/// Launches `k_slice_update` (`out` a new buffer, `x` read) or with `write` `k_slice_write`
+/// (`out` is `x`'s own buffer): `x`/`out` of `[outer, dim, inner]` elements of `size`
+/// bytes, `up` of `[outer, len, inner]`, all contiguous, `start` `nstart` integers of `sd`.
+#[allow(clippy::too_many_arguments)]
+fn launch_slice(
+    cs: &GpuStream<'_>,
+    write: bool,
+    [po, px, pu, ps]: [u64; 4],
+    size: usize,
+    [outer, dim, len, inner]: [usize; 4],
+    nstart: usize,
+    sd: DType,
+) -> Result<()> {
+    let n = outer * if write { len } else { dim } * inner;
     if n == 0 {
-        return Ok(out);
+        return Ok(());
     }
-    let (dim, len) = (shape[axis], update.layout.shape[axis]);
-    let inner: usize = shape[axis + 1..].iter().product();
-    let outer: usize = shape[..axis].iter().product();
-    let nstart = start.layout.numel();
-    let per = if nstart > 1 { outer / shape[0] } else { outer };
-    let xs = contiguous(cs, x)?;
-    let us = contiguous(cs, update)?;
-    let ss = contiguous(cs, start)?;
-    let (po, px, pu, ps) = (elem_ptr(&out), elem_ptr(&xs), elem_ptr(&us), elem_ptr(&ss));
+    let per = if nstart > 1 { outer / nstart } else { outer };
     // The run after the axis moves whole: when it is a whole number of 16-byte vectors
     // (and every address is aligned to them) a thread copies a vector, not an element.
-    let size = d.size();
     let wide = (inner * size).is_multiple_of(16) && [po, px, pu].iter().all(|p| p % 16 == 0);
     let (v, unit) = if wide { (16, 16 / size) } else { (size, 1) };
-    let sd = start.dtype;
-    let key = format!("slice_update:{v}:{}", sd.name());
-    let func = nvrtc::function(cs.driver(), &cs.dev, &key, "k_slice_update", move || slice_update_source(v, sd))?;
+    let kname = if write { "k_slice_write" } else { "k_slice_update" };
+    let key = format!("{kname}:{v}:{}", sd.name());
+    let func = nvrtc::function(cs.driver(), &cs.dev, &key, kname, move || slice_source(v, sd, write))?;
     let (n64, dim64, len64, in64, per64, ns64) =
         ((n / unit) as i64, dim as i64, len as i64, (inner / unit) as i64, per.max(1) as i64, nstart as i64);
     let _ = cs.bind();
     let mut lb = Launch::new(&func);
     lb.arg(&po).arg(&px).arg(&pu).arg(&ps).arg(&n64).arg(&dim64).arg(&len64).arg(&in64).arg(&per64).arg(&ns64);
-    // SAFETY: `x` and `out` hold `n` contiguous elements (`n / unit` units of `v` bytes,
-    // aligned to them), `update` `outer * len * inner` (read only inside the clamped
-    // range), `start` `nstart`; the arguments match the kernel's signature.
-    unsafe { lb.launch(cs, grid_for(n / unit)) }.map_err(|e| super::backend_err("launch", e))?;
-    Ok(out)
+    // SAFETY: `out` (and `x`, when read) hold `outer * dim * inner` contiguous elements,
+    // `up` `outer * len * inner` (in `unit`s of `v` bytes, aligned to them), `start`
+    // `nstart`; starts are clamped so every index stays inside; `write`'s `out` is a buffer
+    // this stream owns alone (`buffer::own_for_writing`); the arguments match the kernel's
+    // signature.
+    unsafe { lb.launch(cs, grid_for(n / unit)) }.map_err(|e| super::backend_err("launch", e))
 }
 
-/// The in-place slice-update kernel `k_slice_write` for `v`-byte elements and starts of
-/// `sd`: writes only the update's elements into the array's own buffer.
-pub(crate) fn slice_write_source(v: usize, sd: DType) -> String {
-    let (vt, it) = (vec_type(v), ctype(sd));
-    format!(
-        r#"{PRELUDE}
-struct __attribute__((aligned(16))) v16 {{ u64 a, b; }};
-// out[o, s + a, c] = up[o, a, c] for the n elements of up ([outer, len, inner]), from
-// each outer index's clamped start (`per` outer indices per start when `nstart` > 1).
-extern "C" __global__ void k_slice_write({vt}* out, const {vt}* up, const {it}* start, i64 n,
-                                         i64 dim, i64 len, i64 inner, i64 per, i64 nstart) {{
-    i64 k = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (k >= n) return;
-    i64 c = k % inner, q = k / inner;
-    i64 a = q % len, o = q / len;
-    i64 s = (i64)start[nstart > 1 ? o / per : 0];
-    i64 hi = dim - len;
-    s = s < 0 ? 0 : (s > hi ? hi : s);
-    out[(o * dim + s + a) * inner + c] = up[k];
-}}
-"#
-    )
+/// The axis sizes `[outer, dim, len, inner]` of a slice update of `x` by `update`.
+fn slice_dims(x: &Storage, update: &Storage, axis: usize) -> [usize; 4] {
+    let shape = &x.layout.shape;
+    [shape[..axis].iter().product(), shape[axis], update.layout.shape[axis], shape[axis + 1..].iter().product()]
+}
+
+/// `x` with `update` written along `axis` (inputs `x, update, start`), in a new buffer.
+pub(crate) fn slice_update(cs: &GpuStream<'_>, inputs: &[&Storage], axis: usize) -> Result<Storage> {
+    let (x, update, start) = (inputs[0], inputs[1], inputs[2]);
+    let out = new_storage(cs, x.dtype, &x.layout.shape)?;
+    if x.layout.numel() == 0 {
+        return Ok(out);
+    }
+    let (xs, us, ss) = (contiguous(cs, x)?, contiguous(cs, update)?, contiguous(cs, start)?);
+    let ptrs = [elem_ptr(&out), elem_ptr(&xs), elem_ptr(&us), elem_ptr(&ss)];
+    let nstart = start.layout.numel();
+    launch_slice(cs, false, ptrs, x.dtype.size(), slice_dims(x, update, axis), nstart, start.dtype)?;
+    Ok(out)
 }
 
 /// [`slice_update`] with `x` donated (no array holds it any more): the update is written
@@ -202,35 +209,11 @@ pub(crate) fn slice_update_into(
     if !super::buffer::own_for_writing(cs, &mut x) {
         return slice_update(cs, &[&x, update, start], axis);
     }
-    let shape = &x.layout.shape;
-    let (dim, len) = (shape[axis], update.layout.shape[axis]);
-    let inner: usize = shape[axis + 1..].iter().product();
-    let outer: usize = shape[..axis].iter().product();
-    let n = outer * len * inner;
-    if n > 0 {
-        let nstart = start.layout.numel();
-        let per = if nstart > 1 { outer / shape[0] } else { outer };
-        let us = contiguous(cs, update)?;
-        let ss = contiguous(cs, start)?;
-        let (po, pu, ps) = (elem_ptr(&x), elem_ptr(&us), elem_ptr(&ss));
-        // Whole 16-byte vectors per thread when the run after the axis is made of them.
-        let size = x.dtype.size();
-        let wide = (inner * size).is_multiple_of(16) && po % 16 == 0 && pu % 16 == 0;
-        let (v, unit) = if wide { (16, 16 / size) } else { (size, 1) };
-        let sd = start.dtype;
-        let key = format!("slice_write:{v}:{}", sd.name());
-        let func = nvrtc::function(cs.driver(), &cs.dev, &key, "k_slice_write", move || slice_write_source(v, sd))?;
-        let (n64, dim64, len64, in64, per64, ns64) =
-            ((n / unit) as i64, dim as i64, len as i64, (inner / unit) as i64, per.max(1) as i64, nstart as i64);
-        let _ = cs.bind();
-        let mut lb = Launch::new(&func);
-        lb.arg(&po).arg(&pu).arg(&ps).arg(&n64).arg(&dim64).arg(&len64).arg(&in64).arg(&per64).arg(&ns64);
-        // SAFETY: `x` holds `outer * dim * inner` contiguous elements in a buffer this
-        // stream owns alone (`own_for_writing`), `update` `n` (`n / unit` units of `v`
-        // bytes, aligned to them), `start` `nstart`; the written range stays inside `x`
-        // (starts are clamped); the arguments match the kernel's signature.
-        unsafe { lb.launch(cs, grid_for(n / unit)) }.map_err(|e| super::backend_err("launch", e))?;
-    }
+    let (us, ss) = (contiguous(cs, update)?, contiguous(cs, start)?);
+    let px = elem_ptr(&x);
+    let ptrs = [px, px, elem_ptr(&us), elem_ptr(&ss)];
+    let nstart = start.layout.numel();
+    launch_slice(cs, true, ptrs, x.dtype.size(), slice_dims(&x, update, axis), nstart, start.dtype)?;
     crate::runtime::stats::BUFFERS_DONATED.fetch_add(1, crate::sync::atomic::Ordering::Relaxed);
     x.fence = None;
     Ok(x)
@@ -255,11 +238,10 @@ mod tests {
         }
         for v in [1, 2, 4, 8, 16] {
             for sd in [DType::I32, DType::I64, DType::U32, DType::U8] {
-                if !check_compiles(&format!("test:slice_update:{v}:{}", sd.name()), &slice_update_source(v, sd)) {
-                    return;
-                }
-                if !check_compiles(&format!("test:slice_write:{v}:{}", sd.name()), &slice_write_source(v, sd)) {
-                    return;
+                for write in [false, true] {
+                    if !check_compiles(&format!("test:slice:{v}:{}:{write}", sd.name()), &slice_source(v, sd, write)) {
+                        return;
+                    }
                 }
             }
         }
