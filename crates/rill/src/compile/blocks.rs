@@ -217,7 +217,7 @@ fn matmul_epilogues(tape: &mut Tape) -> bool {
 
 /// Whether `s` broadcasts to `to` without growing it.
 fn broadcasts_to(s: &[usize], to: &[usize]) -> bool {
-    s.len() <= to.len() && s.iter().rev().zip(to.iter().rev()).all(|(&a, &b)| a == 1 || a == b)
+    crate::shape::broadcast_shapes("fused_qmatmul", s, to).is_ok_and(|b| b == to)
 }
 
 /// Quantized product blocks (see the module docs); true when any was made.

@@ -150,7 +150,7 @@ impl Slot {
 }
 
 /// Pending checks of one storage (their fences, in the order met).
-type Conds = SmallVec<[Arc<Fence>; 2]>;
+pub(crate) type Conds = SmallVec<[Arc<Fence>; 2]>;
 
 /// The checks of one batch (held by `exec.rs`'s `BatchRun`).
 pub(crate) struct Batch {

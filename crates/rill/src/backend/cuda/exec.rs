@@ -60,19 +60,9 @@ impl<'a> BatchRun<'a> {
 
     /// Enqueues one node's work.
     pub(crate) fn run(&mut self, op: &Op<'_>, inputs: &[&Storage]) -> Result<Storage> {
-        if let Some(r) = &self.rec {
-            r.node(op.id);
-        }
-        prepare_inputs(&self.cs, inputs, &mut self.waited)?;
-        // A result inherits its inputs' pending index checks (an input whose check
-        // already failed fails the node here).
-        let conds = self.checks.inputs(inputs)?;
+        let conds = self.begin_node(op, inputs)?;
         let r = eval(&self.cs, op.prim, op.shape, op.dtype, inputs, &mut self.read, &mut self.checks);
-        if let Ok(s) = &r {
-            self.checks.taint(s, &conds);
-        }
-        self.any_ok |= r.is_ok();
-        r
+        self.finish_node(r, &conds)
     }
 
     /// [`BatchRun::run`] with the first input donated (`backend::BatchRun::run_donated`):
@@ -80,24 +70,36 @@ impl<'a> BatchRun<'a> {
     pub(crate) fn run_donated(&mut self, op: &Op<'_>, donor: Storage, rest: &[&Storage]) -> Result<Storage> {
         let cs = self.cs;
         let here = |s: &Storage| cuda_of(s).is_some_and(|b| b.ordinal == cs.dev.ordinal);
-        let (Primitive::SliceUpdate { axis }, [update, start]) = (op.prim, rest) else {
-            return self.run(op, &std::iter::once(&donor).chain(rest.iter().copied()).collect::<SmallVec<[_; 4]>>());
+        let all: SmallVec<[&Storage; 4]> = std::iter::once(&donor).chain(rest.iter().copied()).collect();
+        let axis = match op.prim {
+            Primitive::SliceUpdate { axis } if all.len() == 3 && all.iter().all(|s| here(s)) => *axis,
+            _ => return self.run(op, &all),
         };
-        if !(here(&donor) && here(update) && here(start)) {
-            return self.run(op, &[&donor, update, start]);
+        let conds = self.begin_node(op, &all)?;
+        for s in &all {
+            keep_read(&cs, s, &mut self.read);
         }
+        drop(all);
+        let r = decode::slice_update_into(&cs, donor, rest[0], rest[1], axis);
+        self.finish_node(r, &conds)
+    }
+
+    /// What every node does before its kernels: names it to the recording, makes the
+    /// stream wait for inputs of other streams, and returns the inputs' pending index
+    /// checks, which the result inherits (an input whose check already failed fails the
+    /// node here).
+    fn begin_node(&mut self, op: &Op<'_>, inputs: &[&Storage]) -> Result<check::Conds> {
         if let Some(r) = &self.rec {
             r.node(op.id);
         }
-        let all = [&donor, *update, *start];
-        prepare_inputs(&cs, &all, &mut self.waited)?;
-        let conds = self.checks.inputs(&all)?;
-        for s in all {
-            keep_read(&cs, s, &mut self.read);
-        }
-        let r = decode::slice_update_into(&cs, donor, update, start, *axis);
+        prepare_inputs(&self.cs, inputs, &mut self.waited)?;
+        self.checks.inputs(inputs)
+    }
+
+    /// What every node does with its result: the inherited checks, and the batch's count.
+    fn finish_node(&mut self, r: Result<Storage>, conds: &check::Conds) -> Result<Storage> {
         if let Ok(s) = &r {
-            self.checks.taint(s, &conds);
+            self.checks.taint(s, conds);
         }
         self.any_ok |= r.is_ok();
         r

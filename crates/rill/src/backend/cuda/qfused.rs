@@ -254,11 +254,7 @@ pub(crate) fn qmatmul_block(
         && elem_ptr(w).is_multiple_of(4);
     if !fused_kernel {
         // The ops one after the other, as unfused.
-        let x = match input {
-            QInput::Plain => xins[0].clone(),
-            QInput::Program(p) => fused::fused(cs, p, xins, &xshape, xd)?,
-            QInput::RmsNorm { eps, has_weight } => norm::rms_norm(cs, xins, *eps, *has_weight)?,
-        };
+        let x = x_alone(cs, input, xins, &xshape, xd)?;
         let product = super::quant::qmatmul(cs, &x, w, format, &pshape, xd)?;
         return match post {
             None => Ok(product),
@@ -273,20 +269,25 @@ pub(crate) fn qmatmul_block(
     // sums whole rows) many output rows (an output head), the op's own kernel, once, costs
     // less. The plain kernel is memoised under its own form.
     let outside = match input {
-        QInput::Plain => None,
-        _ if m > PROLOGUE_MAX_ROWS => Some(true),
-        QInput::RmsNorm { .. } => Some(n > NORM_INSIDE_MAX_N),
-        QInput::Program(_) => Some(false),
+        QInput::Plain => false,
+        _ if m > PROLOGUE_MAX_ROWS => true,
+        QInput::RmsNorm { .. } => n > NORM_INSIDE_MAX_N,
+        QInput::Program(_) => false,
     };
-    if outside == Some(true) {
-        let x = match input {
-            QInput::RmsNorm { eps, has_weight } => norm::rms_norm(cs, xins, *eps, *has_weight)?,
-            QInput::Program(p) => fused::fused(cs, p, xins, &xshape, xd)?,
-            QInput::Plain => xins[0].clone(),
-        };
+    if outside {
+        let x = x_alone(cs, input, xins, &xshape, xd)?;
         return qmvf(cs, format, &QInput::Plain, post, (memo, 1), &[x], &xshape, xd, w, extra, shape, dtype);
     }
     qmvf(cs, format, input, post, (memo, 0), xins, &xshape, xd, w, extra, shape, dtype)
+}
+
+/// The block's `x` computed by its op's own kernel (the program's or the norm's).
+fn x_alone(cs: &GpuStream<'_>, input: &QInput, xins: &[Storage], xshape: &[usize], xd: DType) -> Result<Storage> {
+    match input {
+        QInput::Plain => Ok(xins[0].clone()),
+        QInput::Program(p) => fused::fused(cs, p, xins, xshape, xd),
+        QInput::RmsNorm { eps, has_weight } => norm::rms_norm(cs, xins, *eps, *has_weight),
+    }
 }
 
 /// Launches `k_qmvf` (`memo.1` tells the kernel's form apart in the block's memo).
