@@ -31,6 +31,9 @@
 //! dependent launch): a kernel is started once every block of the previous one has
 //! started, and waits in its first statement (`rill_grid_wait()`, which the NVRTC front end
 //! puts at the top of every rill kernel) until the previous kernel's writes are visible.
+//! A kernel marked `RILL_OWN_WAIT` waits itself, after prefetching into L2 what it will
+//! read (the quantized products' weight rows, `k_qmvf`): the prefetch overlaps the
+//! previous kernel, and L2 is coherent, so nothing stale is read after the wait.
 //! Each kernel's start then overlaps the previous one's tail, which shortens a chain of
 //! dependent kernels when the device, not the host, sets the pace (`rill bench
 //! chain_wide`). `RILL_CUDA_PDL=0` makes the edges plain ones.

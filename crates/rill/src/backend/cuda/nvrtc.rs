@@ -129,7 +129,8 @@ pub(crate) fn compile_for(arch: &str, key: &str, src: &str) -> Result<Ptx> {
 
 /// `src` with a call of the prelude's `rill_grid_wait()` as the first statement of every
 /// kernel (`__global__` function), so that each may run behind a programmatic graph edge
-/// (see `launch.rs`). An error when a kernel has no body.
+/// (see `launch.rs`), except a kernel whose body starts with `RILL_OWN_WAIT` (it waits
+/// itself, after prefetching what it will read). An error when a kernel has no body.
 pub(crate) fn with_grid_waits(src: &str) -> Result<String> {
     const GLOBAL: &str = "__global__";
     let mut out = String::with_capacity(src.len() + 64);
@@ -141,7 +142,9 @@ pub(crate) fn with_grid_waits(src: &str) -> Result<String> {
         };
         let body = after + brace + 1;
         out.push_str(&rest[..body]);
-        out.push_str(" rill_grid_wait();");
+        if !rest[body..].trim_start().starts_with("RILL_OWN_WAIT") {
+            out.push_str(" rill_grid_wait();");
+        }
         rest = &rest[body..];
     }
     out.push_str(rest);
@@ -271,6 +274,8 @@ mod tests {
                     extern \"C\" __global__ void b(int* p, int n) { rill_grid_wait();\n    if (n) { p[0] = 2; }\n}\n";
         assert_eq!(got, want);
         assert!(super::with_grid_waits("extern \"C\" __global__ void c(int* p);").is_err());
+        let own = "extern \"C\" __global__ void d(int* p) { RILL_OWN_WAIT\n    rill_grid_wait(); p[0] = 1; }";
+        assert_eq!(super::with_grid_waits(own).unwrap(), own);
         // Every kernel rill generates starts with the wait: the warm-up's, as compiled.
         let warm = super::with_grid_waits(&super::warm_up_source()).unwrap();
         assert_eq!(warm.matches("__global__").count(), warm.matches("rill_grid_wait();").count());

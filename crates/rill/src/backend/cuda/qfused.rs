@@ -12,12 +12,15 @@
 //! norm, gated activation and residual add then cost no kernels of their own. Every
 //! operand is read through a row stride and a column stride (views of a joined
 //! projection's output need no copy); one whose leading axes do not merge into one stride
-//! is copied first. Every warp computes the `x` side for all its rows, so the program or
+//! is copied first. The block's threads compute the `x` side of its rows once into shared
+//! memory ([`x_shared`]; every warp computes it where the rows do not fit), so the program or
 //! norm is computed inside only for up to [`PROLOGUE_MAX_ROWS`] rows of `x` (decode);
 //! with more, its own kernel computes `x` once and `k_qmvf` reads it plainly, still with the
 //! post program inside. Rows the matrix-vector kernel does not take run the ops one after
 //! the other (program or norm kernel, the product's kernel, the post program's kernel), as
-//! unfused. `RILL_QMV_FUSED=0` runs every block that way.
+//! unfused. `RILL_QMV_FUSED=0` runs every block that way. A decode product is bound by
+//! latency, not bandwidth: each warp prefetches its weight row into L2 before waiting for
+//! the previous kernel (`RILL_OWN_WAIT`, see `launch.rs`).
 
 use cudarc::driver::{CudaFunction, LaunchConfig};
 
@@ -45,6 +48,10 @@ const NORM_INSIDE_MAX_N: usize = 16384;
 /// each of its `n` warps recomputes it, which at 64 rows of f32 cost more than the
 /// product (`rill bench generate`, batch 64).
 const PROLOGUE_MAX_ROWS: usize = 4;
+
+/// Most shared memory `k_qmvf` takes for the `x` side it computes once per block
+/// ([`x_shared`]).
+const X_SHARED_BYTES: usize = 32 << 10;
 
 /// Whether `k_qmvf` runs (`RILL_QMV_FUSED=0`: the block's ops one after the other, for
 /// comparison).
@@ -98,11 +105,27 @@ fn rows_of(cs: &GpuStream<'_>, s: &Storage, shape: &[usize]) -> Result<(Storage,
 /// The plain `k_qmvf` (`x` read as it is, no post program): the matrix-vector kernel of
 /// every quantized product (`quant::qmatmul`).
 pub(crate) fn plain_source(f: QuantFormat, d: DType, mr: usize) -> String {
-    source(f, d, mr, &QInput::Plain, None, d)
+    source(f, d, mr, &QInput::Plain, None, d, false)
 }
 
-/// The source of `k_qmvf` for `mr` rows of `x` per block.
-fn source(f: QuantFormat, xd: DType, mr: usize, input: &QInput, post: Option<&FusedProgram>, out: DType) -> String {
+/// Whether `k_qmvf` computes a computed `x` side (program or norm) of `mr` rows of `k`
+/// values once per block into shared memory, rather than in every warp.
+fn x_shared(input: &QInput, mr: usize, k: usize) -> bool {
+    !matches!(input, QInput::Plain) && mr * k * 4 <= X_SHARED_BYTES
+}
+
+/// The source of `k_qmvf` for `mr` rows of `x` per block; with `shared` ([`x_shared`])
+/// the block's threads compute the `x` side together into shared memory first (the
+/// norm's sum of squares summed across the block) and the warps read it from there.
+fn source(
+    f: QuantFormat,
+    xd: DType,
+    mr: usize,
+    input: &QInput,
+    post: Option<&FusedProgram>,
+    out: DType,
+    shared: bool,
+) -> String {
     let mut s = head(f, xd);
     let mut params = vec![format!("{}* out", c_type(out)), "const u8* w".into(), "i64 n, i64 k, i64 m".into()];
     // XV(R, J): x's value at row r0 + R (R: the block's row), column J, as a float.
@@ -125,7 +148,24 @@ fn source(f: QuantFormat, xd: DType, mr: usize, input: &QInput, post: Option<&Fu
             let wv = if *has_weight { " * LDX(nw[(J) * nwc])" } else { "" };
             // The norm kernel's value: (v - 0) * scale [* w], stored in x's dtype.
             let xv = format!("LDX(STO((LDX(x0[(r0 + (R)) * xr0 + (J) * xc0]) * inv[R]){wv}))");
-            let pre = r#"
+            let pre = if shared {
+                r#"
+    __shared__ float red[MR][4];
+    float inv[MR];
+    #pragma unroll
+    for (int r = 0; r < MR; r++) {
+        if (r >= rows) break;
+        float s2 = 0.f;
+        for (i64 j = threadIdx.x; j < k; j += 128) { const float u = LDX(x0[(r0 + r) * xr0 + j * xc0]); s2 += u * u; }
+        for (int o = 16; o > 0; o >>= 1) s2 += __shfl_xor_sync(0xffffffffu, s2, o);
+        if (lane == 0) red[r][threadIdx.x >> 5] = s2;
+    }
+    __syncthreads();
+    #pragma unroll
+    for (int r = 0; r < MR; r++) inv[r] = 1.f / sqrtf((red[r][0] + red[r][1] + red[r][2] + red[r][3]) / (float)k + (float)eps_d);
+"#
+            } else {
+                r#"
     float inv[MR];
     #pragma unroll
     for (int r = 0; r < MR; r++) {
@@ -136,39 +176,72 @@ fn source(f: QuantFormat, xd: DType, mr: usize, input: &QInput, post: Option<&Fu
         inv[r] = 1.f / sqrtf(s2 / (float)k + (float)eps_d);
     }
 "#
+            }
             .to_string();
             (xv, pre)
         }
     };
     // ST(V, R): the output of row r0 + R at the warp's column from the product's float V.
+    // The post program's other operands are loaded first (`fetch`), so that they are in
+    // flight with the weights rather than after the product.
+    let mut fetch = String::new();
     let st = match post {
         None => "STO(V)".to_string(),
         Some(p) => {
             s += &op_function(p).replace("fused_op(", "post_op(");
             let mut args = vec!["STO(V)".to_string()];
             for (i, &d) in p.input_dtypes().iter().enumerate().skip(1) {
-                params.push(format!("const {}* e{i}, i64 er{i}, i64 ec{i}", c_type(d)));
-                args.push(format!("e{i}[(r0 + (R)) * er{i} + row * ec{i}]"));
+                let ct = c_type(d);
+                params.push(format!("const {ct}* e{i}, i64 er{i}, i64 ec{i}"));
+                fetch += &format!(
+                    "    {ct} pe{i}[MR];\n    #pragma unroll\n    for (int r = 0; r < MR; r++) if (r < rows && row < n) pe{i}[r] = e{i}[(r0 + r) * er{i} + row * ec{i}];\n"
+                );
+                args.push(format!("pe{i}[R]"));
             }
             format!("post_op({})", args.join(", "))
         }
+    };
+    // With `shared`, XV reads what the block computed (XS, the value the warp would).
+    let (xv, shx) = if shared {
+        let fill = r#"
+    extern __shared__ float xsh[];
+    #pragma unroll
+    for (int r = 0; r < MR; r++) {
+        if (r >= rows) break;
+        for (i64 j = threadIdx.x; j < k; j += 128) xsh[r * k + j] = XS(r, j);
+    }
+    __syncthreads();
+"#;
+        ("xsh[(R) * k + (J)]".to_string(), format!("#define XS(R, J) ({xv})\n{fill}"))
+    } else {
+        (xv, String::new())
     };
     let body = r#"
 #define MR $MR
 #define XV(R, J) ($XV)
 #define ST(V, R) ($ST)
-extern "C" __global__ void __launch_bounds__(128) k_qmvf($PARAMS) {
+extern "C" __global__ void __launch_bounds__(128) k_qmvf($PARAMS) { RILL_OWN_WAIT
     const int lane = threadIdx.x & 31, p = lane & 3;
     const i64 r0 = (i64)blockIdx.y * MR;
     const int rows = (int)(m - r0 < MR ? m - r0 : MR);
     const i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    // The warp's weight row goes to L2 while the previous kernel still runs (a decode
+    // product is bound by this latency, not by bandwidth); every other read waits.
+    {
+        const i64 bytes = row < n ? (k >> 5) * BB : 0;
+        const u8* wp = w + row * bytes;
+        if (bytes > 0) for (i64 o = lane * 128; o < bytes + 127; o += 32 * 128) rill_prefetch_l2(wp + (o < bytes ? o : bytes - 1));
+    }
+    rill_grid_wait();
+$FETCH$PRE$SHARED
     if (row >= n) return;
-$PRE
     const i64 nb = k >> 5;
     const u8* wr = w + row * nb * BB;
     float acc[MR];
     #pragma unroll
     for (int r = 0; r < MR; r++) acc[r] = 0.f;
+    // Several blocks' loads in flight at once: a decode product is a few blocks a lane.
+    #pragma unroll 4
     for (i64 b = lane >> 2; b < nb; b += 8) {
         const u8* blk = wr + b * BB;
         const float d = qscale(blk), mn = qmin(blk);
@@ -209,6 +282,8 @@ $PRE
         .replace("$XV", &xv)
         .replace("$ST", &st)
         .replace("$PARAMS", &params.join(", "))
+        .replace("$FETCH", &fetch)
+        .replace("$SHARED", &shx)
         .replace("$PRE", &pre)
 }
 
@@ -311,12 +386,14 @@ fn qmvf(
     let m = numel(shape) / n.max(1);
     let out = new_storage(cs, dtype, shape)?;
     let mr = m.min(MV_MAX_ROWS);
+    let shared = x_shared(input, mr, k);
     let mut key = Vec::with_capacity(8);
     key.extend((cs.dev.ordinal as u32).to_le_bytes());
     key.extend((mr as u32).to_le_bytes());
     key.push(form);
+    key.push(shared as u8);
     let func: CudaFunction = memo.get_or_try_insert(&key, || {
-        let src = source(format, xd, mr, input, post, dtype);
+        let src = source(format, xd, mr, input, post, dtype, shared);
         nvrtc::function(cs.driver(), &cs.dev, &format!("qmvf:{src}"), "k_qmvf", || src)
     })?;
     // Operands as rows: the x side over x's shape, the post's over the output's.
@@ -341,7 +418,8 @@ fn qmvf(
     let (n64, k64, m64) = (n as i64, k as i64, m as i64);
     let grid = n.div_ceil(MV_WARPS as usize).clamp(1, 1 << 30) as u32;
     let chunks = m.div_ceil(mr) as u32;
-    let cfg = LaunchConfig { grid_dim: (grid, chunks, 1), block_dim: (32 * MV_WARPS, 1, 1), shared_mem_bytes: 0 };
+    let smem = if shared { (mr * k * 4) as u32 } else { 0 };
+    let cfg = LaunchConfig { grid_dim: (grid, chunks, 1), block_dim: (32 * MV_WARPS, 1, 1), shared_mem_bytes: smem };
     let _ = cs.bind();
     let mut lb = Launch::new(&func);
     lb.arg(&po).arg(&pw).arg(&n64).arg(&k64).arg(&m64);
@@ -408,9 +486,13 @@ mod tests {
                 ];
                 for (i, input) in inputs.iter().enumerate() {
                     for post in [None, Some(residual(d))] {
-                        for mr in [1, 8] {
-                            let key = format!("test:qmvf:{}:{}:{i}:{}:{mr}", f.name(), d.name(), post.is_some());
-                            if !check_compiles(&key, &source(f, d, mr, input, post.as_ref(), d)) {
+                        for (mr, shared) in [(1, false), (8, false), (1, true), (4, true)] {
+                            if shared && matches!(input, QInput::Plain) {
+                                continue;
+                            }
+                            let key =
+                                format!("test:qmvf:{}:{}:{i}:{}:{mr}:{shared}", f.name(), d.name(), post.is_some());
+                            if !check_compiles(&key, &source(f, d, mr, input, post.as_ref(), d, shared)) {
                                 return;
                             }
                         }

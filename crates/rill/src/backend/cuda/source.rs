@@ -31,6 +31,13 @@ __device__ __forceinline__ void rill_grid_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+// A kernel whose body starts with RILL_OWN_WAIT calls rill_grid_wait() itself (the
+// front end then inserts none); before it, it may only prefetch into L2, which is
+// coherent, so nothing stale can be read later.
+#define RILL_OWN_WAIT
+__device__ __forceinline__ void rill_prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+}
 
 __device__ __forceinline__ float ld_f16(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ u16 st_f16(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
