@@ -145,7 +145,15 @@ impl Case {
             MaskCase::Bool(shape) => {
                 let n: usize = shape.iter().product();
                 let tk = *shape.last().unwrap();
-                let mut b: Vec<bool> = (0..n).map(|_| rng.next_u64() % 10 < 7).collect();
+                let mut b: Vec<bool> = if rng.next_u64().is_multiple_of(3) {
+                    // A cache's mask: each row attends a prefix of the keys (the written
+                    // positions), so whole runs of keys at its end are masked out.
+                    let lens: Vec<usize> =
+                        (0..n / tk.max(1)).map(|_| (rng.next_u64() % (tk as u64 + 1)) as usize).collect();
+                    (0..n).map(|i| i % tk < lens[i / tk]).collect()
+                } else {
+                    (0..n).map(|_| rng.next_u64() % 10 < 7).collect()
+                };
                 // One row with every key masked out.
                 if n > 0 && rng.next_u64().is_multiple_of(2) {
                     b[..tk].iter_mut().for_each(|x| *x = false);
@@ -158,8 +166,14 @@ impl Case {
             MaskCase::Add(shape, dt) => {
                 let n: usize = shape.iter().product();
                 let tk = *shape.last().unwrap();
+                let prefix = rng.next_u64().is_multiple_of(3);
+                let lens: Vec<usize> =
+                    (0..n / tk.max(1)).map(|_| (rng.next_u64() % (tk as u64 + 1)) as usize).collect();
                 let mut v: Vec<f64> = (0..n)
-                    .map(|_| if rng.next_u64().is_multiple_of(8) { f64::NEG_INFINITY } else { rng.uniform(-2.0, 2.0) })
+                    .map(|i| {
+                        let out = if prefix { i % tk >= lens[i / tk] } else { rng.next_u64().is_multiple_of(8) };
+                        if out { f64::NEG_INFINITY } else { rng.uniform(-2.0, 2.0) }
+                    })
                     .collect();
                 if n > tk && rng.next_u64().is_multiple_of(2) {
                     v[tk..2 * tk].iter_mut().for_each(|x| *x = f64::NEG_INFINITY);
