@@ -7,7 +7,7 @@
 //! | inputs | kernel |
 //! |---|---|
 //! | f16/bf16, `D` and `Dv` multiples of 16 up to 128 | `k_attn_tc`: 4 warps, 64 queries a block (16 a warp; 128 and two row tiles a warp when `D`, `Dv` ≤ 64 with no array mask and blocks enough, so each K and V fragment read from shared memory feeds twice the products) and 64 keys a tile; Q, K and V tiles in shared memory (`cp.async`, rows padded by 16 bytes so `ldmatrix` is conflict-free), `mma.sync.m16n8k16` with f32 accumulation for `Q Kᵀ` and `P V` (P rounded to the inputs' type, as in FlashAttention), the next V tile loading while `Q Kᵀ` runs and the next K tile while `P V` runs; one kernel per (dtype, `D`, `Dv`, mask) |
-//! | one query row (`Tq = 1`, decoding), f16/bf16/f32, `D` and `Dv` up to 256 | `k_attn_dec`: a block takes up to 8 query heads of one key/value head (they share each key and value it loads) and one split of the keys, 8 warps (4 for wide heads) of 8 keys a step (4 lanes per key's dot products, then the lanes share the output columns); a step's mask, keys and values are loaded together and a step whose keys are all masked out is skipped; splits of at least 512 keys are chosen to give about two blocks per multiprocessor, and `k_attn_dec_sum` merges them (a cache of up to 512 keys is one split, one kernel) |
+//! | one query row (`Tq = 1`, decoding), f16/bf16/f32, `D` and `Dv` up to 256 | `k_attn_dec`: a block takes up to 8 query heads of one key/value head (they share each key and value it loads) and one split of the keys, 4 warps of 32 keys a step (a lane per key's dot products, then the lanes share the output columns); splits of at least 512 keys are chosen to give about two blocks per multiprocessor, and `k_attn_dec_sum` merges them (a cache of up to 512 keys is one split, one kernel) |
 //! | f32/f64, more than one query row | `attention_gemm.rs`: the scores of a chunk of planes by a batched cuBLAS product, `k_attn_rows` (mask and softmax in place), then `P V` by a second product |
 //! | anything else (f16/bf16 of other `D`, or with `RILL_ATTN_GEMM=0`; `D` up to 256 per lane group) | `k_attn_simt`: a warp per query row, 32 keys per step (a lane per key's dot product, then the lanes share the `Dv` columns of the output) |
 //!
@@ -54,16 +54,13 @@ struct AttnP {
     double scale;
 };
 // The offsets of the (batch, query head) plane `bh` in q, k, v, the mask and the output.
-// 32-bit division (a 64-bit one is a long call): the host keeps planes below 2^31.
 __device__ __forceinline__ void attn_offsets(const AttnP& p, i64 bh, i64& oq, i64& ok, i64& ov, i64& om, i64& oo) {
-    const u32 hq = (u32)p.hq;
-    u32 b = (u32)bh / hq;
-    const u32 h = (u32)bh % hq, hk = h / (hq / (u32)p.hkv);
+    i64 b = bh / p.hq, h = bh % p.hq;
+    i64 hk = h / (p.hq / p.hkv);
     oq = h * p.qh; ok = hk * p.kh; ov = hk * p.vh; om = h * p.mh; oo = h * p.oh;
     for (int a = (int)p.nb - 1; a >= 0; --a) {
-        const u32 n = (u32)p.bshape[a];
-        const u32 i = b % n;
-        b /= n;
+        i64 i = b % p.bshape[a];
+        b /= p.bshape[a];
         oq += i * p.bq[a]; ok += i * p.bk[a]; ov += i * p.bv[a]; om += i * p.bm[a]; oo += i * p.bo[a];
     }
 }
@@ -427,20 +424,7 @@ extern "C" __global__ void __launch_bounds__(128) k_attn_simt({t}* out, const {t
 /// allow), the batch, head and token strides of the layouts in the slots q, k, v, mask and
 /// output (`[.., H, T, last]`; the mask slot also its last stride), the sizes
 /// `[Hq, Hkv, Tq, Tk]` and the scale.
-pub(crate) fn attn_params(
-    batch: &[usize],
-    lays: [&Layout; 5],
-    sizes: [usize; 4],
-    scale: f64,
-) -> Result<[i64; P_WORDS]> {
-    // The kernels find a plane's offsets in 32-bit arithmetic (`attn_offsets`).
-    let planes = batch.iter().product::<usize>().saturating_mul(sizes[0]);
-    if planes > i32::MAX as usize {
-        return Err(super::unsupported(
-            "scaled_dot_product_attention",
-            format!("{planes} (batch, head) planes on a GPU (at most 2^31 - 1)"),
-        ));
-    }
+pub(crate) fn attn_params(batch: &[usize], lays: [&Layout; 5], sizes: [usize; 4], scale: f64) -> [i64; P_WORDS] {
     let nb = batch.len();
     let bst: Vec<&[isize]> = lays.iter().map(|l| &l.strides[..nb]).collect();
     let (dims, mst) = merge_dims(batch, &bst);
@@ -464,7 +448,7 @@ pub(crate) fn attn_params(
     p[62] = lays[4].strides[nb] as i64;
     p[63] = lays[4].strides[nb + 1] as i64;
     p[64] = scale.to_bits() as i64;
-    Ok(p)
+    p
 }
 
 /// Query heads one decode block takes (its rows of `q`).
@@ -475,37 +459,16 @@ const DEC_MAX_SPLITS: usize = 64;
 /// shorter walk saves, so a short cache is one split and one kernel.
 const DEC_MIN_SPLIT_KEYS: usize = 512;
 
-/// Warps of a `k_attn_dec` block: 8 while their partial outputs fit shared memory
-/// beside the queries (`rows · Dv ≤ 1024`), else 4.
-pub(crate) fn dec_warps(rows: usize, dv: usize) -> usize {
-    if rows * dv <= 1024 { 8 } else { 4 }
-}
-
-/// Lanes of `k_attn_dec` that share one key's dot products (each takes `D / lanes`
-/// adjacent features, a whole number of `kvec` vectors): 4 where `D` allows, so that a
-/// warp's step is short. A decode step is bound by one warp's chain of instructions,
-/// not by bandwidth.
-pub(crate) fn dec_lanes(dk: usize, kvec: usize) -> usize {
-    [4, 2].into_iter().find(|&l| dk.is_multiple_of(l * kvec.max(1))).unwrap_or(1)
-}
-
 /// The decode kernel `k_attn_dec` (one query row, `Tq = 1`) and its combine
 /// `k_attn_dec_sum`: a block takes up to `rows` query heads of one key/value head (they
-/// share every key and value it loads) and one contiguous split of the keys; each of its
-/// [`dec_warps`] warps takes `32 / LK` keys a step, [`dec_lanes`] (`LK`) lanes a key
-/// for the dot products, then the lanes share the output columns (lane `i` owns `DVL`
-/// adjacent columns). A warp's loads go out together: the mask of its next step and the
-/// values of this one with the keys; a step whose keys are all masked out (bool `false` or
-/// `-inf`) loads no key or value, which gives the same result as walking it. With one
-/// split the block writes the output; with several each writes its running maximum, sum
-/// and unnormalised output (f32) and `k_attn_dec_sum` merges them. Scores are
-/// log2-scaled as in the tensor-core kernel. `kvec` (0, or the values in 16 bytes) reads
-/// key rows as 16-byte vectors: every key row starts 16-byte aligned and `dk` is a
-/// multiple of `kvec`; with `vvec` a lane reads its `Dv / 32` value columns as one
-/// vector: `Dv` is 32 times a power of two whose bytes are at least 4, and every value
-/// row starts aligned to them (the host checks). The dot products add in the same order
-/// either way.
-#[allow(clippy::too_many_arguments)]
+/// share every key and value it loads) and one contiguous split of the keys; each warp
+/// walks 32 keys at a time with a lane per key's dot products, then the lanes share the
+/// output columns. With one split the block writes the output; with several each writes
+/// its running maximum, sum and unnormalised output (f32) and `k_attn_dec_sum` merges
+/// them. Scores are log2-scaled as in the tensor-core kernel. `kvec` (0, or the values
+/// in 16 bytes) reads each key row as 16-byte vectors: every key row starts 16-byte
+/// aligned and `dk` is a multiple of `kvec` (the host checks); the dot products add in the
+/// same order either way.
 pub(crate) fn dec_source(
     d: DType,
     dk: usize,
@@ -514,114 +477,57 @@ pub(crate) fn dec_source(
     kind: AttentionMaskKind,
     md: Option<DType>,
     kvec: usize,
-    vvec: bool,
 ) -> String {
     let t = ctype(d);
-    let (mt, mexpr) = mask_src(kind, md, true, "om + r * p.mh + jn * p.mk");
+    let lke = load(d, "e[i]");
+    let (mt, mexpr) = mask_src(kind, md, true, "om + r * p.mh + j * p.mk");
     let causal = (kind == AttentionMaskKind::Causal) as i32;
     let array = (kind == AttentionMaskKind::Array) as i32;
-    // Inputs only feed f32 arithmetic here, so bf16 widens without the NaN quieting of
-    // the stored-value conversion (a NaN stays a NaN either way).
-    let ldf = match d {
-        DType::BF16 => "__uint_as_float(((u32)(X)) << 16)",
-        DType::F16 => "ld_f16(X)",
-        _ => "(X)",
-    };
-    let lq = load(d, "Q[r * p.qh + c]");
+    let (lq, lk, lv) = (load(d, "Q[r * p.qh + c]"), load(d, "Kr[c]"), load(d, "Vr[c]"));
     let st = store_float(d, "L > 0.f ? O / L : 0.f", false);
-    let warps = dec_warps(rows, dv);
-    let lanes = dec_lanes(dk, kvec);
-    let dvl = dv.div_ceil(32).max(1);
-    let ks = 32 / lanes;
-    // Value rows whose loads are in flight at once: about 64 registers of them.
-    let words = if vvec { (dvl * d.size()).div_ceil(4) } else { dvl };
-    let vb = [32, 16, 8, 4, 2, 1].into_iter().find(|&b| b <= ks && b * words <= 64).unwrap_or(1);
-    let vv = vvec as i32;
-    let va = if vvec { (dvl * d.size()).min(16) } else { d.size() };
     format!(
         r#"{PRELUDE}
 {PARAMS_SRC}
 #define D {dk}
 #define DV {dv}
 #define R {rows}
-#define W {warps}
-#define LK {lanes}
-#define KS {ks}
-#define DL (D / LK)
-#define DVL {dvl}
-#define VB {vb}
+#define DVL ((DV + 31) / 32)
+#define VB (DVL == 1 ? 32 : DVL == 2 ? 16 : DVL <= 4 ? 8 : 4)
 #define CAUSAL {causal}
 #define ARRAY {array}
 #define KVEC {kvec}
-#define VVEC {vv}
-#define LDF(X) ({ldf})
-struct __align__({va}) VP {{ {t} x[DVL]; }};
-// Block (plane, group chunk, split); a plane is one (batch, key/value head). 32-bit
-// arithmetic: the host keeps blocks and planes below 2^31.
-__device__ __forceinline__ void dec_block(const AttnP& p, u32 x, u32 splits, u32 groups, u32& s, u32& gi, u32& pk, i64& h0, int& nr) {{
+// Block (plane, group chunk, split); a plane is one (batch, key/value head).
+__device__ __forceinline__ void dec_block(const AttnP& p, i64 x, i64 splits, i64 groups, i64& s, i64& gi, i64& pk, i64& h0, int& nr) {{
     s = x % splits;
-    const u32 rest = x / splits;
+    const i64 rest = x / splits;
     gi = rest % groups;
     pk = rest / groups;
-    const u32 hkv = (u32)p.hkv, gsz = (u32)p.hq / hkv;
-    h0 = (i64)((pk / hkv) * (u32)p.hq + (pk % hkv) * gsz + gi * R);
-    const int left = (int)(gsz - gi * R);
-    nr = left < R ? left : R;
+    const i64 gsz = p.hq / p.hkv;
+    h0 = (pk / p.hkv) * p.hq + (pk % p.hkv) * gsz + gi * R;
+    const i64 left = gsz - gi * R;
+    nr = (int)(left < R ? left : R);
 }}
-// The mask terms of key `jn` for each row (0 or additive; NEG_INF past `c1` or masked
-// out); true when some row of the warp's keys attends.
-__device__ __forceinline__ bool dec_mask(const AttnP& p, const {mt}* mask, i64 om, i64 jn, i64 c1, int nr, float* b) {{
-    const bool ok = jn < c1;
-    bool any = false;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {{
-        float x = 0.f;
-        if (ARRAY && ok && r < nr) {mexpr}
-        b[r] = ok ? x : NEG_INF;
-        any |= r < nr && b[r] != NEG_INF;
-    }}
-    return __any_sync(0xffffffffu, any);
-}}
-__device__ __forceinline__ void dec_vals(VP* vv, const {t}* V, i64 vt, i64 t0, int cnt, int lane) {{
-#pragma unroll
-    for (int i = 0; i < VB; ++i) {{
-        const {t}* Vr = V + (t0 + i) * vt + lane * DVL;
-#if VVEC
-        if (i < cnt) vv[i] = *(const VP*)Vr;
-        else {{
-#pragma unroll
-            for (int w = 0; w < DVL; ++w) vv[i].x[w] = 0;
-        }}
-#else
-#pragma unroll
-        for (int w = 0; w < DVL; ++w) vv[i].x[w] = i < cnt && lane * DVL + w < DV ? Vr[w] : ({t})0;
-#endif
-    }}
-}}
-extern "C" __global__ void __launch_bounds__(W * 32) k_attn_dec({t}* out, float* wo, float* wml, const {t}* q, const {t}* k, const {t}* v, const {mt}* mask, AttnP p, i64 splits, i64 groups) {{
-    __shared__ __align__(16) float sq[R][D];
-    __shared__ float sm[W][R], sl[W][R];
-    __shared__ float so[W][R][DV];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kk = lane / LK, pp = lane % LK;
-    u32 s, gi, pk; i64 h0; int nr;
-    dec_block(p, blockIdx.x, (u32)splits, (u32)groups, s, gi, pk, h0, nr);
+extern "C" __global__ void __launch_bounds__(128) k_attn_dec({t}* out, float* wo, float* wml, const {t}* q, const {t}* k, const {t}* v, const {mt}* mask, AttnP p, i64 splits, i64 groups) {{
+    __shared__ float sq[R][D];
+    __shared__ float sm[4][R], sl[4][R];
+    __shared__ float so[4][R][DV];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    i64 s, gi, pk, h0; int nr;
+    dec_block(p, blockIdx.x, splits, groups, s, gi, pk, h0, nr);
     i64 oq, okk, ov, om, oo;
     attn_offsets(p, h0, oq, okk, ov, om, oo);
     const {t}* Q = q + oq; const {t}* K = k + okk; const {t}* V = v + ov;
     const float sl2 = (float)p.scale * 1.4426950408889634f;
-    i64 kend = p.tk;
-    if (CAUSAL) {{ kend = p.tk - p.tq + 1; if (kend < 0) kend = 0; }}
-    const i64 per = ((kend + splits - 1) / splits + 31) / 32 * 32;
-    const i64 c0 = (i64)s * per;
-    const i64 c1 = c0 + per < kend ? c0 + per : kend;
-    // The first step's mask goes out with the queries.
-    float bias[R];
-    bool live = dec_mask(p, mask, om, c0 + KS * warp + kk, c1, nr, bias);
-    for (int e = threadIdx.x; e < R * D; e += W * 32) {{
+    for (int e = threadIdx.x; e < R * D; e += 128) {{
         const int r = e / D, c = e % D;
         sq[r][c] = r < nr ? {lq} * sl2 : 0.f;
     }}
     __syncthreads();
+    i64 kend = p.tk;
+    if (CAUSAL) {{ kend = p.tk - p.tq + 1; if (kend < 0) kend = 0; }}
+    const i64 per = ((kend + splits - 1) / splits + 31) / 32 * 32;
+    const i64 c0 = s * per;
+    const i64 c1 = c0 + per < kend ? c0 + per : kend;
     float m[R], l[R], acc[R][DVL];
 #pragma unroll
     for (int r = 0; r < R; ++r) {{
@@ -629,104 +535,99 @@ extern "C" __global__ void __launch_bounds__(W * 32) k_attn_dec({t}* out, float*
 #pragma unroll
         for (int u = 0; u < DVL; ++u) acc[r][u] = 0.f;
     }}
-    for (i64 t0 = c0 + KS * warp; t0 < c1; t0 += KS * W) {{
-        const i64 j = t0 + kk;
-        float nbias[R];
-        const bool nlive = dec_mask(p, mask, om, j + KS * W, c1, nr, nbias);
-        if (live) {{
-            const int cnt = c1 - t0 < KS ? (int)(c1 - t0) : KS;
-            // The first value rows, in flight with the keys.
-            VP vv[VB];
-            dec_vals(vv, V, p.vt, t0, cnt, lane);
-            float xs[R];
+    for (i64 t0 = c0 + 32 * warp; t0 < c1; t0 += 128) {{
+        const i64 j = t0 + lane;
+        const bool ok = j < c1;
+        float xs[R];
 #pragma unroll
-            for (int r = 0; r < R; ++r) xs[r] = 0.f;
-            if (j < c1) {{
-                const {t}* Kr = K + j * p.kt + pp * DL;
+        for (int r = 0; r < R; ++r) xs[r] = 0.f;
+        if (ok) {{
+            const {t}* Kr = K + j * p.kt;
 #if KVEC
+#pragma unroll 8
+            for (int cv = 0; cv < D / KVEC; ++cv) {{
+                const uint4 u = ((const uint4*)Kr)[cv];
+                const {t}* e = (const {t}*)&u;
 #pragma unroll
-                for (int cv = 0; cv < DL / KVEC; ++cv) {{
-                    const uint4 u = ((const uint4*)Kr)[cv];
-                    const {t}* e = (const {t}*)&u;
+                for (int i = 0; i < KVEC; ++i) {{
+                    const float kc = {lke};
 #pragma unroll
-                    for (int i = 0; i < KVEC; ++i) {{
-                        const float kc = LDF(e[i]);
+                    for (int r = 0; r < R; ++r) xs[r] += sq[r][cv * KVEC + i] * kc;
+                }}
+            }}
+#else
+#pragma unroll 64
+            for (int c = 0; c < D; ++c) {{
+                const float kc = {lk};
 #pragma unroll
-                        for (int r = 0; r < R; ++r) xs[r] += sq[r][pp * DL + cv * KVEC + i] * kc;
+                for (int r = 0; r < R; ++r) xs[r] += sq[r][c] * kc;
+            }}
+#endif
+        }}
+#pragma unroll
+        for (int r = 0; r < R; ++r) {{
+            float x = ok ? xs[r] : NEG_INF;
+            if (ARRAY && ok && r < nr) {mexpr}
+            float mx = x;
+            for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            const float n = fmaxf(m[r], mx);
+            const float u = n == NEG_INF ? 0.f : n;
+            const float corr = exp2f(m[r] - u);
+            const float e = exp2f(x - u);
+            float es = e;
+            for (int o = 16; o > 0; o >>= 1) es += __shfl_xor_sync(0xffffffffu, es, o);
+            l[r] = l[r] * corr + es;
+            m[r] = n;
+#pragma unroll
+            for (int w = 0; w < DVL; ++w) acc[r][w] *= corr;
+            xs[r] = e;
+        }}
+        // VB value rows loaded at once, so their loads are in flight together (keys past
+        // the split have weight 0 and read nothing).
+        const int cnt = c1 - t0 < 32 ? (int)(c1 - t0) : 32;
+#pragma unroll
+        for (int rb = 0; rb < 32; rb += VB) {{
+            if (rb < cnt) {{
+                float vv[VB][DVL];
+#pragma unroll
+                for (int i = 0; i < VB; ++i) {{
+                    const {t}* Vr = V + (t0 + rb + i) * p.vt;
+#pragma unroll
+                    for (int w = 0; w < DVL; ++w) {{
+                        const int c = lane + 32 * w;
+                        vv[i][w] = rb + i < cnt && c < DV ? {lv} : 0.f;
                     }}
                 }}
-#else
-#pragma unroll 16
-                for (int c = 0; c < DL; ++c) {{
-                    const float kc = LDF(Kr[c]);
 #pragma unroll
-                    for (int r = 0; r < R; ++r) xs[r] += sq[r][pp * DL + c] * kc;
-                }}
-#endif
-            }}
+                for (int i = 0; i < VB; ++i) {{
 #pragma unroll
-            for (int r = 0; r < R; ++r) {{
+                    for (int r = 0; r < R; ++r) {{
+                        const float pr = __shfl_sync(0xffffffffu, xs[r], rb + i);
 #pragma unroll
-                for (int o = 1; o < LK; o <<= 1) xs[r] += __shfl_xor_sync(0xffffffffu, xs[r], o);
-                const float x = xs[r] + bias[r];
-                float mx = x;
-                for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-                const float n = fmaxf(m[r], mx);
-                const float u = n == NEG_INF ? 0.f : n;
-                const float corr = exp2f(m[r] - u);
-                const float e = exp2f(x - u);
-                // Each key's LK lanes hold its weight; one of them counts it.
-                float es = pp == 0 ? e : 0.f;
-                for (int o = 16; o > 0; o >>= 1) es += __shfl_xor_sync(0xffffffffu, es, o);
-                l[r] = l[r] * corr + es;
-                m[r] = n;
-#pragma unroll
-                for (int w = 0; w < DVL; ++w) acc[r][w] *= corr;
-                xs[r] = e;
-            }}
-#pragma unroll
-            for (int rb = 0; rb < KS; rb += VB) {{
-                if (rb < cnt) {{
-                    if (rb > 0) dec_vals(vv, V, p.vt, t0 + rb, cnt - rb, lane);
-#pragma unroll
-                    for (int i = 0; i < VB; ++i) {{
-                        float vf[DVL];
-#pragma unroll
-                        for (int w = 0; w < DVL; ++w) vf[w] = LDF(vv[i].x[w]);
-#pragma unroll
-                        for (int r = 0; r < R; ++r) {{
-                            const float pr = __shfl_sync(0xffffffffu, xs[r], (rb + i) * LK);
-#pragma unroll
-                            for (int w = 0; w < DVL; ++w) acc[r][w] += pr * vf[w];
-                        }}
+                        for (int w = 0; w < DVL; ++w) acc[r][w] += pr * vv[i][w];
                     }}
                 }}
             }}
         }}
-        live = nlive;
-#pragma unroll
-        for (int r = 0; r < R; ++r) bias[r] = nbias[r];
     }}
 #pragma unroll
     for (int r = 0; r < R; ++r) {{
         if (lane == 0) {{ sm[warp][r] = m[r]; sl[warp][r] = l[r]; }}
 #pragma unroll
-        for (int w = 0; w < DVL; ++w) {{ const int c = lane * DVL + w; if (c < DV) so[warp][r][c] = acc[r][w]; }}
+        for (int w = 0; w < DVL; ++w) {{ const int c = lane + 32 * w; if (c < DV) so[warp][r][c] = acc[r][w]; }}
     }}
     __syncthreads();
-    for (int e = threadIdx.x; e < nr * DV; e += W * 32) {{
+    for (int e = threadIdx.x; e < nr * DV; e += 128) {{
         const int r = e / DV, c = e % DV;
-        float M = NEG_INF;
-#pragma unroll
-        for (int w = 0; w < W; ++w) M = fmaxf(M, sm[w][r]);
+        float M = fmaxf(fmaxf(sm[0][r], sm[1][r]), fmaxf(sm[2][r], sm[3][r]));
         const float u = M == NEG_INF ? 0.f : M;
         float L = 0.f, O = 0.f;
 #pragma unroll
-        for (int w = 0; w < W; ++w) {{ const float f = exp2f(sm[w][r] - u); L += sl[w][r] * f; O += so[w][r][c] * f; }}
+        for (int w = 0; w < 4; ++w) {{ const float f = exp2f(sm[w][r] - u); L += sl[w][r] * f; O += so[w][r][c] * f; }}
         if (splits == 1) {{
             out[oo + r * p.oh + c] = {st};
         }} else {{
-            const i64 slot = (((i64)pk * groups + gi) * splits + s) * R + r;
+            const i64 slot = ((pk * groups + gi) * splits + s) * R + r;
             wo[slot * DV + c] = O;
             if (c == 0) {{ wml[2 * slot] = M; wml[2 * slot + 1] = L; }}
         }}
@@ -735,12 +636,12 @@ extern "C" __global__ void __launch_bounds__(W * 32) k_attn_dec({t}* out, float*
 // One block per (plane, group chunk, row): merges the splits' partial results.
 extern "C" __global__ void __launch_bounds__(64) k_attn_dec_sum({t}* out, const float* wo, const float* wml, AttnP p, i64 splits, i64 groups) {{
     const int r = (int)(blockIdx.x % R);
-    u32 s, gi, pk; i64 h0; int nr;
-    dec_block(p, (u32)(blockIdx.x / R) * (u32)splits, (u32)splits, (u32)groups, s, gi, pk, h0, nr);
+    i64 s, gi, pk, h0; int nr;
+    dec_block(p, (i64)(blockIdx.x / R) * splits, splits, groups, s, gi, pk, h0, nr);
     if (r >= nr) return;
     i64 oq, okk, ov, om, oo;
     attn_offsets(p, h0, oq, okk, ov, om, oo);
-    const i64 base = ((i64)pk * groups + gi) * splits;
+    const i64 base = (pk * groups + gi) * splits;
     float M = NEG_INF;
     for (i64 t = 0; t < splits; ++t) M = fmaxf(M, wml[2 * ((base + t) * R + r)]);
     const float u = M == NEG_INF ? 0.f : M;
@@ -813,7 +714,7 @@ pub(crate) fn attention(
     }
     let (q, k, v) = (fit(inputs[0])?, fit(inputs[1])?, fit(inputs[2])?);
     let ol = Layout::contiguous(shape);
-    let p = attn_params(&qs[..nb], [&q.layout, &k.layout, &v.layout, &ml, &ol], [hq, hkv, tq, tk], scale)?;
+    let p = attn_params(&qs[..nb], [&q.layout, &k.layout, &v.layout, &ml, &ol], [hq, hkv, tq, tk], scale);
     let planes: usize = qs[..nb + 1].iter().product();
     let mname = md.map_or("none", |d| d.name());
     let (po, pq, pk, pv) = (elem_ptr(&out), elem_ptr(&q), elem_ptr(&k), elem_ptr(&v));
@@ -841,20 +742,8 @@ pub(crate) fn attention(
         } else {
             0
         };
-        // A lane's value columns as one vector when they fill every lane and each value
-        // row starts aligned to them.
-        let dvl = dv.div_ceil(32);
-        let vbytes = dvl * dtype.size();
-        let vl = &v.layout;
-        let va = vbytes.min(16) / dtype.size();
-        let vvec = dv == 32 * dvl
-            && vbytes >= 4
-            && vbytes.is_power_of_two()
-            && elem_ptr(&v).is_multiple_of(vbytes.min(16) as u64)
-            && (0..r - 1).all(|a| vl.shape[a] <= 1 || vl.strides[a] % va as isize == 0);
-        let key = format!("attn_dec:{}:{dk}:{dv}:{rows}:{kind:?}:{mname}:{kvec}:{vvec}", dtype.name());
-        let src = || dec_source(dtype, dk, dv, rows, kind, md, kvec, vvec);
-        let threads = 32 * dec_warps(rows, dv) as u32;
+        let key = format!("attn_dec:{}:{dk}:{dv}:{rows}:{kind:?}:{mname}:{kvec}", dtype.name());
+        let src = || dec_source(dtype, dk, dv, rows, kind, md, kvec);
         let f = nvrtc::function(cs.driver(), &cs.dev, &key, "k_attn_dec", src)?;
         let slots = units * splits * rows;
         let (wo, wml) = if splits > 1 {
@@ -864,7 +753,7 @@ pub(crate) fn attention(
         };
         let (pwo, pwml) = (wo.as_ref().map_or(0, elem_ptr), wml.as_ref().map_or(0, elem_ptr));
         let (s64, g64) = (splits as i64, groups as i64);
-        let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         let _ = cs.bind();
         let mut lb = Launch::new(&f);
         lb.arg(&po).arg(&pwo).arg(&pwml).arg(&pq).arg(&pk).arg(&pv).arg(&pm).arg_slice(&p).arg(&s64).arg(&g64);
@@ -933,15 +822,13 @@ mod tests {
             );
         }
         for d in [DType::F16, DType::BF16, DType::F32] {
-            for (dk, dv, rows) in [(64, 64, 3), (128, 128, 8), (80, 24, 1), (256, 256, 5), (32, 32, 2), (8, 8, 1)] {
+            for (dk, dv, rows) in [(64, 64, 3), (128, 128, 8), (80, 24, 1), (256, 256, 5)] {
                 for kind in kinds {
                     let md = (kind == AttentionMaskKind::Array).then_some(DType::Bool);
                     let vals = 16 / d.size();
-                    for (kvec, vvec) in [(0, false), (vals, true)] {
-                        let vvec =
-                            vvec && dv % 32 == 0 && dv / 32 * d.size() >= 4 && (dv / 32 * d.size()).is_power_of_two();
-                        let key = format!("test:attn_dec:{d}:{dk}:{dv}:{rows}:{kind:?}:{kvec}:{vvec}");
-                        let src = dec_source(d, dk, dv, rows, kind, md, kvec, vvec);
+                    for kvec in [0, vals] {
+                        let key = format!("test:attn_dec:{d}:{dk}:{dv}:{rows}:{kind:?}:{kvec}");
+                        let src = dec_source(d, dk, dv, rows, kind, md, kvec);
                         if (kvec == 0 || dk % vals == 0) && !check_compiles(&key, &src) {
                             return;
                         }
@@ -950,7 +837,7 @@ mod tests {
             }
             check_compiles(
                 &format!("test:attn_dec:{d}:f32mask"),
-                &dec_source(d, 64, 64, 2, AttentionMaskKind::Array, Some(d), 0, false),
+                &dec_source(d, 64, 64, 2, AttentionMaskKind::Array, Some(d), 0),
             );
         }
         for d in [DType::F16, DType::BF16, DType::F32, DType::F64] {

@@ -154,7 +154,7 @@ pub(crate) fn attention(
     let md = mask.map(|m| m.dtype);
     let out = new_storage(cs, dtype, shape)?;
     let ol = Layout::contiguous(shape);
-    let p = attn_params(&qs[..nb], [&q.layout, &k.layout, &v.layout, ml, &ol], [hq, hkv, tq, tk], scale)?;
+    let p = attn_params(&qs[..nb], [&q.layout, &k.layout, &v.layout, ml, &ol], [hq, hkv, tq, tk], scale);
     let group = hq / hkv;
     let planes = qs[..nb].iter().product::<usize>() * hkv;
     let rows = group * tq;

@@ -372,14 +372,14 @@ pub(crate) fn attention_grad(
     // words), and `Dkv`'s distance between dk and dv (after them).
     let (func, blocks, p, ptrs, half) = if part == AttentionGradPart::Stats {
         let (o, dout) = (fit(inputs[3])?, fit(inputs[4])?);
-        let p = attn_params(&qs[..nb], [&q.layout, &k.layout, &v.layout, &o.layout, &dout.layout], sizes, scale)?;
+        let p = attn_params(&qs[..nb], [&q.layout, &k.layout, &v.layout, &o.layout, &dout.layout], sizes, scale);
         let f = nvrtc::function(cs.driver(), &cs.dev, &key, "k_attn_bwd_stats", src)?;
         (f, nqb * planes, p, vec![po, pq, pk, elem_ptr(&o), elem_ptr(&dout)], None)
     } else {
         let dout = fit(inputs[3])?;
         let st = inputs[4];
         let st = if st.layout.is_contiguous() { st.clone() } else { super::elementwise::copy(cs, st)? };
-        let p = attn_params(&qs[..nb], [&q.layout, &k.layout, &v.layout, &none, &dout.layout], sizes, scale)?;
+        let p = attn_params(&qs[..nb], [&q.layout, &k.layout, &v.layout, &none, &dout.layout], sizes, scale);
         let ptrs = vec![po, pq, pk, pv, elem_ptr(&dout), elem_ptr(&st)];
         if part == AttentionGradPart::Dq {
             let f = nvrtc::function(cs.driver(), &cs.dev, &key, "k_attn_bwd_dq", src)?;
