@@ -12,8 +12,9 @@
 //! norm, gated activation and residual add then cost no kernels of their own. Every
 //! operand is read through a row stride and a column stride (views of a joined
 //! projection's output need no copy); one whose leading axes do not merge into one stride
-//! is copied first. The block's threads compute the `x` side of its rows once into shared
-//! memory ([`x_shared`]; every warp computes it where the rows do not fit), so the program or
+//! is copied first. Every warp computes the `x` side for all its rows (with
+//! `RILL_QMV_SHARED_X=1`, the block's threads compute it once into shared memory where the
+//! rows fit, [`x_shared`]), so the program or
 //! norm is computed inside only for up to [`PROLOGUE_MAX_ROWS`] rows of `x` (decode);
 //! with more, its own kernel computes `x` once and `k_qmvf` reads it plainly, still with the
 //! post program inside. Rows the matrix-vector kernel does not take run the ops one after
@@ -109,9 +110,12 @@ pub(crate) fn plain_source(f: QuantFormat, d: DType, mr: usize) -> String {
 }
 
 /// Whether `k_qmvf` computes a computed `x` side (program or norm) of `mr` rows of `k`
-/// values once per block into shared memory, rather than in every warp.
+/// values once per block into shared memory, rather than in every warp. Only with
+/// `RILL_QMV_SHARED_X=1` until this form has run on a GPU.
 fn x_shared(input: &QInput, mr: usize, k: usize) -> bool {
-    !matches!(input, QInput::Plain) && mr * k * 4 <= X_SHARED_BYTES
+    static ON: crate::sync::OnceLock<bool> = crate::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("RILL_QMV_SHARED_X").as_deref() == Ok("1"));
+    on && !matches!(input, QInput::Plain) && mr * k * 4 <= X_SHARED_BYTES
 }
 
 /// The source of `k_qmvf` for `mr` rows of `x` per block; with `shared` ([`x_shared`])
