@@ -48,6 +48,12 @@ fn mask_shape(rng: &mut Rng, scores: &[usize]) -> Vec<usize> {
     scores[drop..].iter().map(|&s| if rng.next_u64().is_multiple_of(3) { 1 } else { s }).collect()
 }
 
+/// For a mask of `n` values in rows of `tk` keys, how many leading keys each row attends
+/// when it is shaped like a cache's (the written positions).
+fn prefix_lens(rng: &mut Rng, n: usize, tk: usize) -> Vec<usize> {
+    (0..n / tk.max(1)).map(|_| (rng.next_u64() % (tk as u64 + 1)) as usize).collect()
+}
+
 /// One of the four mask kinds for these scores (an additive mask in f32 or `dtype`).
 fn random_mask(rng: &mut Rng, scores: &[usize], dtype: DType) -> MaskCase {
     match rng.next_u64() % 4 {
@@ -148,8 +154,7 @@ impl Case {
                 let mut b: Vec<bool> = if rng.next_u64().is_multiple_of(3) {
                     // A cache's mask: each row attends a prefix of the keys (the written
                     // positions), so whole runs of keys at its end are masked out.
-                    let lens: Vec<usize> =
-                        (0..n / tk.max(1)).map(|_| (rng.next_u64() % (tk as u64 + 1)) as usize).collect();
+                    let lens = prefix_lens(rng, n, tk);
                     (0..n).map(|i| i % tk < lens[i / tk]).collect()
                 } else {
                     (0..n).map(|_| rng.next_u64() % 10 < 7).collect()
@@ -167,8 +172,7 @@ impl Case {
                 let n: usize = shape.iter().product();
                 let tk = *shape.last().unwrap();
                 let prefix = rng.next_u64().is_multiple_of(3);
-                let lens: Vec<usize> =
-                    (0..n / tk.max(1)).map(|_| (rng.next_u64() % (tk as u64 + 1)) as usize).collect();
+                let lens = prefix_lens(rng, n, tk);
                 let mut v: Vec<f64> = (0..n)
                     .map(|i| {
                         let out = if prefix { i % tk >= lens[i / tk] } else { rng.next_u64().is_multiple_of(8) };

@@ -152,36 +152,34 @@ fn source(
             let wv = if *has_weight { " * LDX(nw[(J) * nwc])" } else { "" };
             // The norm kernel's value: (v - 0) * scale [* w], stored in x's dtype.
             let xv = format!("LDX(STO((LDX(x0[(r0 + (R)) * xr0 + (J) * xc0]) * inv[R]){wv}))");
-            let pre = if shared {
-                r#"
-    __shared__ float red[MR][4];
-    float inv[MR];
-    #pragma unroll
-    for (int r = 0; r < MR; r++) {
-        if (r >= rows) break;
-        float s2 = 0.f;
-        for (i64 j = threadIdx.x; j < k; j += 128) { const float u = LDX(x0[(r0 + r) * xr0 + j * xc0]); s2 += u * u; }
-        for (int o = 16; o > 0; o >>= 1) s2 += __shfl_xor_sync(0xffffffffu, s2, o);
-        if (lane == 0) red[r][threadIdx.x >> 5] = s2;
-    }
-    __syncthreads();
-    #pragma unroll
-    for (int r = 0; r < MR; r++) inv[r] = 1.f / sqrtf((red[r][0] + red[r][1] + red[r][2] + red[r][3]) / (float)k + (float)eps_d);
-"#
+            // Each row's sum of squares: a warp's lanes over the whole row, or with `shared`
+            // the block's threads, whose four warps' sums meet in shared memory.
+            let (first, step, warp_sum) = if shared {
+                ("threadIdx.x", 128, "if (lane == 0) red[r][threadIdx.x >> 5] = s2;")
             } else {
-                r#"
+                ("lane", 32, "inv[r] = 1.f / sqrtf(s2 / (float)k + (float)eps_d);")
+            };
+            let (head, tail) = if shared {
+                (
+                    "\n    __shared__ float red[MR][4];",
+                    "    __syncthreads();\n    #pragma unroll\n    for (int r = 0; r < MR; r++) inv[r] = 1.f / sqrtf((red[r][0] + red[r][1] + red[r][2] + red[r][3]) / (float)k + (float)eps_d);\n",
+                )
+            } else {
+                ("", "")
+            };
+            let pre = format!(
+                r#"{head}
     float inv[MR];
     #pragma unroll
-    for (int r = 0; r < MR; r++) {
+    for (int r = 0; r < MR; r++) {{
         if (r >= rows) break;
         float s2 = 0.f;
-        for (i64 j = lane; j < k; j += 32) { const float u = LDX(x0[(r0 + r) * xr0 + j * xc0]); s2 += u * u; }
+        for (i64 j = {first}; j < k; j += {step}) {{ const float u = LDX(x0[(r0 + r) * xr0 + j * xc0]); s2 += u * u; }}
         for (int o = 16; o > 0; o >>= 1) s2 += __shfl_xor_sync(0xffffffffu, s2, o);
-        inv[r] = 1.f / sqrtf(s2 / (float)k + (float)eps_d);
-    }
-"#
-            }
-            .to_string();
+        {warp_sum}
+    }}
+{tail}"#
+            );
             (xv, pre)
         }
     };
