@@ -574,7 +574,9 @@ impl QPattern {
 /// Quantized product blocks (`compile` fusing a norm or elementwise program before a
 /// block-quantized product and an elementwise program after it): every pattern of
 /// [`QPattern`] over generated formats, dtypes, row counts (the matrix-vector rows, chunks
-/// of them, and the tiled kernel's), `K` and `N`, compiled against eager on `g` (bit for
+/// of them, and the tiled kernel's, whose K a GPU splits with `RILL_QMM_SPLITK=1`, the
+/// post program then in the kernel that adds the splits), `K` and `N`, compiled against
+/// eager on `g` (bit for
 /// bit on the CPU, within the dtype's tolerance on a GPU, where the norm's sum of squares
 /// is summed in another order) and against float64 with the dequantized weights. Returns
 /// the number of cases.
@@ -586,9 +588,10 @@ pub fn qmatmul_blocks(g: Device, seed: u64, count: usize) -> usize {
         let pat = QPattern::ALL[i % QPattern::ALL.len()];
         let dt = DTYPES[(i / QPattern::ALL.len()) % DTYPES.len()];
         let format = QuantFormat::ALL[rng.next_u64() as usize % 3];
-        let m = [1, 1, 2, 3, 5, 8, 9, 17, 64, 70][rng.next_u64() as usize % 10];
+        let m = [1, 1, 2, 3, 5, 8, 9, 17, 64, 70, 130][rng.next_u64() as usize % 11];
         let lead: Vec<usize> = if rng.next_u64().is_multiple_of(3) && m % 2 == 0 { vec![2, m / 2] } else { vec![m] };
-        let k = 32 * (1 + rng.next_u64() as usize % 6);
+        // Up to 9 blocks of K: a tiled product's K splits from 6 blocks (GPU, opt-in).
+        let k = 32 * (1 + rng.next_u64() as usize % 9);
         // The chain's second product reads N columns: whole blocks.
         let n = if matches!(pat, QPattern::Chain) {
             32 * (1 + rng.next_u64() as usize % 2)

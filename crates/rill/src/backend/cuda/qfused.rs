@@ -38,9 +38,13 @@ use super::driver::GpuStream;
 use super::launch::Launch;
 use super::norm::elem_ptr;
 use super::quant::{MV_MAX_ROWS, MV_WARPS, head, mv_applies};
+use super::source::PRELUDE;
 use super::{fused, norm, nvrtc};
 
 const NAME: &str = "fused_qmatmul";
+
+/// The memo form of `k_qmm_sum_post` (`k_qmvf`'s forms are 0 and 1).
+const SUM_POST_FORM: u8 = 2;
 
 /// Most output rows for which `k_qmvf` computes an RMS norm inside.
 const NORM_INSIDE_MAX_N: usize = 16384;
@@ -330,8 +334,14 @@ pub(crate) fn qmatmul_block(
         && w.layout.is_contiguous()
         && elem_ptr(w).is_multiple_of(4);
     if !fused_kernel {
-        // The ops one after the other, as unfused.
+        // The ops one after the other, as unfused; a tiled product split over K adds its
+        // partial sums in the post program's kernel.
         let x = x_alone(cs, input, xins, &xshape, xd)?;
+        if let Some(p) = post.filter(|_| enabled() && post_ok && pshape == shape)
+            && let Some((part, splits)) = super::quant::qmatmul_partials(cs, &x, w, format, &pshape, xd)?
+        {
+            return sum_post(cs, p, memo, &part, splits, xd, extra, shape, dtype);
+        }
         let product = super::quant::qmatmul(cs, &x, w, format, &pshape, xd)?;
         return match post {
             None => Ok(product),
@@ -356,6 +366,86 @@ pub(crate) fn qmatmul_block(
         return qmvf(cs, format, &QInput::Plain, post, (memo, 1), &[x], &xshape, xd, w, extra, shape, dtype);
     }
     qmvf(cs, format, input, post, (memo, 0), xins, &xshape, xd, w, extra, shape, dtype)
+}
+
+/// The source of `k_qmm_sum_post`: each output is the post program of the splits'
+/// partial sums added in split order and rounded to `xd` (the product's value, as
+/// `k_qmm_sum` stores it), with the program's other operands read as rows.
+fn sum_post_source(xd: DType, post: &FusedProgram, out: DType) -> String {
+    let mut s = format!(
+        "{PRELUDE}\ntypedef {} XT;\n#define STO(v) ({})\n",
+        c_type(xd),
+        super::source::store_float(xd, "v", false)
+    );
+    s += &op_function(post).replace("fused_op(", "post_op(");
+    let mut params = vec![format!("{}* out", c_type(out)), "const float* part, i64 total, i64 splits, i64 n".into()];
+    let mut args = vec!["STO(v)".to_string()];
+    for (i, &d) in post.input_dtypes().iter().enumerate().skip(1) {
+        params.push(format!("const {}* e{i}, i64 er{i}, i64 ec{i}", c_type(d)));
+        args.push(format!("e{i}[r * er{i} + c * ec{i}]"));
+    }
+    s + &format!(
+        r#"
+extern "C" __global__ void k_qmm_sum_post({}) {{
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    const i64 r = i / n, c = i % n;
+    float v = part[i];
+    for (i64 t = 1; t < splits; t++) v += part[t * total + i];
+    out[i] = post_op({});
+}}
+"#,
+        params.join(", "),
+        args.join(", ")
+    )
+}
+
+/// `post(product, extra..)` from a split product's f32 partial sums (`splits` of `shape`),
+/// in one kernel.
+#[allow(clippy::too_many_arguments)]
+fn sum_post(
+    cs: &GpuStream<'_>,
+    post: &FusedProgram,
+    memo: &KernelMemo,
+    part: &Storage,
+    splits: usize,
+    xd: DType,
+    extra: &[Storage],
+    shape: &[usize],
+    dtype: DType,
+) -> Result<Storage> {
+    let total = numel(shape);
+    let n = shape.last().copied().unwrap_or(1).max(1);
+    let out = new_storage(cs, dtype, shape)?;
+    let mut key = Vec::with_capacity(8);
+    key.extend((cs.dev.ordinal as u32).to_le_bytes());
+    key.extend(0u32.to_le_bytes());
+    key.push(SUM_POST_FORM);
+    let func: CudaFunction = memo.get_or_try_insert(&key, || {
+        let src = sum_post_source(xd, post, dtype);
+        nvrtc::function(cs.driver(), &cs.dev, &format!("qmm_sum_post:{src}"), "k_qmm_sum_post", || src)
+    })?;
+    let mut keep: Vec<Storage> = Vec::new();
+    let mut views: Vec<(u64, i64, i64)> = Vec::new();
+    for s in extra {
+        let (c, v) = rows_of(cs, s, shape)?;
+        keep.push(c);
+        views.push(v);
+    }
+    let (po, pp) = (elem_ptr(&out), elem_ptr(part));
+    let (t64, s64, n64) = (total as i64, splits as i64, n as i64);
+    let _ = cs.bind();
+    let mut lb = Launch::new(&func);
+    lb.arg(&po).arg(&pp).arg(&t64).arg(&s64).arg(&n64);
+    for (p, r, c) in &views {
+        lb.arg(p).arg(r).arg(c);
+    }
+    // SAFETY: `part` holds splits·total f32, `out` total contiguous elements of `dtype`;
+    // each post operand addresses rows of `shape` at the strides passed beside it, inside
+    // its buffer; a thread per output; the arguments follow `sum_post_source`'s list.
+    unsafe { lb.launch(cs, nvrtc::grid_for(total)) }.map_err(|e| super::backend_err("launch", e))?;
+    drop(keep);
+    Ok(out)
 }
 
 /// The block's `x` computed by its op's own kernel (the program's or the norm's).
@@ -500,6 +590,11 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+        for d in [DType::BF16, DType::F16, DType::F32] {
+            if !check_compiles(&format!("test:qmm_sum_post:{}", d.name()), &sum_post_source(d, &residual(d), d)) {
+                return;
             }
         }
     }

@@ -8,6 +8,11 @@
 //! | [`TC_ROWS`] or more of f16/bf16 `x` with 16-byte aligned rows | `k_qmm_tc`: 64 x 64 output tiles on tensor cores (`mma.sync`), the codes as exact integers of x's type, each block's f32 tile scaled into the accumulator ([`qmm_tc_source`]) |
 //! | more, otherwise | `k_qmm`: 64 x 64 output tiles, 256 threads of 4 x 4 outputs; per block of K, the 64 weight rows' blocks are dequantized into shared memory as f32 (a quarter block per thread) beside the `x` tile, then 32 rank-1 updates in f32 |
 //!
+//! With `RILL_QMM_SPLITK=1`, a tiled product with too few tiles to fill the GPU (batched
+//! decode, short prefill: 64 rows of a 576-wide output are 9 tiles) splits its K across
+//! the grid's z axis ([`k_splits`]) and `k_qmm_sum` adds the splits' f32 partial sums in
+//! order (opt-in until these kernels have run on a GPU).
+//!
 //! Blocks are 18, 20 or 34 bytes: a row starts 2-byte aligned (4 for Q4_1) when the
 //! weight's first byte is 4-byte aligned (an unaligned or strided weight is copied
 //! first), so scales load as u16 and codes as u16 pairs (u32 for Q4_1). `x` is read
@@ -45,6 +50,33 @@ fn tc_rows() -> usize {
     static ROWS: OnceLock<usize> = OnceLock::new();
     *ROWS.get_or_init(|| std::env::var("RILL_QMM_TC_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(TC_ROWS))
 }
+/// Fewest blocks of K (32 values each) one split of a tiled product takes.
+const SPLIT_MIN_BLOCKS: usize = 3;
+/// Most splits of K of a tiled product.
+const MAX_SPLITS: usize = 16;
+/// Most f32 partial sums the splits of one product write (16 MiB).
+const MAX_PARTIALS: usize = 1 << 22;
+
+/// Whether tiled products split K: only with `RILL_QMM_SPLITK=1` until the split kernels
+/// (and `k_qmm_sum_post`) have run on a GPU.
+fn split_k_on() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("RILL_QMM_SPLITK").as_deref() == Ok("1"))
+}
+
+/// Splits of K for a tiled product of `tiles` output tiles (`outs` outputs) and `nb`
+/// blocks of K, and the blocks each split takes. A tile's walk down K is a chain of
+/// dependent steps, so when the tiles leave most of the `sms` multiprocessors idle (64
+/// rows of a 576-wide output are 9 tiles) K is split for about two blocks on each, every
+/// split at least [`SPLIT_MIN_BLOCKS`] long; `k_qmm_sum` then adds the partial sums.
+/// With `on` false (the default, [`split_k_on`]) one split.
+fn k_splits(on: bool, tiles: usize, nb: usize, outs: usize, sms: usize) -> (usize, usize) {
+    let want = if on { (2 * sms).div_ceil(tiles.max(1)) } else { 1 };
+    let s = want.min(nb / SPLIT_MIN_BLOCKS).min(MAX_PARTIALS / outs.max(1)).clamp(1, MAX_SPLITS);
+    let per = nb.div_ceil(s).max(1);
+    (nb.div_ceil(per).max(1), per)
+}
+
 /// Weight rows per block of the matrix-vector kernel (a warp each).
 pub(crate) const MV_WARPS: u32 = 4;
 /// Output tile of the tiled kernel (rows of `x` and of `w`).
@@ -127,6 +159,33 @@ pub(crate) fn head(f: QuantFormat, d: DType) -> String {
     )
 }
 
+/// How a tiled kernel stores an output: whole (one split of K) or as its split's f32
+/// partial sums, which `k_qmm_sum` adds in split order.
+const PUT_SRC: &str = r#"
+#define PUT(om, on, v) do { if (gridDim.z == 1) out[(om) * n + (on)] = STO(v); else part[((i64)blockIdx.z * m + (om)) * n + (on)] = (v); } while (0)
+"#;
+
+/// `k_qmm_sum`: the splits' partial sums of each output, added in split order.
+fn qmm_sum_source(d: DType) -> String {
+    let body = r#"
+extern "C" __global__ void k_qmm_sum(XT* out, const float* part, i64 total, i64 splits) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    float s = part[i];
+    for (i64 t = 1; t < splits; t++) s += part[t * total + i];
+    out[i] = STO(s);
+}
+"#;
+    format!(
+        "{PRELUDE}
+typedef {} XT;
+#define STO(v) ({})
+{body}",
+        ctype(d),
+        store_float(d, "v", false)
+    )
+}
+
 /// `k_qmm`, the tiled kernel.
 fn qmm_source(f: QuantFormat, d: DType) -> String {
     // Row strides of the shared tiles, padded so a warp's transposed stores hit distinct
@@ -137,11 +196,12 @@ fn qmm_source(f: QuantFormat, d: DType) -> String {
 #define TN 64
 #define XS 65
 #define WS $WS
-extern "C" __global__ void __launch_bounds__(256) k_qmm(XT* out, const XT* x, const u8* w, i64 m, i64 n, i64 k) {
+extern "C" __global__ void __launch_bounds__(256) k_qmm(XT* out, float* part, const XT* x, const u8* w, i64 m, i64 n, i64 k, i64 per) {
     __shared__ float xs[32 * XS];
     __shared__ float ws[32 * WS];
     const int t = threadIdx.x, lr = t >> 2, p = t & 3, tx = t & 15, ty = t >> 4;
     const i64 nb = k >> 5;
+    const i64 b0 = (i64)blockIdx.z * per, b1 = b0 + per < nb ? b0 + per : nb;
     const i64 n0 = (i64)blockIdx.x * TN;
     const i64 gn = n0 + lr;
     const u8* wr = w + (gn < n ? gn : 0) * nb * BB;
@@ -154,7 +214,7 @@ extern "C" __global__ void __launch_bounds__(256) k_qmm(XT* out, const XT* x, co
             #pragma unroll
             for (int j = 0; j < 4; j++) acc[i][j] = 0.f;
         }
-        for (i64 b = 0; b < nb; b++) {
+        for (i64 b = b0; b < b1; b++) {
             #pragma unroll
             for (int i = 0; i < 8; i++) xs[(8 * p + i) * XS + lr] = gm < m ? LDX(xr[b * 32 + 8 * p + i]) : 0.f;
             if (gn < n) {
@@ -191,13 +251,13 @@ extern "C" __global__ void __launch_bounds__(256) k_qmm(XT* out, const XT* x, co
             #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const i64 on = n0 + tx + 16 * j;
-                if (on < n) out[om * n + on] = STO(acc[i][j]);
+                if (on < n) PUT(om, on, acc[i][j]);
             }
         }
     }
 }
 "#;
-    head(f, d) + &body.replace("$WS", &ws.to_string())
+    head(f, d) + PUT_SRC + &body.replace("$WS", &ws.to_string())
 }
 
 /// `k_qmm_tc`, the tensor-core tiled kernel for f16/bf16 `x`: 64 x 64 output tiles, 4
@@ -305,7 +365,7 @@ __device__ __forceinline__ void stage_store(const Stage& s, XT* xs, XT* ws, floa
     wd[1] = make_uint4(p[4], p[5], p[6], p[7]);
     if (h == 0) { sc[row] = s.d; mn[row] = s.mn; }
 }
-extern "C" __global__ void __launch_bounds__(128) k_qmm_tc(XT* out, const XT* x, const u8* w, i64 m, i64 n, i64 k) {
+extern "C" __global__ void __launch_bounds__(128) k_qmm_tc(XT* out, float* part, const XT* x, const u8* w, i64 m, i64 n, i64 k, i64 per) {
     __shared__ __align__(16) XT xs[2][TM * SS];
     __shared__ __align__(16) XT ws[2][TN * SS];
     __shared__ float sc[2][TN], mn[2][TN], sx[2][TM];
@@ -313,6 +373,7 @@ extern "C" __global__ void __launch_bounds__(128) k_qmm_tc(XT* out, const XT* x,
     const int row = t >> 1, h = t & 1;
     const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
     const i64 nb = k >> 5;
+    const i64 b0 = (i64)blockIdx.z * per, b1 = b0 + per < nb ? b0 + per : nb;
     const i64 n0 = (i64)blockIdx.x * TN;
     const bool wok = n0 + row < n;
     const u8* wr = w + (wok ? n0 + row : 0) * nb * BB;
@@ -327,12 +388,12 @@ extern "C" __global__ void __launch_bounds__(128) k_qmm_tc(XT* out, const XT* x,
                 #pragma unroll
                 for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
         Stage st;
-        stage_load(st, xr, xok, wr, wok, h);
+        stage_load(st, xr + b0 * 32, xok, wr + b0 * BB, wok, h);
         stage_store(st, xs[0], ws[0], sc[0], mn[0], sx[0], row, h);
         __syncthreads();
-        for (i64 b = 0; b < nb; b++) {
-            const int cur = (int)(b & 1);
-            if (b + 1 < nb) stage_load(st, xr + (b + 1) * 32, xok, wr + (b + 1) * BB, wok, h);
+        for (i64 b = b0; b < b1; b++) {
+            const int cur = (int)((b - b0) & 1);
+            if (b + 1 < b1) stage_load(st, xr + (b + 1) * 32, xok, wr + (b + 1) * BB, wok, h);
             float tt[2][4][4];
             #pragma unroll
             for (int i = 0; i < 2; i++)
@@ -382,7 +443,7 @@ extern "C" __global__ void __launch_bounds__(128) k_qmm_tc(XT* out, const XT* x,
 #endif
                 }
             }
-            if (b + 1 < nb) stage_store(st, xs[cur ^ 1], ws[cur ^ 1], sc[cur ^ 1], mn[cur ^ 1], sx[cur ^ 1], row, h);
+            if (b + 1 < b1) stage_store(st, xs[cur ^ 1], ws[cur ^ 1], sc[cur ^ 1], mn[cur ^ 1], sx[cur ^ 1], row, h);
             __syncthreads();
         }
         #pragma unroll
@@ -393,12 +454,12 @@ extern "C" __global__ void __launch_bounds__(128) k_qmm_tc(XT* out, const XT* x,
                 for (int e = 0; e < 4; e++) {
                     const i64 om = m0 + wm + 16 * i + (lane >> 2) + 8 * (e >> 1);
                     const i64 on = n0 + wn + 8 * j + 2 * (lane & 3) + (e & 1);
-                    if (om < m && on < n) out[om * n + on] = STO(acc[i][j][e]);
+                    if (om < m && on < n) PUT(om, on, acc[i][j][e]);
                 }
     }
 }
 "#;
-    head(f, d) + &body.replace("$AB", ab)
+    head(f, d) + PUT_SRC + &body.replace("$AB", ab)
 }
 
 /// `k_dq`: one thread per value; bytes read one at a time (any alignment).
@@ -472,7 +533,7 @@ pub(crate) fn qmatmul(
     let (n64, k64) = (n as i64, k as i64);
     let name = crate::quant::QuantFormat::name(format);
     let _ = cs.bind();
-    let tc = dtype != DType::F32 && k.is_multiple_of(8) && px.is_multiple_of(16) && m >= tc_rows();
+    let tc = tc_applies(dtype, k, px, m);
     if m <= MV_CHUNKED_ROWS && !tc {
         // One kernel per exact row count up to a chunk, then one for chunks of 8.
         let mr = m.min(MV_MAX_ROWS);
@@ -492,24 +553,106 @@ pub(crate) fn qmatmul(
         // the plain `k_qmvf`'s signature.
         unsafe { lb.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))?;
     } else {
-        // The tiled kernels share their grid and arguments; tensor cores need f16/bf16 x
-        // with every row 16-byte aligned (checked above: an aligned first element and `k`
-        // a multiple of 8 two-byte values).
-        let (kname, threads) = if tc { ("k_qmm_tc", 128) } else { ("k_qmm", 256) };
-        let key = format!("{kname}:{name}:{}", dtype.name());
-        let src = move || if tc { qmm_tc_source(format, dtype) } else { qmm_source(format, dtype) };
-        let func = nvrtc::function(cs.driver(), &cs.dev, &key, kname, src)?;
-        let gx = n.div_ceil(TILE).clamp(1, 1 << 30) as u32;
-        let gy = m.div_ceil(TILE).clamp(1, 65535) as u32;
-        let cfg = LaunchConfig { grid_dim: (gx, gy, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
-        let m64 = m as i64;
-        let mut lb = Launch::new(&func);
-        lb.arg(&po).arg(&px).arg(&pw).arg(&m64).arg(&n64).arg(&k64);
-        // SAFETY: as for `k_qmvf`; the kernels guard rows past m and n and loop over row
-        // tiles past the grid's y extent.
-        unsafe { lb.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))?;
+        let (splits, per) = tiled_splits(m, n, k, cs.dev.sms as usize);
+        if splits == 1 {
+            tiled(cs, &xs, &ws, format, dtype, tc, (m, n, k), (po, 0), (1, per))?;
+        } else {
+            let part = new_storage(cs, DType::F32, &[splits * m * n])?;
+            tiled(cs, &xs, &ws, format, dtype, tc, (m, n, k), (0, elem_ptr(&part)), (splits, per))?;
+            let key = format!("qmm_sum:{}", dtype.name());
+            let func = nvrtc::function(cs.driver(), &cs.dev, &key, "k_qmm_sum", move || qmm_sum_source(dtype))?;
+            let (pp, t64, s64) = (elem_ptr(&part), (m * n) as i64, splits as i64);
+            let mut lb = Launch::new(&func);
+            lb.arg(&po).arg(&pp).arg(&t64).arg(&s64);
+            // SAFETY: `part` holds splits·m·n f32, `out` m·n elements; a thread per output.
+            unsafe { lb.launch(cs, nvrtc::grid_for(m * n)) }.map_err(|e| super::backend_err("launch", e))?;
+        }
     }
     Ok(out)
+}
+
+/// Whether `m` rows of contiguous `x` (dtype `d`, `k` columns, first element at `px`)
+/// take the tensor-core kernel. K = 0 takes `k_qmm`, whose loop over K writes zeros
+/// without a first load.
+fn tc_applies(d: DType, k: usize, px: u64, m: usize) -> bool {
+    d != DType::F32 && k > 0 && k.is_multiple_of(8) && px.is_multiple_of(16) && m >= tc_rows()
+}
+
+/// The splits of K of a tiled product of `m` rows, `n` outputs and `k` features, and the
+/// blocks of K each takes ([`k_splits`]).
+fn tiled_splits(m: usize, n: usize, k: usize, sms: usize) -> (usize, usize) {
+    let tiles = n.div_ceil(TILE).clamp(1, 1 << 30) * m.div_ceil(TILE).clamp(1, 65535);
+    k_splits(split_k_on(), tiles, k / 32, m * n, sms)
+}
+
+/// Launches a tiled kernel (`k_qmm_tc` with `tc`, else `k_qmm`) over contiguous `xs` and
+/// `ws`: with one split it stores the outputs at `po`; with several each split stores its
+/// f32 partial sums at `pp` (splits·m·n of them), for the caller to add.
+#[allow(clippy::too_many_arguments)]
+fn tiled(
+    cs: &GpuStream<'_>,
+    xs: &Storage,
+    ws: &Storage,
+    format: QuantFormat,
+    dtype: DType,
+    tc: bool,
+    (m, n, k): (usize, usize, usize),
+    (po, pp): (u64, u64),
+    (splits, per): (usize, usize),
+) -> Result<()> {
+    // The tiled kernels share their grid and arguments; tensor cores need f16/bf16 x
+    // with every row 16-byte aligned (an aligned first element and `k` a multiple of 8
+    // two-byte values, `tc_applies`).
+    let (kname, threads) = if tc { ("k_qmm_tc", 128) } else { ("k_qmm", 256) };
+    let key = format!("{kname}:{}:{}", format.name(), dtype.name());
+    let src = move || if tc { qmm_tc_source(format, dtype) } else { qmm_source(format, dtype) };
+    let func = nvrtc::function(cs.driver(), &cs.dev, &key, kname, src)?;
+    let gx = n.div_ceil(TILE).clamp(1, 1 << 30) as u32;
+    let gy = m.div_ceil(TILE).clamp(1, 65535) as u32;
+    let cfg = LaunchConfig { grid_dim: (gx, gy, splits as u32), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+    let (px, pw) = (elem_ptr(xs), elem_ptr(ws));
+    let (m64, n64, k64, per64) = (m as i64, n as i64, k as i64, per as i64);
+    let _ = cs.bind();
+    let mut lb = Launch::new(&func);
+    lb.arg(&po).arg(&pp).arg(&px).arg(&pw).arg(&m64).arg(&n64).arg(&k64).arg(&per64);
+    // SAFETY: `x` holds m*k contiguous elements, `w` n rows of k/32 blocks from a 4-byte
+    // aligned first byte; the kernels guard rows past m and n and loop over row tiles past
+    // the grid's y extent; split z reads blocks [z·per, (z+1)·per) of K (clipped to K) and
+    // stores m·n outputs at `po` (one split) or m·n partial sums at z·m·n of `pp`.
+    unsafe { lb.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))
+}
+
+/// The f32 partial sums of `x [.., K] @ wᵀ` (output `shape`, x's dtype `dtype`) when
+/// the product takes a tiled kernel with K split, for the caller to add (with a post
+/// program, `qfused`): `(partials, splits)`, splits·m·n f32 in split order. `None`, with
+/// nothing launched, when the product would not split.
+pub(crate) fn qmatmul_partials(
+    cs: &GpuStream<'_>,
+    x: &Storage,
+    w: &Storage,
+    format: QuantFormat,
+    shape: &[usize],
+    dtype: DType,
+) -> Result<Option<(Storage, usize)>> {
+    let total: usize = shape.iter().product();
+    let k = *x.layout.shape.last().unwrap_or(&0);
+    let n = *shape.last().unwrap_or(&1);
+    if total == 0 || x.dtype != dtype || !crate::primitives::quant::float_ok(dtype) {
+        return Ok(None);
+    }
+    let m = total / n;
+    let (splits, per) = tiled_splits(m, n, k, cs.dev.sms as usize);
+    if splits == 1 || mv_applies(dtype, k, m) {
+        return Ok(None);
+    }
+    let (xs, ws) = operands(cs, x, w)?;
+    let tc = tc_applies(dtype, k, elem_ptr(&xs), m);
+    if m <= MV_CHUNKED_ROWS && !tc {
+        return Ok(None);
+    }
+    let part = new_storage(cs, DType::F32, &[splits * m * n])?;
+    tiled(cs, &xs, &ws, format, dtype, tc, (m, n, k), (0, elem_ptr(&part)), (splits, per))?;
+    Ok(Some((part, splits)))
 }
 
 /// Packed u8 blocks `[.., B * block_bytes]` as `[.., B * 32]` values of `dtype`.
@@ -547,6 +690,27 @@ mod tests {
     use crate::backend::cuda::nvrtc::check_compiles;
 
     #[test]
+    fn splits_of_k_cover_k_and_leave_no_split_empty() {
+        for tiles in [1, 9, 72, 132, 263, 264, 768] {
+            for nb in [0, 1, 2, 3, 5, 18, 47, 48, 1000] {
+                for outs in [1, 4096, 36_864, 1 << 22, 1 << 23] {
+                    let (s, per) = k_splits(true, tiles, nb, outs, 132);
+                    assert_eq!(k_splits(false, tiles, nb, outs, 132), (1, nb.max(1)));
+                    assert!((1..=MAX_SPLITS).contains(&s) && per >= 1, "{tiles} {nb} {outs}: {s} x {per}");
+                    assert!(s * per >= nb && (s - 1) * per < nb.max(1), "{tiles} {nb}: {s} x {per}");
+                    assert!(s == 1 || (per >= SPLIT_MIN_BLOCKS && s * outs <= MAX_PARTIALS), "{tiles} {nb} {outs}");
+                    // Two blocks a multiprocessor already: no split.
+                    if tiles >= 264 {
+                        assert_eq!(s, 1);
+                    }
+                }
+            }
+        }
+        // 64 rows of a 576-wide output over K = 576: 9 tiles, 6 splits of 3 blocks.
+        assert_eq!(k_splits(true, 9, 18, 64 * 576, 132), (6, 3));
+    }
+
+    #[test]
     fn quant_kernels_compile_for_sm90() {
         for f in QuantFormat::ALL {
             for d in [DType::F32, DType::F16, DType::BF16] {
@@ -562,6 +726,7 @@ mod tests {
                     check_compiles(&format!("test:qmmtc:{n}:{d}"), &qmm_tc_source(f, d));
                 }
                 check_compiles(&format!("test:dq:{n}:{d}"), &dq_source(f, d));
+                check_compiles(&format!("test:qmm_sum:{d}"), &qmm_sum_source(d));
             }
         }
     }
