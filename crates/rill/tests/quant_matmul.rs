@@ -30,8 +30,9 @@ fn qmatmul_matches_dequantize_then_matmul_in_f64() {
     }
 }
 
-/// Prefill-sized products (several pieces of output rows, the weight walked in tiles),
-/// decode of a long row, and empty dot products (K = 0: zeros).
+/// Prefill-sized products (several pieces of output rows, the weight walked in tiles;
+/// from 160 rows dequantized panels and `gemm`), decode of a long row, and empty dot
+/// products (K = 0: zeros).
 #[test]
 fn prefill_and_long_rows_match() {
     let s = cpu();
@@ -39,6 +40,8 @@ fn prefill_and_long_rows_match() {
     for (f, m, n, k) in [
         (QuantFormat::Q4_1, 67, 95, 160),
         (QuantFormat::Q8_0, 130, 33, 96),
+        (QuantFormat::Q4_0, 171, 45, 224),
+        (QuantFormat::Q4_1, 260, 19, 1568),
         (QuantFormat::Q4_0, 1, 37, 1568),
         (QuantFormat::Q8_0, 2, 130, 544),
     ] {

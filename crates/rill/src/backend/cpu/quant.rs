@@ -1,12 +1,15 @@
 //! Block-quantized kernels on the CPU: `x @ wᵀ` read from the packed blocks, and
-//! dequantization. The weight is never dequantized as a whole. The product runs
-//! [`qdot::tile`] (each block decoded once into vector registers and multiplied into up
-//! to eight rows of `x`), split over the runtime's pool (`par.rs`):
+//! dequantization. Below [`GEMM_M`] rows of `x` the product runs [`qdot::tile`] (each
+//! block decoded once into vector registers and multiplied into up to eight rows of
+//! `x`), split over the runtime's pool (`par.rs`):
 //!
 //! - for a few rows of `x` (decode) over pieces of weight rows, so each packed row is
-//!   read once from memory;
-//! - for many (prefill) over pieces of output rows, each walking the weight in small
-//!   tiles that stay in cache.
+//!   read once from memory and the weight is never dequantized;
+//! - for more over pieces of output rows, each walking the weight in small tiles that
+//!   stay in cache.
+//!
+//! From [`GEMM_M`] rows on (prefill) the weight is dequantized in f32 panels of at most
+//! [`PANEL_BYTES`], each multiplied with all of `x` by `gemm` over the pool.
 //!
 //! A CPU without a vector build of `qdot` (no AVX2 with FMA) runs the portable tile for a
 //! few rows and, for more, dequantizes pieces of weight rows into f32 panels multiplied by
@@ -36,6 +39,23 @@ const PANEL_M: usize = 4;
 /// Weight rows per parallel piece of a panel product (larger pieces amortise `gemm`'s
 /// packing of `x` over more rows).
 const NP: usize = 64;
+/// From this many rows of `x` on (prefill), at every level, the weight is dequantized in
+/// panels of up to [`PANEL_BYTES`] of f32 and each panel is multiplied by one `gemm` over
+/// the pool: the blocked f32 product runs up to twice the rate of the register tiles of
+/// `qdot` there (SmolLM2's shapes on two AVX-512 cores: about even at 128 rows, 1.4x at
+/// 160, 2x at 512), and a decoded value serves every row of `x`.
+const GEMM_M: usize = 160;
+/// [`GEMM_M`] unless `RILL_CPU_QGEMM_ROWS` says otherwise (a measurement aid comparing
+/// the two kernels on the rows they share).
+fn gemm_rows() -> usize {
+    static ROWS: crate::sync::OnceLock<usize> = crate::sync::OnceLock::new();
+    *ROWS.get_or_init(|| std::env::var("RILL_CPU_QGEMM_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(GEMM_M))
+}
+/// Most bytes of f32 weights a prefill product dequantizes at once (the whole weight of a
+/// 576 x 1536 projection; an output head of 49152 rows takes several panels).
+const PANEL_BYTES: usize = 4 << 20;
+/// Blocks of K per parallel piece of a panel's dequantization.
+const KB: usize = 2;
 
 /// The float element types of the quantized kernels.
 trait QFloat: Element {
@@ -162,6 +182,8 @@ fn qmatmul_t<T: QFloat>(
     };
     if k == 0 {
         res.fill(0.0); // empty dot products
+    } else if m >= gemm_rows() {
+        wide_product(format, &bytes, xf, m, n, k, res, PANEL_BYTES);
     } else if level == Level::Portable && m >= PANEL_M {
         panel_product(format, &bytes, xf, m, n, k, res);
     } else {
@@ -284,11 +306,113 @@ fn panel_product(format: QuantFormat, bytes: &[u8], xf: &[f32], m: usize, n: usi
     untranspose(&t, m, n, res);
 }
 
+/// `res [m, n] = x [m, k] · wᵀ` for many rows of `x`: panels of weight rows (at most
+/// `panel_bytes` of f32, whole pieces of [`TN`] rows) are dequantized on the pool, then
+/// each is multiplied with all of `x` by one `gemm` on the pool, straight into its
+/// columns of `res`.
+#[allow(clippy::too_many_arguments)]
+fn wide_product(
+    format: QuantFormat,
+    bytes: &[u8],
+    xf: &[f32],
+    m: usize,
+    n: usize,
+    k: usize,
+    res: &mut [f32],
+    panel_bytes: usize,
+) {
+    let row_bytes = k / BLOCK * format.block_bytes();
+    let bb = format.block_bytes();
+    let pr = (panel_bytes / (4 * k) / TN * TN).clamp(TN, n.next_multiple_of(TN));
+    let mut panel = vec![0f32; pr.min(n) * k];
+    for w0 in (0..n).step_by(pr) {
+        let rows = pr.min(n - w0);
+        // The panel as `[k, rows]` (what `gemm` packs fastest), in pieces of KB blocks of K.
+        let p = &mut panel[..rows * k];
+        par::chunks(p, KB * BLOCK * rows, |ci, piece| {
+            let cols = piece.len() / rows;
+            // [`TN`] rows' blocks at a time, then written out as lines of TN values.
+            let mut t = [[0f32; KB * BLOCK]; TN];
+            for r0 in (0..rows).step_by(TN) {
+                let g = TN.min(rows - r0);
+                for (i, ti) in t.iter_mut().enumerate().take(g) {
+                    let row = &bytes[(w0 + r0 + i) * row_bytes..(w0 + r0 + i + 1) * row_bytes];
+                    let blocks = row.chunks_exact(bb).skip(ci * KB);
+                    for (b, pv) in blocks.zip(ti[..cols].chunks_exact_mut(BLOCK)) {
+                        dequantize_block(format, b, pv);
+                    }
+                }
+                for (c, line) in piece.chunks_exact_mut(rows).enumerate() {
+                    for (o, ti) in line[r0..r0 + g].iter_mut().zip(&t) {
+                        *o = ti[c];
+                    }
+                }
+            }
+        });
+        // SAFETY: `res` holds m rows of n (row stride n) and columns w0..w0 + rows < n
+        // are written; `xf` holds m rows of k (row stride k); `p` holds the k x rows
+        // matrix `pᵀ` (element (kk, r) at kk * rows + r).
+        unsafe {
+            gemm::gemm(
+                m,
+                rows,
+                k,
+                res.as_mut_ptr().add(w0),
+                1,
+                n as isize,
+                false,
+                xf.as_ptr(),
+                1,
+                k as isize,
+                p.as_ptr(),
+                1,
+                rows as isize,
+                0f32,
+                1f32,
+                false,
+                false,
+                false,
+                par::gemm_parallelism(true),
+            );
+        }
+    }
+}
+
 /// `res [m, n]` from its transpose `t [n, m]` (the result of pieces of weight rows).
 fn untranspose(t: &[f32], m: usize, n: usize, res: &mut [f32]) {
     for (j, col) in t.chunks_exact(m).enumerate() {
         for (i, v) in col.iter().enumerate() {
             res[i * n + j] = *v;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The panel product against the register tiles (float64 would be the reference;
+    /// both are f32 sums of the same products, so they agree to f32 rounding): panels
+    /// smaller than the weight, a last panel cut short, and one panel for all.
+    #[test]
+    fn panels_of_any_size_give_the_product() {
+        let (m, n, k) = (70, 45, 96);
+        for f in [QuantFormat::Q4_0, QuantFormat::Q4_1, QuantFormat::Q8_0] {
+            let w: Vec<f32> = (0..n * k).map(|i| ((i * 7919 % 1013) as f32 / 506.5 - 1.0) * 0.3).collect();
+            let bytes = crate::quant::quantize(f, &w).unwrap();
+            let x: Vec<f32> = (0..m * k).map(|i| (i * 104_729 % 997) as f32 / 498.5 - 1.0).collect();
+            let mut want = vec![0f32; m * n];
+            direct_product(Level::Portable, f, &bytes, &x, m, n, k, &mut want);
+            for panel_bytes in [1, 16 * 4 * k, 32 * 4 * k, PANEL_BYTES] {
+                let mut got = vec![f32::NAN; m * n];
+                wide_product(f, &bytes, &x, m, n, k, &mut got, panel_bytes);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                        "{f:?} panel {panel_bytes} element {i}: {g} vs {w}"
+                    );
+                }
+            }
         }
     }
 }
