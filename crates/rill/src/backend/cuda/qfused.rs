@@ -97,6 +97,13 @@ fn rows_view(s: &Storage, shape: &[usize]) -> Option<(u64, i64, i64)> {
     Some((ptr, rs.unwrap_or(0), cs))
 }
 
+/// The post program's operands as rows of the output `shape` ([`rows_of`]): the storages
+/// to keep alive through the launch, and each one's (address, row stride, column stride).
+#[allow(clippy::type_complexity)]
+fn post_rows(cs: &GpuStream<'_>, extra: &[Storage], shape: &[usize]) -> Result<(Vec<Storage>, Vec<(u64, i64, i64)>)> {
+    extra.iter().map(|s| rows_of(cs, s, shape)).collect::<Result<Vec<_>>>().map(|v| v.into_iter().unzip())
+}
+
 /// `s`, or its contiguous copy when it cannot be read as rows of `shape`.
 fn rows_of(cs: &GpuStream<'_>, s: &Storage, shape: &[usize]) -> Result<(Storage, (u64, i64, i64))> {
     if let Some(v) = rows_view(s, shape) {
@@ -425,13 +432,7 @@ fn sum_post(
         let src = sum_post_source(xd, post, dtype);
         nvrtc::function(cs.driver(), &cs.dev, &format!("qmm_sum_post:{src}"), "k_qmm_sum_post", || src)
     })?;
-    let mut keep: Vec<Storage> = Vec::new();
-    let mut views: Vec<(u64, i64, i64)> = Vec::new();
-    for s in extra {
-        let (c, v) = rows_of(cs, s, shape)?;
-        keep.push(c);
-        views.push(v);
-    }
+    let (keep, views) = post_rows(cs, extra, shape)?;
     let (po, pp) = (elem_ptr(&out), elem_ptr(part));
     let (t64, s64, n64) = (total as i64, splits as i64, n as i64);
     let _ = cs.bind();
@@ -500,12 +501,8 @@ fn qmvf(
         keep.push(c);
         views.push(v);
     }
-    let mut post_views: Vec<(u64, i64, i64)> = Vec::new();
-    for s in extra {
-        let (c, v) = rows_of(cs, s, shape)?;
-        keep.push(c);
-        post_views.push(v);
-    }
+    let (post_keep, post_views) = post_rows(cs, extra, shape)?;
+    keep.extend(post_keep);
     let (po, pw) = (elem_ptr(&out), elem_ptr(w));
     let (n64, k64, m64) = (n as i64, k as i64, m as i64);
     let grid = n.div_ceil(MV_WARPS as usize).clamp(1, 1 << 30) as u32;
