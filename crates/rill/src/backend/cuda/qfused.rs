@@ -344,13 +344,13 @@ pub(crate) fn qmatmul_block(
         // The ops one after the other, as unfused; a tiled product split over K adds its
         // partial sums in the post program's kernel.
         let x = x_alone(cs, input, xins, &xshape, xd)?;
-        if let Some(p) = post.filter(|_| enabled() && post_ok && pshape == shape)
-            && let Some((part, splits)) = super::quant::qmatmul_partials(cs, &x, w, format, &pshape, xd)?
-        {
-            return sum_post(cs, p, memo, &part, splits, xd, extra, shape, dtype);
-        }
-        let product = super::quant::qmatmul(cs, &x, w, format, &pshape, xd)?;
+        let add = post
+            .filter(|_| enabled() && post_ok && pshape == shape)
+            .map(|p| move |part: &Storage, splits: usize| sum_post(cs, p, memo, part, splits, xd, extra, shape, dtype));
+        let add = add.as_ref().map(|f| f as super::quant::AddSplits<'_>);
+        let (product, posted) = super::quant::qmatmul_with(cs, &x, w, format, &pshape, xd, add)?;
         return match post {
+            _ if posted => Ok(product),
             None => Ok(product),
             Some(p) => {
                 let mut ins = vec![product];

@@ -517,24 +517,43 @@ pub(crate) fn qmatmul(
     shape: &[usize],
     dtype: DType,
 ) -> Result<Storage> {
+    qmatmul_with(cs, x, w, format, shape, dtype, None).map(|(out, _)| out)
+}
+
+/// Adds the f32 partial sums of a product split over K (`splits` of the output's shape,
+/// in split order) into the result: `qfused` passes one that applies a post program.
+pub(crate) type AddSplits<'a> = &'a dyn Fn(&Storage, usize) -> Result<Storage>;
+
+/// [`qmatmul`], where a product split over K is finished by `add` when given (else by
+/// `k_qmm_sum`); the flag says whether `add` made the result.
+pub(crate) fn qmatmul_with(
+    cs: &GpuStream<'_>,
+    x: &Storage,
+    w: &Storage,
+    format: QuantFormat,
+    shape: &[usize],
+    dtype: DType,
+    add: Option<AddSplits<'_>>,
+) -> Result<(Storage, bool)> {
     if !crate::primitives::quant::float_ok(dtype) || x.dtype != dtype {
         return Err(super::unsupported("qmatmul", format!("dtype {dtype} (f32, bf16 and f16 only)")));
     }
-    let out = new_storage(cs, dtype, shape)?;
     let total: usize = shape.iter().product();
     let k = *x.layout.shape.last().unwrap_or(&0);
     if total == 0 {
-        return Ok(out);
+        return Ok((new_storage(cs, dtype, shape)?, false));
     }
     let n = *shape.last().unwrap_or(&1);
     let m = total / n;
     let (xs, ws) = operands(cs, x, w)?;
-    let (po, px, pw) = (elem_ptr(&out), elem_ptr(&xs), elem_ptr(&ws));
+    let (px, pw) = (elem_ptr(&xs), elem_ptr(&ws));
     let (n64, k64) = (n as i64, k as i64);
     let name = crate::quant::QuantFormat::name(format);
     let _ = cs.bind();
     let tc = tc_applies(dtype, k, px, m);
     if m <= MV_CHUNKED_ROWS && !tc {
+        let out = new_storage(cs, dtype, shape)?;
+        let po = elem_ptr(&out);
         // One kernel per exact row count up to a chunk, then one for chunks of 8.
         let mr = m.min(MV_MAX_ROWS);
         let key = format!("qmv:{name}:{}:{mr}", dtype.name());
@@ -552,23 +571,28 @@ pub(crate) fn qmatmul(
         // rows in chunks of `mr` (the last one's missing rows skipped); the arguments match
         // the plain `k_qmvf`'s signature.
         unsafe { lb.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))?;
-    } else {
-        let (splits, per) = tiled_splits(m, n, k, cs.dev.sms as usize);
-        if splits == 1 {
-            tiled(cs, &xs, &ws, format, dtype, tc, (m, n, k), (po, 0), (1, per))?;
-        } else {
-            let part = new_storage(cs, DType::F32, &[splits * m * n])?;
-            tiled(cs, &xs, &ws, format, dtype, tc, (m, n, k), (0, elem_ptr(&part)), (splits, per))?;
-            let key = format!("qmm_sum:{}", dtype.name());
-            let func = nvrtc::function(cs.driver(), &cs.dev, &key, "k_qmm_sum", move || qmm_sum_source(dtype))?;
-            let (pp, t64, s64) = (elem_ptr(&part), (m * n) as i64, splits as i64);
-            let mut lb = Launch::new(&func);
-            lb.arg(&po).arg(&pp).arg(&t64).arg(&s64);
-            // SAFETY: `part` holds splits·m·n f32, `out` m·n elements; a thread per output.
-            unsafe { lb.launch(cs, nvrtc::grid_for(m * n)) }.map_err(|e| super::backend_err("launch", e))?;
-        }
+        return Ok((out, false));
     }
-    Ok(out)
+    let (splits, per) = tiled_splits(m, n, k, cs.dev.sms as usize);
+    if splits == 1 {
+        let out = new_storage(cs, dtype, shape)?;
+        tiled(cs, &xs, &ws, format, dtype, tc, (m, n, k), (elem_ptr(&out), 0), (1, per))?;
+        return Ok((out, false));
+    }
+    let part = new_storage(cs, DType::F32, &[splits * m * n])?;
+    tiled(cs, &xs, &ws, format, dtype, tc, (m, n, k), (0, elem_ptr(&part)), (splits, per))?;
+    if let Some(add) = add {
+        return Ok((add(&part, splits)?, true));
+    }
+    let out = new_storage(cs, dtype, shape)?;
+    let key = format!("qmm_sum:{}", dtype.name());
+    let func = nvrtc::function(cs.driver(), &cs.dev, &key, "k_qmm_sum", move || qmm_sum_source(dtype))?;
+    let (po, pp, t64, s64) = (elem_ptr(&out), elem_ptr(&part), (m * n) as i64, splits as i64);
+    let mut lb = Launch::new(&func);
+    lb.arg(&po).arg(&pp).arg(&t64).arg(&s64);
+    // SAFETY: `part` holds splits·m·n f32, `out` m·n elements; a thread per output.
+    unsafe { lb.launch(cs, nvrtc::grid_for(m * n)) }.map_err(|e| super::backend_err("launch", e))?;
+    Ok((out, false))
 }
 
 /// Whether `m` rows of contiguous `x` (dtype `d`, `k` columns, first element at `px`)
@@ -620,39 +644,6 @@ fn tiled(
     // the grid's y extent; split z reads blocks [z·per, (z+1)·per) of K (clipped to K) and
     // stores m·n outputs at `po` (one split) or m·n partial sums at z·m·n of `pp`.
     unsafe { lb.launch(cs, cfg) }.map_err(|e| super::backend_err("launch", e))
-}
-
-/// The f32 partial sums of `x [.., K] @ wᵀ` (output `shape`, x's dtype `dtype`) when
-/// the product takes a tiled kernel with K split, for the caller to add (with a post
-/// program, `qfused`): `(partials, splits)`, splits·m·n f32 in split order. `None`, with
-/// nothing launched, when the product would not split.
-pub(crate) fn qmatmul_partials(
-    cs: &GpuStream<'_>,
-    x: &Storage,
-    w: &Storage,
-    format: QuantFormat,
-    shape: &[usize],
-    dtype: DType,
-) -> Result<Option<(Storage, usize)>> {
-    let total: usize = shape.iter().product();
-    let k = *x.layout.shape.last().unwrap_or(&0);
-    let n = *shape.last().unwrap_or(&1);
-    if total == 0 || x.dtype != dtype || !crate::primitives::quant::float_ok(dtype) {
-        return Ok(None);
-    }
-    let m = total / n;
-    let (splits, per) = tiled_splits(m, n, k, cs.dev.sms as usize);
-    if splits == 1 || mv_applies(dtype, k, m) {
-        return Ok(None);
-    }
-    let (xs, ws) = operands(cs, x, w)?;
-    let tc = tc_applies(dtype, k, elem_ptr(&xs), m);
-    if m <= MV_CHUNKED_ROWS && !tc {
-        return Ok(None);
-    }
-    let part = new_storage(cs, DType::F32, &[splits * m * n])?;
-    tiled(cs, &xs, &ws, format, dtype, tc, (m, n, k), (0, elem_ptr(&part)), (splits, per))?;
-    Ok(Some((part, splits)))
 }
 
 /// Packed u8 blocks `[.., B * block_bytes]` as `[.., B * 32]` values of `dtype`.
