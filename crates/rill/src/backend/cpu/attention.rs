@@ -341,7 +341,37 @@ mod blocked {
         acc: Vec<f32>,
         s: Vec<f32>,
         hi: Vec<usize>,
+        lo: Vec<usize>,
         mo: Vec<usize>,
+    }
+
+    /// Lanes of the max and sum passes: independent partial results that vectorise.
+    const LANES: usize = 16;
+
+    /// The largest of `x` (`-inf` when empty; NaN-free scores assumed, as a comparison
+    /// fold gives).
+    fn lanes_max(x: &[f32]) -> f32 {
+        let mut acc = [f32::NEG_INFINITY; LANES];
+        let mut it = x.chunks_exact(LANES);
+        for c in &mut it {
+            for (a, &v) in acc.iter_mut().zip(c) {
+                *a = if v > *a { v } else { *a };
+            }
+        }
+        let tail = it.remainder().iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+        acc.iter().fold(tail, |a, &b| if b > a { b } else { a })
+    }
+
+    /// The sum of `x` in [`LANES`] partial sums.
+    fn lanes_sum(x: &[f32]) -> f32 {
+        let mut acc = [0f32; LANES];
+        let mut it = x.chunks_exact(LANES);
+        for c in &mut it {
+            for (a, &v) in acc.iter_mut().zip(c) {
+                *a += v;
+            }
+        }
+        acc.iter().sum::<f32>() + it.remainder().iter().sum::<f32>()
     }
 
     /// What a piece of rows reads: every row attends the keys of one key/value plane.
@@ -433,8 +463,24 @@ mod blocked {
         scr.acc.clear();
         scr.acc.resize(nr * dv, 0.0);
         scr.s.resize(nr * BK, 0.0);
+        scr.lo.clear();
+        scr.lo.resize(nr, 0);
+        // A mask's leading and trailing keys that are `-inf` for a row leave it unchanged
+        // (a cache's unwritten positions, a causal prefill's future): each row walks only
+        // the span between its first and last attended key, and blocks outside every
+        // row's span are skipped.
+        if let Some(m) = p.mask {
+            for i in 0..nr {
+                let at = scr.mo[i];
+                let attended = |j: &usize| m.values[at + j * m.sk] != f32::NEG_INFINITY;
+                let hi = (0..scr.hi[i]).rev().find(attended).map_or(0, |j| j + 1);
+                scr.lo[i] = (0..hi).find(attended).unwrap_or(hi);
+                scr.hi[i] = hi;
+            }
+        }
         let max_hi = scr.hi.iter().copied().max().unwrap_or(0);
-        for kb in (0..max_hi).step_by(BK) {
+        let min_lo = scr.lo.iter().zip(&scr.hi).filter(|&(_, &h)| h > 0).map(|(&l, _)| l).min().unwrap_or(max_hi);
+        for kb in (min_lo / BK * BK..max_hi).step_by(BK) {
             let nk = BK.min(max_hi - kb);
             // SAFETY: the scores are nr x nk at row stride BK inside `s` (nr * BK values);
             // the queries are nr rows of d at `q0 + i * qstep + c * cs`, and the keys nk
@@ -466,14 +512,20 @@ mod blocked {
             for i in 0..nr {
                 let srow = &mut scr.s[i * BK..i * BK + nk];
                 let lim = scr.hi[i].saturating_sub(kb).min(nk);
+                let first = scr.lo[i].saturating_sub(kb).min(lim);
                 if let Some(m) = p.mask {
                     let at = scr.mo[i] + kb * m.sk;
-                    for (j, x) in srow[..lim].iter_mut().enumerate() {
-                        *x += m.values[at + j * m.sk];
+                    if m.sk == 1 {
+                        srow[first..lim].iter_mut().zip(&m.values[at + first..at + lim]).for_each(|(x, &b)| *x += b);
+                    } else {
+                        for (j, x) in srow.iter_mut().enumerate().take(lim).skip(first) {
+                            *x += m.values[at + j * m.sk];
+                        }
                     }
                 }
+                srow[..first].fill(f32::NEG_INFINITY);
                 srow[lim..].fill(f32::NEG_INFINITY);
-                let mx = srow[..lim].iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+                let mx = lanes_max(&srow[first..lim]);
                 let m_old = scr.m[i];
                 let m_new = if mx > m_old { mx } else { m_old };
                 if m_new == f32::NEG_INFINITY {
@@ -485,12 +537,9 @@ mod blocked {
                     scr.l[i] *= corr;
                     scr.acc[i * dv..(i + 1) * dv].iter_mut().for_each(|a| *a *= corr);
                 }
-                let mut sum = 0.0;
-                for x in srow.iter_mut() {
-                    *x = exp_f32(*x - m_new);
-                    sum += *x;
-                }
-                scr.l[i] += sum;
+                // Separate passes so that each vectorises (a running sum would not).
+                srow.iter_mut().for_each(|x| *x = exp_f32(*x - m_new));
+                scr.l[i] += lanes_sum(srow);
                 scr.m[i] = m_new;
             }
             // SAFETY: `acc` is nr x dv (row stride dv), the probabilities nr x nk at row
