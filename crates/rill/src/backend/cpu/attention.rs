@@ -362,7 +362,43 @@ mod blocked {
         acc.iter().fold(tail, |a, &b| if b > a { b } else { a })
     }
 
+    /// `x[i] = e^(x[i] - m)`, and their sum, built for this CPU's widest vectors (the
+    /// level of the quantized products, `RILL_CPU_SIMD` caps it too).
+    fn exp_sum(x: &mut [f32], m: f32) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::backend::cpu::qdot::{Level, level};
+            match level() {
+                // SAFETY: `level` reports only instruction sets this CPU has.
+                Level::Avx512 => return unsafe { exp_sum_avx512(x, m) },
+                Level::Avx2 => return unsafe { exp_sum_avx2(x, m) },
+                Level::Portable => {}
+            }
+        }
+        exp_sum_any(x, m)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    fn exp_sum_avx512(x: &mut [f32], m: f32) -> f32 {
+        exp_sum_any(x, m)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn exp_sum_avx2(x: &mut [f32], m: f32) -> f32 {
+        exp_sum_any(x, m)
+    }
+
+    #[inline(always)]
+    fn exp_sum_any(x: &mut [f32], m: f32) -> f32 {
+        // Two passes, so that each vectorises (a running sum would not).
+        x.iter_mut().for_each(|v| *v = exp_f32(*v - m));
+        lanes_sum(x)
+    }
+
     /// The sum of `x` in [`LANES`] partial sums.
+    #[inline(always)]
     fn lanes_sum(x: &[f32]) -> f32 {
         let mut acc = [0f32; LANES];
         let mut it = x.chunks_exact(LANES);
@@ -537,9 +573,7 @@ mod blocked {
                     scr.l[i] *= corr;
                     scr.acc[i * dv..(i + 1) * dv].iter_mut().for_each(|a| *a *= corr);
                 }
-                // Separate passes so that each vectorises (a running sum would not).
-                srow.iter_mut().for_each(|x| *x = exp_f32(*x - m_new));
-                scr.l[i] += lanes_sum(srow);
+                scr.l[i] += exp_sum(srow, m_new);
                 scr.m[i] = m_new;
             }
             // SAFETY: `acc` is nr x dv (row stride dv), the probabilities nr x nk at row
