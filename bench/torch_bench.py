@@ -156,6 +156,22 @@ def sdpa_grid():
                                "tflops": round(flops / s / 1e12, 2)}
                         print(json.dumps(rec), flush=True)
                     del q, k, v
+    # Decode rows: 9 query heads over 3 key/value heads, head dim 64, bf16, a bool mask
+    # attending the first `ln` of `cap` cache positions (rill's decode_grid).
+    hq, hkv, d = 9, 3, 64
+    for b in [1, 64]:
+        for cap in [256, 1024, 4096]:
+            for ln in [cap // 16 * 5, cap]:
+                rid = f"sdpa:decode:b{b}:cap{cap}:len{ln}:d{d}:bf16"
+                if not all(p in rid for p in pieces):
+                    continue
+                q = (torch.rand((b, hq, 1, d), device=dev) * 2 - 1).to(torch.bfloat16)
+                k, v = [(torch.rand((b, hkv, cap, d), device=dev) * 2 - 1).to(torch.bfloat16) for _ in range(2)]
+                mask = (torch.arange(cap, device=dev) < ln).reshape(1, 1, 1, cap).expand(b, 1, 1, cap)
+                s = batched_time(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True))
+                rec = {"id": rid, "impl": "torch", "seconds": s,
+                       "tflops": round(4 * b * hq * ln * d / s / 1e12, 3)}
+                print(json.dumps(rec), flush=True)
 
 
 if "sdpa" in sys.argv:

@@ -7,6 +7,12 @@
 //! warm-up) of 8 calls on the same inputs evaluated together, divided by 8. FLOPs count
 //! `4 · bh · Tq · Tk · D`, halved for causal. `RILL_SDPA_FILTER=a,b` times only the ids
 //! containing every one of the comma-separated pieces (the peer reads it too).
+//!
+//! Decode rows follow ([`decode_grid`]): one query row of 9 query heads against 3
+//! key/value heads (grouped-query attention, SmolLM2's heads), head dim 64, bf16, batch 1
+//! and 64, over a cache of `cap` positions whose first `len` are attended (a bool
+//! `[B, 1, 1, cap]` mask, as a generation step's): ids
+//! `sdpa:decode:b<B>:cap<cap>:len<len>:d64:bf16`; FLOPs count `4 · B · 9 · len · D`.
 
 use std::time::Instant;
 
@@ -17,6 +23,22 @@ use rill::{Array, AttentionMask, DType, Result};
 const HEADS: usize = 16;
 /// Calls evaluated together per repetition.
 const CALLS: usize = 8;
+
+/// The decode rows: (batch, cache positions, attended positions).
+pub(crate) fn decode_grid() -> Vec<(usize, usize, usize)> {
+    let mut v = Vec::new();
+    for b in [1, 64] {
+        for cap in [256, 1024, 4096] {
+            for len in [cap / 16 * 5, cap] {
+                v.push((b, cap, len));
+            }
+        }
+    }
+    v
+}
+
+/// Query and key/value heads and head dim of the decode rows.
+const DEC_HEADS: (usize, usize, usize) = (9, 3, 64);
 
 /// The grid: (bh, T, D, dtype, mask).
 pub(crate) fn grid() -> Vec<(usize, usize, usize, DType, &'static str)> {
@@ -84,6 +106,34 @@ pub(crate) fn run() -> Result<()> {
         let s = ts[ts.len() / 2];
         let flops = 4.0 * (bh * t * t * d) as f64 * if m == "causal" { 0.5 } else { 1.0 };
         println!("{{\"id\": \"{id}\", \"impl\": \"rill\", \"seconds\": {s:.9}, \"tflops\": {:.2}}}", flops / s / 1e12);
+    }
+    drop(inputs);
+    let (hq, hkv, d) = DEC_HEADS;
+    for (b, cap, len) in decode_grid() {
+        let id = format!("sdpa:decode:b{b}:cap{cap}:len{len}:d{d}:bf16");
+        if !filter.split(',').filter(|f| !f.is_empty()).all(|f| id.contains(f)) {
+            continue;
+        }
+        let q = filled(&[b, hq, 1, d], DType::BF16, 1)?;
+        let k = filled(&[b, hkv, cap, d], DType::BF16, 2)?;
+        let v = filled(&[b, hkv, cap, d], DType::BF16, 3)?;
+        let keep: Vec<f32> = (0..b * cap).map(|i| ((i % cap) < len) as u8 as f32).collect();
+        let mask = Array::from_slice(&keep, &[b, 1, 1, cap])?.astype(DType::Bool)?;
+        mask.eval()?;
+        let rep = || -> Result<f64> {
+            let t0 = Instant::now();
+            let outs: Vec<Array> = (0..CALLS)
+                .map(|_| rill::scaled_dot_product_attention(&q, &k, &v, AttentionMask::Array(&mask), None))
+                .collect::<Result<_>>()?;
+            rill::eval(&outs)?;
+            Ok(t0.elapsed().as_secs_f64() / CALLS as f64)
+        };
+        rep()?;
+        let mut ts: Vec<f64> = (0..5).map(|_| rep()).collect::<Result<_>>()?;
+        ts.sort_by(|a, b| a.total_cmp(b));
+        let s = ts[ts.len() / 2];
+        let flops = 4.0 * (b * hq * len * d) as f64;
+        println!("{{\"id\": \"{id}\", \"impl\": \"rill\", \"seconds\": {s:.9}, \"tflops\": {:.3}}}", flops / s / 1e12);
     }
     Ok(())
 }
