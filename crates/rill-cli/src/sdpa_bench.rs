@@ -63,6 +63,22 @@ fn filled(shape: &[usize], dtype: DType, seed: u64) -> Result<Array> {
     Ok(a)
 }
 
+/// The median of 5 repetitions (after one warm-up) of [`CALLS`] attentions evaluated
+/// together, divided by [`CALLS`].
+fn median_seconds(q: &Array, k: &Array, v: &Array, mask: AttentionMask<'_>) -> Result<f64> {
+    let rep = || -> Result<f64> {
+        let t0 = Instant::now();
+        let outs: Vec<Array> =
+            (0..CALLS).map(|_| rill::scaled_dot_product_attention(q, k, v, mask, None)).collect::<Result<_>>()?;
+        rill::eval(&outs)?;
+        Ok(t0.elapsed().as_secs_f64() / CALLS as f64)
+    };
+    rep()?;
+    let mut ts: Vec<f64> = (0..5).map(|_| rep()).collect::<Result<_>>()?;
+    ts.sort_by(|a, b| a.total_cmp(b));
+    Ok(ts[ts.len() / 2])
+}
+
 /// The inputs of one shape: (batch×heads, tokens, head dim, dtype), q/k/v, the padding mask.
 type Inputs = ((usize, usize, usize, DType), [Array; 3], Array);
 
@@ -93,17 +109,7 @@ pub(crate) fn run() -> Result<()> {
             "padding" => AttentionMask::Array(pad),
             _ => AttentionMask::None,
         };
-        let rep = || -> Result<f64> {
-            let t0 = Instant::now();
-            let outs: Vec<Array> =
-                (0..CALLS).map(|_| rill::scaled_dot_product_attention(q, k, v, mask, None)).collect::<Result<_>>()?;
-            rill::eval(&outs)?;
-            Ok(t0.elapsed().as_secs_f64() / CALLS as f64)
-        };
-        rep()?;
-        let mut ts: Vec<f64> = (0..5).map(|_| rep()).collect::<Result<_>>()?;
-        ts.sort_by(|a, b| a.total_cmp(b));
-        let s = ts[ts.len() / 2];
+        let s = median_seconds(q, k, v, mask)?;
         let flops = 4.0 * (bh * t * t * d) as f64 * if m == "causal" { 0.5 } else { 1.0 };
         println!("{{\"id\": \"{id}\", \"impl\": \"rill\", \"seconds\": {s:.9}, \"tflops\": {:.2}}}", flops / s / 1e12);
     }
@@ -120,18 +126,7 @@ pub(crate) fn run() -> Result<()> {
         let keep: Vec<f32> = (0..b * cap).map(|i| ((i % cap) < len) as u8 as f32).collect();
         let mask = Array::from_slice(&keep, &[b, 1, 1, cap])?.astype(DType::Bool)?;
         mask.eval()?;
-        let rep = || -> Result<f64> {
-            let t0 = Instant::now();
-            let outs: Vec<Array> = (0..CALLS)
-                .map(|_| rill::scaled_dot_product_attention(&q, &k, &v, AttentionMask::Array(&mask), None))
-                .collect::<Result<_>>()?;
-            rill::eval(&outs)?;
-            Ok(t0.elapsed().as_secs_f64() / CALLS as f64)
-        };
-        rep()?;
-        let mut ts: Vec<f64> = (0..5).map(|_| rep()).collect::<Result<_>>()?;
-        ts.sort_by(|a, b| a.total_cmp(b));
-        let s = ts[ts.len() / 2];
+        let s = median_seconds(&q, &k, &v, AttentionMask::Array(&mask))?;
         let flops = 4.0 * (b * hq * len * d) as f64;
         println!("{{\"id\": \"{id}\", \"impl\": \"rill\", \"seconds\": {s:.9}, \"tflops\": {:.3}}}", flops / s / 1e12);
     }
