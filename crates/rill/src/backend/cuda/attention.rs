@@ -459,6 +459,19 @@ const DEC_MAX_SPLITS: usize = 64;
 /// shorter walk saves, so a short cache is one split and one kernel.
 const DEC_MIN_SPLIT_KEYS: usize = 512;
 
+/// Fewest keys a decode split takes: [`DEC_MIN_SPLIT_KEYS`], or
+/// `RILL_ATTN_DEC_SPLIT_KEYS` (a measurement aid).
+fn dec_min_split_keys() -> usize {
+    static KEYS: crate::sync::OnceLock<usize> = crate::sync::OnceLock::new();
+    *KEYS.get_or_init(|| {
+        std::env::var("RILL_ATTN_DEC_SPLIT_KEYS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(DEC_MIN_SPLIT_KEYS)
+    })
+}
+
 /// The decode kernel `k_attn_dec` (one query row, `Tq = 1`) and its combine
 /// `k_attn_dec_sum`: a block takes up to `rows` query heads of one key/value head (they
 /// share every key and value it loads) and one contiguous split of the keys; each warp
@@ -726,7 +739,7 @@ pub(crate) fn attention(
         let units = planes / hq * hkv * groups;
         let splits = (2 * cs.dev.sms.max(1) as usize)
             .div_ceil(units)
-            .clamp(1, tk.div_ceil(DEC_MIN_SPLIT_KEYS).clamp(1, DEC_MAX_SPLITS));
+            .clamp(1, tk.div_ceil(dec_min_split_keys()).clamp(1, DEC_MAX_SPLITS));
         let blocks = units * splits;
         if blocks > i32::MAX as usize {
             return Err(super::unsupported(NAME, format!("{blocks} thread blocks (at most 2^31 - 1)")));
