@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use clap::Args;
 use rill::io::gguf_tokenizer::ChatMessage;
-use rill::models::llama::{GenerateOptions, Greedy, Llama, LoadOptions, Sampler, Temperature};
+use rill::models::llama::{FinishReason, GenerateOptions, Greedy, Llama, LoadOptions, Sampler, Temperature};
 use rill::sample::SamplerConfig;
 
 use crate::DeviceArg;
@@ -56,7 +56,7 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 256)]
     pub max_tokens: usize,
     /// Sampling temperature (0: greedy, the default)
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub temperature: f64,
     /// Sample from the K most likely tokens only
     #[arg(long, value_name = "K")]
@@ -68,7 +68,7 @@ pub struct GenerateArgs {
     #[arg(long, value_name = "P")]
     pub min_p: Option<f64>,
     /// Penalise tokens of the prompt and of the text so far (1: none)
-    #[arg(long, value_name = "R")]
+    #[arg(long, value_name = "R", allow_negative_numbers = true)]
     pub repetition_penalty: Option<f64>,
     /// Seed of the sampler's random keys
     #[arg(long, default_value_t = 0)]
@@ -141,10 +141,16 @@ pub fn run(args: &GenerateArgs) -> Result<(), String> {
     let decode = total.saturating_sub(prefill);
     let rate = if n > 1 { (n - 1) as f64 / decode.as_secs_f64().max(1e-9) } else { 0.0 };
     eprintln!(
-        "rill: {} prompt tokens in {:.1} ms, {n} tokens generated, {rate:.1} tokens/s ({:?} on {})",
+        "rill: {} prompt tokens in {:.1} ms, {n} tokens generated, {rate:.1} tokens/s (stopped: {}; on {})",
         ids.len(),
         prefill.as_secs_f64() * 1e3,
-        g.finish_reason(0),
+        match g.finish_reason(0) {
+            Some(FinishReason::Eos) => "end of sequence",
+            Some(FinishReason::Stop) => "stop text",
+            Some(FinishReason::MaxTokens) => "max tokens",
+            Some(FinishReason::Capacity) => "context full",
+            None => "not finished",
+        },
         model.stream().device()
     );
     Ok(())

@@ -180,6 +180,7 @@ fn generate_streams_the_greedy_text_and_reports_the_rate() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), format!("{want}\n"), "the prompt is not echoed; the text is greedy's");
     assert!(text(&out.stderr).contains("tokens/s"), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("(stopped: max tokens; on cpu)"), "{}", text(&out.stderr));
     // Sampling at temperature 1 from the top 1 token is greedy decoding.
     let out = rill(&[
         "generate",
@@ -205,6 +206,12 @@ fn generate_streams_the_greedy_text_and_reports_the_rate() {
     assert!(text(&out.stderr).contains("top_p"), "{}", text(&out.stderr));
     let out = rill(&["generate", "--device", "cpu", "--model", model, "--temperature=-1", "x"]);
     assert_eq!(out.status.code(), Some(1));
+    // A negative value after a space is the flag's value, refused by rill, not by the parser.
+    for flag in ["--temperature", "--repetition-penalty"] {
+        let out = rill(&["generate", "--device", "cpu", "--model", model, flag, "-1", "x"]);
+        assert_eq!(out.status.code(), Some(1), "{flag}: {}", text(&out.stderr));
+        assert!(text(&out.stderr).starts_with("rill: "), "{flag}: {}", text(&out.stderr));
+    }
     let tmp = tempfile::tempdir().unwrap();
     let missing = tmp.path().join("missing.gguf");
     let out = rill(&["generate", "--device", "cpu", "--model", missing.to_str().unwrap(), "x"]);
