@@ -362,39 +362,13 @@ mod blocked {
         acc.iter().fold(tail, |a, &b| if b > a { b } else { a })
     }
 
-    /// `x[i] = e^(x[i] - m)`, and their sum, built for this CPU's widest vectors (the
-    /// level of the quantized products, `RILL_CPU_SIMD` caps it too).
-    fn exp_sum(x: &mut [f32], m: f32) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use crate::backend::cpu::qdot::{Level, level};
-            match level() {
-                // SAFETY: `level` reports only instruction sets this CPU has.
-                Level::Avx512 => return unsafe { exp_sum_avx512(x, m) },
-                Level::Avx2 => return unsafe { exp_sum_avx2(x, m) },
-                Level::Portable => {}
-            }
+    crate::backend::cpu::simd::multiversion! {
+        /// `x[i] = e^(x[i] - m)`, and their sum, built for this CPU's widest vectors.
+        fn exp_sum(x: &mut [f32], m: f32) -> f32 {
+            // Two passes, so that each vectorises (a running sum would not).
+            x.iter_mut().for_each(|v| *v = exp_f32(*v - m));
+            lanes_sum(x)
         }
-        exp_sum_any(x, m)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f")]
-    fn exp_sum_avx512(x: &mut [f32], m: f32) -> f32 {
-        exp_sum_any(x, m)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    fn exp_sum_avx2(x: &mut [f32], m: f32) -> f32 {
-        exp_sum_any(x, m)
-    }
-
-    #[inline(always)]
-    fn exp_sum_any(x: &mut [f32], m: f32) -> f32 {
-        // Two passes, so that each vectorises (a running sum would not).
-        x.iter_mut().for_each(|v| *v = exp_f32(*v - m));
-        lanes_sum(x)
     }
 
     /// The sum of `x` in [`LANES`] partial sums.

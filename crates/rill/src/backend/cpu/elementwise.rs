@@ -7,6 +7,7 @@
 
 use half::{bf16, f16};
 
+use crate::backend::cpu::simd::{self, F32Lanes};
 use crate::backend::cpu::{CpuBuffer, PAR_CHUNK, par, strided};
 use crate::backend::{Buffer, Storage};
 use crate::dtype::{DType, Element};
@@ -42,6 +43,19 @@ fn rows_of(l: &Layout, r0: usize, rows: usize) -> Layout {
     Layout { shape, strides: l.strides.clone(), offset: (l.offset as isize + r0 as isize * l.strides[0]) as usize }
 }
 
+/// `x` broadcast to `shape`, with a view that is strided without being a broadcast (a
+/// transposed or sliced input) first gathered into a contiguous buffer, so that the
+/// kernels' walks read it in runs of stride 1 (a broadcast keeps its stride-0 runs).
+fn dense(x: &Storage, shape: &[usize]) -> Result<Storage> {
+    let l = x.layout.broadcast_to(shape);
+    if l.is_contiguous() || l.strides.contains(&0) || numel(shape) < 2 * strided::TILE * strided::TILE {
+        return Ok(x.with_layout(l));
+    }
+    let mut buf = CpuBuffer::alloc(x.dtype, numel(shape))?;
+    crate::with_dtype!(x.dtype, T => strided::gather(strided::buffer::<T>(x), &l, buf.typed_mut::<T>()));
+    Ok(Storage::contiguous(Buffer::Cpu(buf), x.dtype, shape))
+}
+
 pub(crate) fn map1<A: Element, O: Element, F: Fn(A) -> O + Sync>(
     a: &Storage,
     shape: &[usize],
@@ -50,28 +64,15 @@ pub(crate) fn map1<A: Element, O: Element, F: Fn(A) -> O + Sync>(
 ) -> Result<Storage> {
     let n = numel(shape);
     let mut buf = CpuBuffer::alloc(out_dtype, n)?;
-    let la = a.layout.broadcast_to(shape);
-    let src = strided::buffer::<A>(a);
-    let out = buf.typed_mut::<O>();
-    if la.is_contiguous() {
-        let src = &src[la.offset..la.offset + n];
-        par::zip(out, PAR_CHUNK, src, PAR_CHUNK, |o, s| {
-            for (o, &x) in o.iter_mut().zip(s) {
-                *o = f(x);
-            }
-        });
-    } else {
-        par_rows(out, shape, |out, r0, rows| {
-            let l = rows_of(&la, r0, rows);
-            let mut k = 0;
-            strided::walk(&l.shape, [&l.strides], [l.offset], |[b], len, [s]| {
-                for i in 0..len {
-                    out[k + i] = f(src[(b as isize + i as isize * s) as usize]);
-                }
-                k += len;
-            });
-        });
-    }
+    // A strided input is gathered first (tiled when transposed), so the map is one
+    // parallel pass over contiguous values.
+    let a = if a.layout.shape.as_slice() == shape { a.clone() } else { a.with_layout(a.layout.broadcast_to(shape)) };
+    let src = strided::contiguous::<A>(&a);
+    par::zip(buf.typed_mut::<O>(), PAR_CHUNK, &src, PAR_CHUNK, |o, s| {
+        for (o, &x) in o.iter_mut().zip(s) {
+            *o = f(x);
+        }
+    });
     Ok(Storage::contiguous(Buffer::Cpu(buf), out_dtype, shape))
 }
 
@@ -84,8 +85,8 @@ pub(crate) fn map2<A: Element, B: Element, O: Element, F: Fn(A, B) -> O + Sync>(
 ) -> Result<Storage> {
     let n = numel(shape);
     let mut buf = CpuBuffer::alloc(out_dtype, n)?;
-    let la = a.layout.broadcast_to(shape);
-    let lb = b.layout.broadcast_to(shape);
+    let (a, b) = (&dense(a, shape)?, &dense(b, shape)?);
+    let (la, lb) = (&a.layout, &b.layout);
     let (sa, sb) = (strided::buffer::<A>(a), strided::buffer::<B>(b));
     let out = buf.typed_mut::<O>();
     if la.is_contiguous() && lb.is_contiguous() {
@@ -100,7 +101,7 @@ pub(crate) fn map2<A: Element, B: Element, O: Element, F: Fn(A, B) -> O + Sync>(
         });
     } else {
         par_rows(out, shape, |out, r0, rows| {
-            let (l1, l2) = (rows_of(&la, r0, rows), rows_of(&lb, r0, rows));
+            let (l1, l2) = (rows_of(la, r0, rows), rows_of(lb, r0, rows));
             let mut k = 0;
             strided::walk(&l1.shape, [&l1.strides, &l2.strides], [l1.offset, l2.offset], |[ba, bb], len, [s1, s2]| {
                 let o = &mut out[k..k + len];
@@ -148,11 +149,12 @@ fn map3<A: Element, B: Element, C: Element, O: Element, F: Fn(A, B, C) -> O + Sy
 ) -> Result<Storage> {
     let n = numel(shape);
     let mut buf = CpuBuffer::alloc(out_dtype, n)?;
-    let (la, lb, lc) = (a.layout.broadcast_to(shape), b.layout.broadcast_to(shape), c.layout.broadcast_to(shape));
+    let (a, b, c) = (&dense(a, shape)?, &dense(b, shape)?, &dense(c, shape)?);
+    let (la, lb, lc) = (&a.layout, &b.layout, &c.layout);
     let (sa, sb, sc) = (strided::buffer::<A>(a), strided::buffer::<B>(b), strided::buffer::<C>(c));
     let out = buf.typed_mut::<O>();
     par_rows(out, shape, |out, r0, rows| {
-        let (l1, l2, l3) = (rows_of(&la, r0, rows), rows_of(&lb, r0, rows), rows_of(&lc, r0, rows));
+        let (l1, l2, l3) = (rows_of(la, r0, rows), rows_of(lb, r0, rows), rows_of(lc, r0, rows));
         let mut k = 0;
         strided::walk(
             &l1.shape,
@@ -190,12 +192,40 @@ pub(crate) fn cast(x: &Storage, to: DType) -> Result<Storage> {
         } else if !from.is_float() && !to.is_float() {
             map1::<A, B, _>(x, &shape, to, |v: A| B::from_i64(v.to_i64()))
         } else if via_f32 {
-            map1::<A, B, _>(x, &shape, to, |v: A| B::from_f32(v.to_f32()))
+            cast_via_f32::<A, B>(x, to)
         } else {
             // `Element::from_f64`, not the inherent `bf16::from_f64`, which rounds twice.
             map1::<A, B, _>(x, &shape, to, |v: A| <B as Element>::from_f64(v.to_f64()))
         }
     }))
+}
+
+/// `B::from_f32(a.to_f32())` for each value, a block at a time: the float types convert
+/// a slice at a time ([`F32Lanes`], which vectorises f16 and bf16), the others one value
+/// at a time.
+fn cast_via_f32<A: Element, B: Element>(x: &Storage, to: DType) -> Result<Storage> {
+    let shape = x.layout.shape.clone();
+    let mut buf = CpuBuffer::alloc(to, numel(&shape))?;
+    let src = strided::contiguous::<A>(x);
+    par::zip(buf.typed_mut::<B>(), PAR_CHUNK, &src, PAR_CHUNK, |o, s| {
+        let mut t = [0f32; BLOCK];
+        for (o, s) in o.chunks_mut(BLOCK).zip(s.chunks(BLOCK)) {
+            let t = &mut t[..o.len()];
+            match A::DTYPE {
+                DType::F16 => f16::to_f32s(bytemuck::cast_slice(s), t),
+                DType::BF16 => bf16::to_f32s(bytemuck::cast_slice(s), t),
+                DType::F32 => t.copy_from_slice(bytemuck::cast_slice(s)),
+                _ => t.iter_mut().zip(s).for_each(|(t, &v)| *t = v.to_f32()),
+            }
+            match B::DTYPE {
+                DType::F16 => f16::from_f32s(t, bytemuck::cast_slice_mut(o)),
+                DType::BF16 => bf16::from_f32s(t, bytemuck::cast_slice_mut(o)),
+                DType::F32 => bytemuck::cast_slice_mut(o).copy_from_slice(t),
+                _ => o.iter_mut().zip(t.iter()).for_each(|(o, &v)| *o = B::from_f32(v)),
+            }
+        }
+    });
+    Ok(Storage::contiguous(Buffer::Cpu(buf), to, &shape))
 }
 
 // ---- unary ----
@@ -217,10 +247,10 @@ pub(crate) fn unary(op: UnaryOp, x: &Storage, dtype: DType) -> Result<Storage> {
         return crate::with_dtype!(x.dtype, A => map1::<A, u8, _>(x, &shape, DType::Bool, |v: A| (v.to_f64() == 0.0) as u8));
     }
     match x.dtype {
-        DType::F32 => each_unary!(op, K => map1::<f32, f32, _>(x, &shape, dtype, |v| K.float(v))),
+        DType::F32 => float_unary::<f32>(op, x, dtype),
         DType::F64 => each_unary!(op, K => map1::<f64, f64, _>(x, &shape, dtype, |v| K.float(v))),
-        DType::F16 => map1::<f16, f16, _>(x, &shape, dtype, |v| f16::from_f32(op.float(v.to_f32()))),
-        DType::BF16 => map1::<bf16, bf16, _>(x, &shape, dtype, |v| bf16::from_f32(op.float(v.to_f32()))),
+        DType::F16 => float_unary::<f16>(op, x, dtype),
+        DType::BF16 => float_unary::<bf16>(op, x, dtype),
         DType::I32 => int_unary::<i32>(op, x, dtype),
         DType::I64 => int_unary::<i64>(op, x, dtype),
         DType::U32 => int_unary::<u32>(op, x, dtype),
@@ -228,7 +258,87 @@ pub(crate) fn unary(op: UnaryOp, x: &Storage, dtype: DType) -> Result<Storage> {
     }
 }
 
+/// Values converted to f32 per block of this many (on the stack).
+const BLOCK: usize = 1024;
+
+/// A float unary op on storage type `T`, computed in f32: the input (gathered first when
+/// strided) is converted a block at a time, the op's loop runs on the block built for
+/// the CPU's vectors ([`simd::unary_f32`]), and the block is rounded back once.
+fn float_unary<T: Element + F32Lanes>(op: UnaryOp, x: &Storage, dtype: DType) -> Result<Storage> {
+    let shape = x.layout.shape.clone();
+    let n = numel(&shape);
+    let mut buf = CpuBuffer::alloc(dtype, n)?;
+    let src = strided::contiguous::<T>(x);
+    par::zip(buf.typed_mut::<T>(), PAR_CHUNK, &src, PAR_CHUNK, |o, s| {
+        if let (Some(o), Some(s)) = (T::as_f32_mut(o), T::as_f32(s)) {
+            return simd::unary_f32(op, s, o);
+        }
+        let mut t = [0f32; BLOCK];
+        for (o, s) in o.chunks_mut(BLOCK).zip(s.chunks(BLOCK)) {
+            let t = &mut t[..o.len()];
+            T::to_f32s(s, t);
+            simd::unary_f32_in_place(op, t);
+            T::from_f32s(t, o);
+        }
+    });
+    Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, &shape))
+}
+
 // ---- binary ----
+
+/// A half-precision arithmetic op or comparison through f32 blocks: each inner run of the
+/// broadcast walk is converted a block at a time (a run of stride 0 is one value
+/// repeated), the f32 loop runs on the blocks, and arithmetic results are rounded back
+/// once, as `T::from_f32(op(a.to_f32(), b.to_f32()))` would give.
+fn half_binary<T: Element + F32Lanes, O: Element>(
+    op: BinaryOp,
+    a: &Storage,
+    b: &Storage,
+    shape: &[usize],
+    dtype: DType,
+    store: impl Fn(BinaryOp, &[f32], &[f32], &mut [O]) + Sync,
+) -> Result<Storage> {
+    let n = numel(shape);
+    let mut buf = CpuBuffer::alloc(dtype, n)?;
+    let (a, b) = (&dense(a, shape)?, &dense(b, shape)?);
+    let (la, lb) = (&a.layout, &b.layout);
+    let (sa, sb) = (strided::buffer::<T>(a), strided::buffer::<T>(b));
+    par_rows(buf.typed_mut::<O>(), shape, |out, r0, rows| {
+        let (l1, l2) = (rows_of(la, r0, rows), rows_of(lb, r0, rows));
+        let (mut fa, mut fb) = ([0f32; BLOCK], [0f32; BLOCK]);
+        let mut k = 0;
+        strided::walk(&l1.shape, [&l1.strides, &l2.strides], [l1.offset, l2.offset], |[ba, bb], len, [s1, s2]| {
+            for i0 in (0..len).step_by(BLOCK) {
+                let m = BLOCK.min(len - i0);
+                load_f32(sa, ba as isize + i0 as isize * s1, s1, &mut fa[..m]);
+                load_f32(sb, bb as isize + i0 as isize * s2, s2, &mut fb[..m]);
+                store(op, &fa[..m], &fb[..m], &mut out[k + i0..k + i0 + m]);
+            }
+            k += len;
+        });
+    });
+    Ok(Storage::contiguous(Buffer::Cpu(buf), dtype, shape))
+}
+
+/// `o.len()` values of `src` from `base` by `stride`, as f32.
+fn load_f32<T: Element + F32Lanes>(src: &[T], base: isize, stride: isize, o: &mut [f32]) {
+    let m = o.len();
+    match stride {
+        1 => T::to_f32s(&src[base as usize..base as usize + m], o),
+        0 => {
+            let mut v = [0f32];
+            T::to_f32s(&src[base as usize..base as usize + 1], &mut v);
+            o.fill(v[0]);
+        }
+        _ => {
+            let mut g = [T::zero(); BLOCK];
+            for (i, g) in g[..m].iter_mut().enumerate() {
+                *g = src[(base + i as isize * stride) as usize];
+            }
+            T::to_f32s(&g[..m], o);
+        }
+    }
+}
 
 /// A float binary op on storage type `T`, computed in `C` (`to` and `from` convert; as
 /// closures, not `fn` pointers, so that they inline and the loops vectorise).
@@ -270,6 +380,18 @@ pub(crate) fn binary(op: BinaryOp, a: &Storage, b: &Storage, shape: &[usize], dt
     debug_assert_eq!(a.dtype, b.dtype);
     let dtype = if op.is_predicate() { a.dtype } else { dtype };
     match a.dtype {
+        DType::F16 if op.is_predicate() => half_binary::<f16, u8>(op, a, b, shape, DType::Bool, simd::test_f32),
+        DType::BF16 if op.is_predicate() => half_binary::<bf16, u8>(op, a, b, shape, DType::Bool, simd::test_f32),
+        DType::F16 if !op.is_selection() => half_binary::<f16, f16>(op, a, b, shape, dtype, |op, x, y, o| {
+            let mut t = [0f32; BLOCK];
+            simd::binary_f32(op, x, y, &mut t[..o.len()]);
+            f16::from_f32s(&t[..o.len()], o);
+        }),
+        DType::BF16 if !op.is_selection() => half_binary::<bf16, bf16>(op, a, b, shape, dtype, |op, x, y, o| {
+            let mut t = [0f32; BLOCK];
+            simd::binary_f32(op, x, y, &mut t[..o.len()]);
+            bf16::from_f32s(&t[..o.len()], o);
+        }),
         DType::F32 => float_binary::<f32, f32>(op, a, b, shape, dtype, |v: f32| v, |v: f32| v),
         DType::F64 => float_binary::<f64, f64>(op, a, b, shape, dtype, |v: f64| v, |v: f64| v),
         DType::F16 => float_binary::<f16, f32>(op, a, b, shape, dtype, |v: f16| v.to_f32(), f16::from_f32),
@@ -325,6 +447,69 @@ mod tests {
             assert_eq!(out.dtype, DType::I32);
             assert!(to_f64_vec(&out).iter().zip(&want).all(|(g, w)| *g == w.trunc()));
         }
+    }
+
+    /// The f16 and bf16 kernels (blocks through f32) against the per-element formula, for
+    /// every op and the broadcast patterns of a `[d0, d1]` output: same shape, row,
+    /// column, scalar, outer, transposed and reversed, with offsets, over several blocks.
+    #[test]
+    fn half_kernels_give_the_per_element_bits() {
+        fn check<T: Element + F32Lanes>(d: DType, to: fn(T) -> f32, from: fn(f32) -> T) {
+            let (d0, d1) = (37, 1100);
+            let v: Vec<T> = values(2 * d0 * d1 + 3).into_iter().map(from).collect();
+            let s = Storage::contiguous(Buffer::Cpu(CpuBuffer::from_slice(&v).unwrap()), d, &[v.len()]);
+            let lay = |shape: [usize; 2], strides: [isize; 2], offset: usize| {
+                s.with_layout(Layout { shape: shape[..].into(), strides: strides[..].into(), offset })
+            };
+            let operands = [
+                lay([d0, d1], [d1 as isize, 1], 3),
+                lay([1, d1], [0, 1], 5),
+                lay([d0, 1], [1, 0], 7),
+                lay([1, 1], [0, 0], 11),
+                lay([d0, d1], [1, d0 as isize], 2),
+                lay([d0, d1], [-(d1 as isize), -1], d0 * d1 + 1),
+            ];
+            let read = |x: &Storage, i: usize, j: usize| {
+                let l = x.layout.broadcast_to(&[d0, d1]);
+                to(v[(l.offset as isize + i as isize * l.strides[0] + j as isize * l.strides[1]) as usize])
+            };
+            for a in &operands {
+                for b in &operands[..4] {
+                    for (x, y) in [(a, b), (b, a)] {
+                        for op in UnaryOp::ALL.into_iter().filter(|&o| o != UnaryOp::LogicalNot) {
+                            let Ok(out) = unary(op, &x.with_layout(x.layout.broadcast_to(&[d0, d1])), d) else {
+                                continue;
+                            };
+                            let got = out.cpu().unwrap().typed::<T>();
+                            for (k, g) in got.iter().enumerate() {
+                                let want = from(op.float(read(x, k / d1, k % d1)));
+                                let same = bytemuck::bytes_of(g) == bytemuck::bytes_of(&want);
+                                assert!(same || (to(*g).is_nan() && to(want).is_nan()), "{d} {op:?} at {k}");
+                            }
+                        }
+                        for op in BinaryOp::ALL {
+                            let out = to_f64_vec(&binary(op, x, y, &[d0, d1], d).unwrap());
+                            for (k, &got) in out.iter().enumerate() {
+                                let (p, q) = (read(x, k / d1, k % d1), read(y, k / d1, k % d1));
+                                let want = if op.is_predicate() {
+                                    op.test(p, q, 0.0) as u8 as f64
+                                } else if op.is_selection() {
+                                    to(op.pick(from(p), from(q))) as f64
+                                } else {
+                                    to(from(op.float(p, q))) as f64
+                                };
+                                assert!(
+                                    got == want || (got.is_nan() && want.is_nan()),
+                                    "{d} {op:?} at {k}: {got} vs {want}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        check::<f16>(DType::F16, f16::to_f32, f16::from_f32);
+        check::<bf16>(DType::BF16, bf16::to_f32, bf16::from_f32);
     }
 
     #[test]

@@ -329,49 +329,6 @@ fn select<T: Copy>(c: &[f32], x: &[T], y: &[T], o: &mut [T]) {
     }
 }
 
-/// `o[i] = op(x[i])` in f32, built for the CPU's widest vectors (the level of the
-/// quantized products; `RILL_CPU_SIMD` caps it): the transcendental functions (`erf` of
-/// GELU, `exp`, `tanh`) are polynomials that vectorise, and each lane's result is the
-/// same at every width (no operation is reassociated or contracted).
-fn unary_f32(op: UnaryOp, x: &[f32], o: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use crate::backend::cpu::qdot::{Level, level};
-        match level() {
-            // SAFETY: `level` reports only instruction sets this CPU has.
-            Level::Avx512 => return unsafe { unary_f32_avx512(op, x, o) },
-            Level::Avx2 => return unsafe { unary_f32_avx2(op, x, o) },
-            Level::Portable => {}
-        }
-    }
-    unary_f32_any(op, x, o)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn unary_f32_avx512(op: UnaryOp, x: &[f32], o: &mut [f32]) {
-    unary_f32_any(op, x, o)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn unary_f32_avx2(op: UnaryOp, x: &[f32], o: &mut [f32]) {
-    unary_f32_any(op, x, o)
-}
-
-#[inline(always)]
-fn unary_f32_any(op: UnaryOp, x: &[f32], o: &mut [f32]) {
-    // One loop per op over the op's scalar function (see `each_unary`), written out here
-    // (not an iterator adapter's own function) so that it is built with the caller's
-    // instruction set.
-    let x = &x[..o.len()];
-    each_unary!(op, K => {
-        for i in 0..o.len() {
-            o[i] = K.float(x[i]);
-        }
-    });
-}
-
 fn unary(op: UnaryOp, a: &Lane, out: &mut Lane, len: usize, d: DType) {
     if op == UnaryOp::LogicalNot {
         let Lane::F(o) = out else { return };
@@ -384,7 +341,7 @@ fn unary(op: UnaryOp, a: &Lane, out: &mut Lane, len: usize, d: DType) {
     match (a, out) {
         (Lane::F(x), Lane::F(o)) => {
             let o = &mut o[..len];
-            unary_f32(op, x, o);
+            crate::backend::cpu::simd::unary_f32(op, x, o);
             round_f32(d, o);
         }
         (Lane::D(x), Lane::D(o)) => {

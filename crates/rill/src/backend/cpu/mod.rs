@@ -23,6 +23,7 @@ pub(crate) mod quant;
 pub(crate) mod random;
 pub(crate) mod reduce;
 pub(crate) mod scatter;
+pub(crate) mod simd;
 pub(crate) mod sort;
 pub(crate) mod strided;
 

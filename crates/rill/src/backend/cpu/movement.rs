@@ -62,7 +62,7 @@ fn outer_bases(l: &Layout, k: usize) -> Vec<usize> {
 
 /// Copies the elements of `layout` over `src` into `dst` (row-major), with a plain slice
 /// copy when the layout is contiguous.
-fn copy_block<T: Copy>(src: &[T], layout: &Layout, dst: &mut [T]) {
+fn copy_block<T: Copy + Send + Sync>(src: &[T], layout: &Layout, dst: &mut [T]) {
     if layout.is_contiguous() {
         dst.copy_from_slice(&src[layout.offset..layout.offset + dst.len()]);
     } else {

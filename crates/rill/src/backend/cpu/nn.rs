@@ -131,6 +131,14 @@ fn max_nan<A: Acc>(m: A, v: A) -> A {
     if v > m || v.is_nan() { v } else { m }
 }
 
+crate::backend::cpu::simd::multiversion! {
+    /// [`softmax_row`] of f32, built for the CPU's widest vectors.
+    fn softmax_row_f32(x: &[f32], out: &mut [f32], log: bool) {
+        softmax_row(x, out, log)
+    }
+}
+
+#[inline(always)]
 fn softmax_row<T: FloatElem>(x: &[T], out: &mut [T], log: bool) {
     let (zero, lowest) = (<T::A as Acc>::ZERO, <T::A as Acc>::LOWEST);
     let split = x.len() - x.len() % LANES;
@@ -193,6 +201,12 @@ fn softmax_row<T: FloatElem>(x: &[T], out: &mut [T], log: bool) {
 
 /// Softmax (or log-softmax) over `axis`.
 pub(crate) fn softmax(x: &Storage, axis: usize, log: bool) -> Result<Storage> {
+    if matches!(x.dtype, DType::F16 | DType::BF16) {
+        // f16 and bf16 compute in f32: widened a slice at a time (exactly), the f32 rows
+        // run, and the result is rounded once, giving the same bits as widening each value.
+        let y = softmax(&super::elementwise::cast(x, DType::F32)?, axis, log)?;
+        return super::elementwise::cast(&y, x.dtype);
+    }
     let shape = x.layout.shape.clone();
     let n = numel(&shape);
     let mut buf = CpuBuffer::alloc(x.dtype, n)?;
@@ -203,19 +217,29 @@ pub(crate) fn softmax(x: &Storage, axis: usize, log: bool) -> Result<Storage> {
         let nd = shape.len();
         if shape[axis + 1..].iter().all(|&s| s == 1) {
             let xs = strided::contiguous::<T>(x);
-            par_row_map(&xs, out, d, |xr, or| softmax_row(xr, or, log));
+            row_softmax(&xs, out, d, log);
         } else {
             let mut perm: Vec<usize> = (0..nd).filter(|&i| i != axis).collect();
             perm.push(axis);
             let mut xs = vec![T::zero(); n];
             strided::gather(strided::buffer::<T>(x), &x.layout.permute(&perm), &mut xs);
             let mut tmp = vec![T::zero(); n];
-            par_row_map(&xs, &mut tmp, d, |xr, or| softmax_row(xr, or, log));
+            row_softmax(&xs, &mut tmp, d, log);
             scatter(&tmp, &Layout::contiguous(&shape).permute(&perm), out);
         }
         Ok(())
     })?;
     Ok(Storage::contiguous(Buffer::Cpu(buf), x.dtype, &shape))
+}
+
+/// [`softmax_row`] over every row of length `d`, the f32 rows built for the CPU's vectors.
+fn row_softmax<T: FloatElem>(x: &[T], out: &mut [T], d: usize, log: bool) {
+    if let (DType::F32, Some(xf), Some(of)) =
+        (T::DTYPE, bytemuck::try_cast_slice::<T, f32>(x).ok(), bytemuck::try_cast_slice_mut::<T, f32>(out).ok())
+    {
+        return par_row_map(xf, of, d, |xr, or| softmax_row_f32(xr, or, log));
+    }
+    par_row_map(x, out, d, |xr, or| softmax_row(xr, or, log));
 }
 
 /// Interleaved partial sums per row statistic: the loop vectorises, and the rounding
@@ -283,6 +307,12 @@ pub(crate) fn rms_norm(inputs: &[&Storage], eps: f64, has_weight: bool) -> Resul
 
 fn norm(inputs: &[&Storage], eps: f64, has_weight: bool, has_bias: bool, rms: bool) -> Result<Storage> {
     let x = &inputs[0];
+    if matches!(x.dtype, DType::F16 | DType::BF16) {
+        // As softmax: the f32 norm of the widened values (and weights), rounded once.
+        let wide = inputs.iter().map(|s| super::elementwise::cast(s, DType::F32)).collect::<Result<Vec<_>>>()?;
+        let y = norm(&wide.iter().collect::<Vec<_>>(), eps, has_weight, has_bias, rms)?;
+        return super::elementwise::cast(&y, x.dtype);
+    }
     let shape = x.layout.shape.clone();
     let n = numel(&shape);
     let d = shape.last().copied().unwrap_or(1);

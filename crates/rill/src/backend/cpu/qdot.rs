@@ -9,60 +9,12 @@
 //! accumulators; several accumulators per row keep the fused multiply-adds independent,
 //! and they are summed in a fixed order, so a result depends only on the level.
 
-use crate::sync::OnceLock;
-
 use crate::quant::{BLOCK, QuantFormat, dequantize_block};
 
 /// Rows of `x` per call of a tile kernel.
 pub(crate) const MR: usize = 8;
 
-/// The instruction sets the kernels are built for, lowest first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Level {
-    Portable,
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    Avx2,
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    Avx512,
-}
-
-#[cfg(test)]
-impl Level {
-    /// Every level this CPU runs, lowest first.
-    pub(crate) fn available() -> Vec<Level> {
-        let top = detect();
-        [Level::Portable, Level::Avx2, Level::Avx512].into_iter().filter(|l| *l <= top).collect()
-    }
-}
-
-/// The best level of this CPU, capped by `RILL_CPU_SIMD` (`avx512`, `avx2` or `portable`;
-/// read once). An unknown value is ignored.
-pub(crate) fn level() -> Level {
-    static LEVEL: OnceLock<Level> = OnceLock::new();
-    *LEVEL.get_or_init(|| {
-        let top = detect();
-        let cap = match std::env::var("RILL_CPU_SIMD").as_deref() {
-            Ok("portable") => Level::Portable,
-            Ok("avx2") => Level::Avx2,
-            _ => Level::Avx512,
-        };
-        top.min(cap)
-    })
-}
-
-fn detect() -> Level {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let f16c = is_x86_feature_detected!("f16c");
-        if f16c && is_x86_feature_detected!("avx512f") {
-            return Level::Avx512;
-        }
-        if f16c && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            return Level::Avx2;
-        }
-    }
-    Level::Portable
-}
+pub(crate) use super::simd::{Level, level};
 
 /// `out[r * m + i] = w_r · x_i` for the `rows` packed weight rows in `w` (each
 /// `k / 32` blocks of `format`) and the `m = x.len() / k` rows of `x` (`1 ≤ m ≤ MR`).
