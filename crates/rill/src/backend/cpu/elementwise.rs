@@ -191,8 +191,12 @@ pub(crate) fn cast(x: &Storage, to: DType) -> Result<Storage> {
             map1::<A, B, _>(x, &shape, to, |v: A| B::from_i64((v.to_f64() != 0.0) as i64))
         } else if !from.is_float() && !to.is_float() {
             map1::<A, B, _>(x, &shape, to, |v: A| B::from_i64(v.to_i64()))
-        } else if via_f32 {
+        } else if via_f32 && [from, to].iter().any(|d| matches!(d, DType::F16 | DType::BF16)) {
             cast_via_f32::<A, B>(x, to)
+        } else if from == DType::F32 && to.is_int() {
+            cast_f32_to_int(x, to)
+        } else if via_f32 {
+            map1::<A, B, _>(x, &shape, to, |v: A| B::from_f32(v.to_f32()))
         } else {
             // `Element::from_f64`, not the inherent `bf16::from_f64`, which rounds twice.
             map1::<A, B, _>(x, &shape, to, |v: A| <B as Element>::from_f64(v.to_f64()))
@@ -225,6 +229,38 @@ fn cast_via_f32<A: Element, B: Element>(x: &Storage, to: DType) -> Result<Storag
             }
         }
     });
+    Ok(Storage::contiguous(Buffer::Cpu(buf), to, &shape))
+}
+
+/// f32 to an integer type, `as` (saturating, NaN to 0), in loops built for the CPU's
+/// vectors (baseline x86-64 converts and clamps one value at a time).
+fn cast_f32_to_int(x: &Storage, to: DType) -> Result<Storage> {
+    let shape = x.layout.shape.clone();
+    let mut buf = CpuBuffer::alloc(to, numel(&shape))?;
+    let src = strided::contiguous::<f32>(x);
+    macro_rules! each {
+        ($($d:ident => $t:ty, $f:ident;)*) => {
+            match to {
+                $(DType::$d => {
+                    simd::multiversion! {
+                        fn $f(s: &[f32], o: &mut [$t]) {
+                            for (o, &v) in o.iter_mut().zip(s) {
+                                *o = v as $t;
+                            }
+                        }
+                    }
+                    par::zip(buf.typed_mut::<$t>(), PAR_CHUNK, &src, PAR_CHUNK, |o, s| $f(s, o));
+                })*
+                _ => return Err(Error::dtype("astype", to, "an integer dtype was expected")),
+            }
+        };
+    }
+    each! {
+        U8 => u8, to_u8;
+        I32 => i32, to_i32;
+        U32 => u32, to_u32;
+        I64 => i64, to_i64;
+    }
     Ok(Storage::contiguous(Buffer::Cpu(buf), to, &shape))
 }
 

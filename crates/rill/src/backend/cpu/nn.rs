@@ -111,17 +111,6 @@ fn par_row_map<T: Send + Sync, F: Fn(&[T], &mut [T]) + Sync>(x: &[T], out: &mut 
     });
 }
 
-/// Copies `src` (row-major over `layout`'s shape) to the places `layout` addresses in `dst`.
-fn scatter<T: Copy>(src: &[T], layout: &Layout, dst: &mut [T]) {
-    let mut k = 0;
-    strided::walk(&layout.shape, [&layout.strides], [layout.offset], |[b], n, [s]| {
-        for i in 0..n {
-            dst[(b as isize + i as isize * s) as usize] = src[k + i];
-        }
-        k += n;
-    });
-}
-
 /// Independent lanes of the softmax row loops: the compiler vectorises across them (a
 /// single running max or sum is a dependency chain it may not reorder).
 const LANES: usize = 8;
@@ -225,7 +214,14 @@ pub(crate) fn softmax(x: &Storage, axis: usize, log: bool) -> Result<Storage> {
             strided::gather(strided::buffer::<T>(x), &x.layout.permute(&perm), &mut xs);
             let mut tmp = vec![T::zero(); n];
             row_softmax(&xs, &mut tmp, d, log);
-            scatter(&tmp, &Layout::contiguous(&shape).permute(&perm), out);
+            // Back to `shape`: a gather of `tmp` (row-major over the permuted shape) through
+            // the inverse permutation, so the transposing copy is the tiled one.
+            let pshape: Vec<usize> = perm.iter().map(|&i| shape[i]).collect();
+            let mut inv = vec![0; nd];
+            for (j, &i) in perm.iter().enumerate() {
+                inv[i] = j;
+            }
+            strided::gather(&tmp, &Layout::contiguous(&pshape).permute(&inv), out);
         }
         Ok(())
     })?;
@@ -250,34 +246,35 @@ const STAT_LANES: usize = 16;
 /// partial sums combined pairwise.
 #[inline(always)]
 fn lane_sums<T: FloatElem, const K: usize>(xr: &[T], f: impl Fn(T::A) -> [T::A; K]) -> [T::A; K] {
-    let mut acc = [[T::A::ZERO; K]; STAT_LANES];
+    // One array of lanes per statistic (not one array of statistics per lane), so that
+    // each statistic's lanes are one vector.
+    let mut acc = [[T::A::ZERO; STAT_LANES]; K];
     let mut chunks = xr.chunks_exact(STAT_LANES);
-    let add = |lane: &mut [T::A; K], x: T| {
-        for (a, v) in lane.iter_mut().zip(f(x.up())) {
-            *a = a.add(v);
-        }
-    };
     for c in &mut chunks {
-        for (lane, &x) in acc.iter_mut().zip(c) {
-            add(lane, x);
+        for (l, &x) in c.iter().enumerate() {
+            for (a, v) in acc.iter_mut().zip(f(x.up())) {
+                a[l] = a[l].add(v);
+            }
         }
     }
-    for (lane, &x) in acc.iter_mut().zip(chunks.remainder()) {
-        add(lane, x);
+    for (l, &x) in chunks.remainder().iter().enumerate() {
+        for (a, v) in acc.iter_mut().zip(f(x.up())) {
+            a[l] = a[l].add(v);
+        }
     }
     let mut w = STAT_LANES;
     while w > 1 {
         w /= 2;
-        for k in 0..w {
-            for j in 0..K {
-                acc[k][j] = acc[k][j].add(acc[k + w][j]);
+        for a in acc.iter_mut() {
+            for k in 0..w {
+                a[k] = a[k].add(a[k + w]);
             }
         }
     }
-    acc[0]
+    std::array::from_fn(|j| acc[j][0])
 }
 
-/// Mean and (biased) variance of a row, from sums shifted by the first element.
+#[inline(always)]
 fn moments<T: FloatElem>(xr: &[T]) -> (T::A, T::A) {
     let Some(x0) = xr.first().map(|v| v.up()) else { return (T::A::ZERO, T::A::ZERO) };
     let [s1, s2] = lane_sums(xr, |v| {
@@ -334,30 +331,53 @@ fn norm_typed<T: FloatElem>(
     d: usize,
     out: &mut [T],
 ) {
-    let w = column_input::<T>(if has_weight { inputs.get(1).copied() } else { None });
-    let b = column_input::<T>(if has_bias { inputs.get(1 + has_weight as usize).copied() } else { None });
+    let (wi, bi) = (
+        if has_weight { inputs.get(1).copied() } else { None },
+        if has_bias { inputs.get(1 + has_weight as usize).copied() } else { None },
+    );
+    let (w, b) = (column_input::<T>(wi), column_input::<T>(bi));
     let eps = T::A::of(eps);
     let xs = strided::contiguous::<T>(inputs[0]);
-    par_row_map(&xs, out, d, |xr, or| {
-        let (mean, scale) = if rms {
-            let [ss] = lane_sums(xr, |v| [v.mul(v)]);
-            let ms = ss / T::A::of_usize(d);
-            (T::A::ZERO, T::A::ONE / ms.add(eps).sqrt())
-        } else {
-            let (mean, var) = moments(xr);
-            (mean, T::A::ONE / var.add(eps).sqrt())
-        };
-        for (j, (o, &v)) in or.iter_mut().zip(xr).enumerate() {
-            let mut y = (v.up() - mean).mul(scale);
-            if let Some(w) = &w {
-                y = y.mul(w[j]);
-            }
-            if let Some(b) = &b {
-                y = y.add(b[j]);
-            }
-            *o = T::down(y);
+    let (w, b) = (w.as_deref(), b.as_deref());
+    if let (DType::F32, Ok(xf), Ok(of)) =
+        (T::DTYPE, bytemuck::try_cast_slice::<T, f32>(&xs), bytemuck::try_cast_slice_mut::<T, f32>(out))
+    {
+        let (wf, bf) = (column_input::<f32>(wi), column_input::<f32>(bi));
+        let (wf, bf, epsf) = (wf.as_deref(), bf.as_deref(), eps.as_f64() as f32);
+        return par_row_map(xf, of, d, |xr, or| norm_row_f32(xr, or, wf, bf, rms, epsf));
+    }
+    par_row_map(&xs, out, d, |xr, or| norm_row(xr, or, w, b, rms, eps));
+}
+
+crate::backend::cpu::simd::multiversion! {
+    /// [`norm_row`] of f32, built for the CPU's widest vectors.
+    fn norm_row_f32(xr: &[f32], or: &mut [f32], w: Option<&[f32]>, b: Option<&[f32]>, rms: bool, eps: f32) {
+        norm_row(xr, or, w, b, rms, eps)
+    }
+}
+
+/// One row of a layer norm (or an RMS norm), with the optional weight and bias.
+#[inline(always)]
+fn norm_row<T: FloatElem>(xr: &[T], or: &mut [T], w: Option<&[T::A]>, b: Option<&[T::A]>, rms: bool, eps: T::A) {
+    let d = xr.len();
+    let (mean, scale) = if rms {
+        let [ss] = lane_sums(xr, |v| [v.mul(v)]);
+        let ms = ss / T::A::of_usize(d);
+        (T::A::ZERO, T::A::ONE / ms.add(eps).sqrt())
+    } else {
+        let (mean, var) = moments(xr);
+        (mean, T::A::ONE / var.add(eps).sqrt())
+    };
+    for (j, (o, &v)) in or.iter_mut().zip(xr).enumerate() {
+        let mut y = (v.up() - mean).mul(scale);
+        if let Some(w) = w {
+            y = y.mul(w[j]);
         }
-    });
+        if let Some(b) = b {
+            y = y.add(b[j]);
+        }
+        *o = T::down(y);
+    }
 }
 
 #[cfg(test)]

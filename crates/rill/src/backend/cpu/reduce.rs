@@ -32,10 +32,10 @@ pub(crate) fn reduce(op: ReduceOp, x: &Storage, axes: &[usize], shape: &[usize],
     if op == ReduceOp::Mean {
         return mean(x, axes, shape, dtype);
     }
-    if matches!(dtype, DType::F16 | DType::BF16) {
+    if dtype == DType::F16 {
         // The f32 reduction of the values widened a slice at a time (they widen exactly,
-        // and f16/bf16 accumulate in f32 anyway), rounded once: the same bits, with the
-        // conversions vectorised.
+        // and f16 accumulates in f32 anyway), rounded once: the same bits, with the
+        // conversions vectorised (bf16's widening is a shift, vectorised in place).
         let xw = super::elementwise::cast(x, DType::F32)?;
         return super::elementwise::cast(&reduce(op, &xw, axes, shape, DType::F32)?, dtype);
     }
